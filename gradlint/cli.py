@@ -1,0 +1,114 @@
+"""The ``gradlint`` command line.
+
+``gradlint PATH...`` (or ``gradlint check PATH...``) lints; ``gradlint rule
+GL003`` and ``gradlint rules`` document the rules. Exit status: 0 clean,
+1 findings, 2 when something could not be checked or the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import click
+
+from gradlint import __version__
+from gradlint.config import Config, ConfigError, find_pyproject, load_config, validate_codes
+from gradlint.linter import lint_paths
+from gradlint.output import all_findings, format_errors, format_json, format_text, summary
+from gradlint.rules import ALL_RULES, RULES_BY_CODE
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+class _DefaultToCheck(click.Group):
+    """A group whose first argument, when it is not a subcommand, is a path for ``check``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            args = ["check", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_DefaultToCheck, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="gradlint")
+def main() -> None:
+    """gradlint: find the gradient bugs PyTorch never reports in training loops."""
+
+
+def _codes(values: tuple[str, ...], option: str) -> list[str]:
+    codes = [c for value in values for c in value.split(",")]
+    try:
+        return validate_codes(codes, RULES_BY_CODE, option)
+    except ConfigError as error:
+        raise click.BadParameter(str(error).split(": ", 1)[-1], param_hint=option) from error
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--select", multiple=True, metavar="CODES", help="Only these rule codes or prefixes (comma-separated).")
+@click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rule codes or prefixes (comma-separated).")
+@click.option("--output-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
+@click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
+@click.option("--no-prefilter", is_flag=True, hidden=True, help="Parse every file, even those no rule could fire on.")
+def check(paths, select, ignore, output_format, exit_zero, config_path, isolated, no_prefilter) -> None:
+    """Lint PATHS (files or folders; default: the current folder)."""
+    config = _effective_config(select, ignore, config_path, isolated)
+    results = lint_paths(paths or (".",), config, prefilter=not no_prefilter)
+    findings = all_findings(results)
+    errors = format_errors(results)
+    if errors:
+        click.echo(errors, nl=False, err=True)
+    if output_format == "json":
+        click.echo(format_json(findings), nl=False)
+    else:
+        click.echo(format_text(findings), nl=False)
+        click.echo(summary(results), nl=False)
+    if errors:
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+def _effective_config(select, ignore, config_path, isolated) -> Config:
+    try:
+        if isolated:
+            config = Config()
+        else:
+            pyproject = Path(config_path) if config_path else find_pyproject(Path.cwd())
+            config = load_config(pyproject, RULES_BY_CODE)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    if select:
+        config = dataclasses.replace(config, select=tuple(_codes(select, "--select")))
+    if ignore:
+        config = dataclasses.replace(config, ignore=config.ignore + tuple(_codes(ignore, "--ignore")))
+    return config
+
+
+@main.command("rule")
+@click.argument("code")
+def rule_command(code: str) -> None:
+    """Print the documentation of one rule (e.g. GL003)."""
+    rule = RULES_BY_CODE.get(code.strip().upper())
+    if rule is None:
+        raise click.BadParameter(f"no rule {code!r}; `gradlint rules` lists them", param_hint="CODE")
+    fix = f"{rule.fix.value} fix" if rule.fix else "no automatic fix"
+    default = "" if rule.enabled_by_default else ", off unless selected"
+    click.echo(f"{rule.code} {rule.name} ({rule.severity.value}, {fix}{default})\n")
+    click.echo(rule.documentation())
+
+
+@main.command("rules")
+def rules_command() -> None:
+    """List every rule: code, name, severity, fix and what it flags."""
+    for rule in ALL_RULES:
+        fix = rule.fix.value if rule.fix else "-"
+        default = "" if rule.enabled_by_default else " (off unless selected)"
+        click.echo(f"{rule.code}  {rule.name:<40} {rule.severity.value:<8} fix: {fix:<7} {rule.summary}{default}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

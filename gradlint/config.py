@@ -1,0 +1,190 @@
+"""Configuration: ``[tool.gradlint]`` in the nearest ``pyproject.toml``, overridden by the command line.
+
+Recognised keys::
+
+    [tool.gradlint]
+    select = ["GL0", "GL101"]        # rule codes or prefixes; default: every rule on by default
+    ignore = ["GL005"]               # codes or prefixes to turn off
+    exclude = ["legacy/**", "*_pb2.py"]   # globs, relative to this file, skipped when walking folders
+    per-file-ignores = { "tests/**" = ["GL001"] }
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import sys
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+from gradlint.rule import Rule
+
+DEFAULT_EXCLUDE = (
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    ".tox",
+    ".nox",
+    ".eggs",
+    "__pycache__",
+    "node_modules",
+    "build",
+    "dist",
+    "site-packages",
+    ".gradlint_cache",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+)
+
+_KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores"}
+
+
+class ConfigError(Exception):
+    """The configuration or the command line names something that does not exist."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The effective settings for one run."""
+
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    root: Path = dataclasses.field(default_factory=Path.cwd)
+    source: Path | None = None  # the pyproject.toml the settings came from
+
+    def rules_for(self, path: str, all_rules: Iterable[type[Rule]]) -> list[type[Rule]]:
+        """The rules that apply to ``path``: selected, not ignored, not ignored for this file."""
+        ignored = list(self.ignore)
+        relative = self.relative(path)
+        for pattern, codes in self.per_file_ignores:
+            if _glob_match(relative, pattern):
+                ignored.extend(codes)
+        chosen = []
+        for rule in all_rules:
+            if self.select is None:
+                if not rule.enabled_by_default:
+                    continue
+            elif not _matches(rule.code, self.select):
+                continue
+            if _matches(rule.code, ignored):
+                continue
+            chosen.append(rule)
+        return chosen
+
+    def is_excluded(self, path: Path) -> bool:
+        """Whether a path met while walking a folder is skipped (by any of its parts or its relative path)."""
+        relative = self.relative(str(path))
+        parts = PurePosixPath(relative).parts
+        for pattern in self.exclude:
+            if any(fnmatch.fnmatchcase(part, pattern) for part in parts) or _glob_match(relative, pattern):
+                return True
+        return False
+
+    def relative(self, path: str) -> str:
+        """``path`` relative to the configuration's folder, in forward slashes, when it lies below it."""
+        absolute = Path(path).absolute()
+        try:
+            return absolute.relative_to(self.root.absolute()).as_posix()
+        except ValueError:
+            return absolute.as_posix()
+
+    def fingerprint(self) -> str:
+        """A stable text of everything that changes what a file's findings are (for caches)."""
+        return repr((self.select, self.ignore, self.per_file_ignores))
+
+
+def _matches(code: str, patterns: Iterable[str]) -> bool:
+    return any(p == "ALL" or code.startswith(p) for p in patterns)
+
+
+def _glob_match(relative: str, pattern: str) -> bool:
+    pattern = pattern.rstrip("/")
+    if fnmatch.fnmatchcase(relative, pattern):
+        return True
+    # "dir/**" and "dir" both cover everything below dir.
+    base = pattern[:-3] if pattern.endswith("/**") else pattern
+    return relative.startswith(base + "/")
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest ``pyproject.toml`` with a ``[tool.gradlint]`` table, from ``start`` upwards."""
+    start = start.absolute()
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                continue
+            if "gradlint" in data.get("tool", {}):
+                return candidate
+    return None
+
+
+def load_config(pyproject: Path | None, known_codes: Iterable[str]) -> Config:
+    """Read ``[tool.gradlint]`` from ``pyproject`` (or return the defaults when there is none)."""
+    if pyproject is None:
+        return Config()
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{pyproject}: cannot read: {error}") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{pyproject}: invalid TOML: {error}") from error
+    table = data.get("tool", {}).get("gradlint", {})
+    unknown = sorted(set(table) - _KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(f"{pyproject}: unknown key(s) in [tool.gradlint]: {', '.join(unknown)}")
+    known = list(known_codes)
+    select = _codes(table, "select", pyproject, known) if "select" in table else None
+    ignore = _codes(table, "ignore", pyproject, known)
+    exclude = tuple(_strings(table, "exclude", pyproject)) or DEFAULT_EXCLUDE
+    exclude += tuple(_strings(table, "extend-exclude", pyproject))
+    per_file = table.get("per-file-ignores", {})
+    if not isinstance(per_file, dict):
+        raise ConfigError(f"{pyproject}: per-file-ignores must be a table of glob = [codes]")
+    per_file_ignores = tuple(
+        (pattern, tuple(validate_codes(_as_list(codes, pyproject, "per-file-ignores"), known, f"{pyproject}: per-file-ignores")))
+        for pattern, codes in per_file.items()
+    )
+    return Config(select, tuple(ignore), exclude, per_file_ignores, pyproject.parent, pyproject)
+
+
+def validate_codes(codes: Iterable[str], known: Iterable[str], where: str) -> list[str]:
+    """Codes or prefixes, upper-cased; each must name at least one known rule."""
+    known = list(known)
+    result = []
+    for code in codes:
+        code = code.strip().upper()
+        if not code:
+            continue
+        if code != "ALL" and not any(k.startswith(code) for k in known):
+            raise ConfigError(f"{where}: unknown rule code or prefix {code!r}")
+        result.append(code)
+    return result
+
+
+def _codes(table: dict, key: str, pyproject: Path, known: list[str]) -> tuple[str, ...]:
+    return tuple(validate_codes(_as_list(table.get(key, []), pyproject, key), known, f"{pyproject}: {key}"))
+
+
+def _strings(table: dict, key: str, pyproject: Path) -> list[str]:
+    return _as_list(table.get(key, []), pyproject, key)
+
+
+def _as_list(value: object, pyproject: Path, key: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{pyproject}: {key} must be a list of strings")
+    return value

@@ -1,0 +1,107 @@
+"""Checking source code: one file's text in, its findings (or why it could not be checked) out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import libcst as cst
+
+from gradlint.config import Config
+from gradlint.findings import FileResult, Finding
+from gradlint.model import LoopModel, build_model
+from gradlint.noqa import is_suppressed, noqa_lines
+from gradlint.rule import Rule
+from gradlint.rules import ALL_RULES
+from gradlint.source import SourceError, read_source
+
+
+def needed_tokens(rules: Iterable[type[Rule]]) -> tuple[str, ...]:
+    """The substrings of which a file must contain at least one for any of ``rules`` to fire."""
+    tokens: list[str] = []
+    for rule in rules:
+        tokens.extend(t for t in rule.needs if t not in tokens)
+    return tuple(tokens)
+
+
+def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
+    """The cheap prefilter: whether ``text`` contains any token the rules need."""
+    return any(token in text for token in needed_tokens(rules))
+
+
+def parse(text: str) -> cst.Module:
+    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s."""
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as error:
+        message = str(error.message).strip().splitlines()[0] if error.message else "invalid syntax"
+        raise SourceError(f"cannot parse: {message} (line {error.raw_line}, column {error.raw_column + 1})") from error
+    except RecursionError as error:
+        raise SourceError("cannot parse: code nested too deeply") from error
+
+
+def check_module(module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None) -> FileResult:
+    """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule."""
+    try:
+        model = build_model(module)
+    except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
+        return FileResult(path, error=f"internal error in the loop model: {type(error).__name__}: {error}")
+    findings: list[Finding] = []
+    for rule_class in rules:
+        try:
+            findings.extend(_run_rule(rule_class, model, path))
+        except Exception as error:  # noqa: BLE001
+            return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
+    if findings:
+        noqa = noqa_lines(text if text is not None else module.code)
+        findings = [f for f in findings if not is_suppressed(f.code, f.line, noqa)]
+    return FileResult(path, sorted(set(findings)))
+
+
+def _run_rule(rule_class: type[Rule], model: LoopModel, path: str) -> list[Finding]:
+    results = []
+    seen: set[int] = set()
+    for report in rule_class().check(model):
+        if id(report.node) in seen:  # an event inlined into several loops is reported once
+            continue
+        seen.add(id(report.node))
+        line, column, end_line, end_column = model.position(report.node)
+        results.append(
+            Finding(path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity, rule_class.fix)
+        )
+    return results
+
+
+def lint_text(text: str, path: str = "<string>", config: Config | None = None, *, prefilter: bool = True) -> FileResult:
+    """Check source text as if it were the file ``path``."""
+    config = config or Config()
+    rules = config.rules_for(path, ALL_RULES)
+    if not rules or (prefilter and not might_fire(text, rules)):
+        return FileResult(path)
+    try:
+        module = parse(text)
+    except SourceError as error:
+        return FileResult(path, error=str(error))
+    return check_module(module, path, rules, text)
+
+
+def lint_file(path: str, config: Config | None = None, *, prefilter: bool = True) -> FileResult:
+    """Read and check one file; an unreadable or unparsable file gives a result with ``error`` set."""
+    try:
+        source = read_source(path)
+    except SourceError as error:
+        return FileResult(path, error=str(error))
+    return lint_text(source.text, path, config, prefilter=prefilter)
+
+
+def lint_paths(paths: Iterable[str], config: Config | None = None, *, prefilter: bool = True) -> list[FileResult]:
+    """Check every file under ``paths``; results come sorted by path, unreadable paths as errors."""
+    from gradlint.discovery import Unreadable, discover
+
+    config = config or Config()
+    results = []
+    for item in discover(paths, config):
+        if isinstance(item, Unreadable):
+            results.append(FileResult(item.path, error=item.reason))
+        else:
+            results.append(lint_file(item, config, prefilter=prefilter))
+    return sorted(results, key=lambda r: r.path)

@@ -1,0 +1,158 @@
+"""Questions the rules ask of the loop model, written once so that every rule means the same thing.
+
+Which loop is a step's training loop, does a clear reach a given optimizer,
+is a step accumulating gradients and over which backwards: the predicates
+the rule catalogue is phrased in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.objects import ObjKind, last_name
+
+
+def same_object(a: str | None, b: str | None) -> bool:
+    """Whether two spellings name the same object (``self.optimizer`` and ``optimizer`` do)."""
+    return a is not None and b is not None and last_name(a) == last_name(b)
+
+
+def param_sources(model: LoopModel, optimizer: str) -> frozenset[str]:
+    """The models an optimizer was built from, when the module shows it."""
+    info = model.objects.get(optimizer)
+    if info is not None and info.param_sources:
+        return info.param_sources
+    return model.all_param_sources().get(last_name(optimizer), frozenset())
+
+
+def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
+    """Whether a ZERO event clears the gradients that ``optimizer`` steps with.
+
+    A clear of an unknown target, or of a model not known to belong to
+    another optimizer, is taken to clear everything: when unsure, assume the
+    code is right.
+    """
+    if zero.kind is not EventKind.ZERO:
+        return False
+    if zero.target is None or optimizer is None:
+        return True
+    if zero.target_kind is ObjKind.OPTIMIZER:
+        return same_object(zero.target, optimizer)
+    sources = param_sources(model, optimizer)
+    if not sources:
+        return True
+    owner = last_name(zero.target)
+    if owner in sources:
+        return True
+    known_models = set().union(*model.all_param_sources().values())
+    return owner not in known_models
+
+
+def order_of(events: Iterable[Event]) -> dict[int, int]:
+    """Position of each event (by identity) in a list: program order."""
+    return {id(e): i for i, e in enumerate(events)}
+
+
+def home_loop(root: Root, step: Event) -> Frame | None:
+    """The training loop of a step: its innermost loop that also runs a backward."""
+    for loop in reversed(step.loops):
+        if any(e.kind is EventKind.BACKWARD for e in root.events_in(loop)):
+            return loop
+    return None
+
+
+def innermost_loop(event: Event) -> Frame | None:
+    """The loop directly around an event, if any."""
+    loops = event.loops
+    return loops[-1] if loops else None
+
+
+def region(root: Root, event: Event) -> list[Event]:
+    """The events that run with ``event``: those of its innermost loop, or of the whole root."""
+    loop = innermost_loop(event)
+    return root.events_in(loop) if loop is not None else root.events
+
+
+@dataclasses.dataclass
+class Accumulation:
+    """How a step accumulates gradients over several backwards."""
+
+    style: str  # "guard": the step is under ``if boundary:``; "micro_loop": backwards run in an inner loop
+    frame: Frame  # the guard branch, or the inner micro-batch loop
+    backwards: list[Event]  # the backwards whose gradients pile up for the step
+    count: cst.BaseExpression | None  # the number of micro-batches, when the code shows it
+
+
+def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
+    """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
+    events = root.events_in(loop)
+    order = order_of(events)
+    backwards = [e for e in events if e.kind is EventKind.BACKWARD]
+    for frame in frames_inside(step, loop):
+        if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
+            continue
+        guarded_before = any(b.inside(frame) and order[id(b)] < order[id(step)] for b in backwards)
+        outside = [b for b in backwards if not b.inside(frame)]
+        if outside and not guarded_before:
+            return Accumulation("guard", frame, outside, frame.count)
+    before = [b for b in backwards if order[id(b)] < order[id(step)]]
+    micro_loops = [_loop_below(b, loop) for b in before]
+    if before and all(m is not None and not step.inside(m) for m in micro_loops):
+        micro = micro_loops[-1]
+        return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+    return None
+
+
+def frames_inside(event: Event, loop: Frame) -> tuple[Frame, ...]:
+    """The frames around ``event`` that lie inside ``loop`` (the guards and inner loops of one iteration)."""
+    return event.frames[_index(event.frames, loop) + 1 :]
+
+
+def _index(frames: tuple[Frame, ...], frame: Frame) -> int:
+    for i, f in enumerate(frames):
+        if f is frame:
+            return i
+    raise ValueError("frame not around event")
+
+
+def _loop_below(event: Event, loop: Frame) -> Frame | None:
+    """The loop directly inside ``loop`` that holds ``event``, if any."""
+    return next((f for f in frames_inside(event, loop) if f.kind is FrameKind.LOOP), None)
+
+
+def _range_count(loop: Frame) -> cst.BaseExpression | None:
+    """``n`` for ``for _ in range(n)``."""
+    node = loop.node
+    if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and isinstance(node.iter.func, cst.Name):
+        if node.iter.func.value == "range" and len(node.iter.args) == 1:
+            return node.iter.args[0].value
+    return None
+
+
+def steps_with_loops(root: Root) -> Iterator[tuple[Event, Frame]]:
+    """Each optimizer step of a root with its training loop (steps outside any such loop are skipped)."""
+    for event in root.events:
+        if event.kind is EventKind.STEP:
+            loop = home_loop(root, event)
+            if loop is not None:
+                yield event, loop
+
+
+def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> Iterator[tuple[Event, Event, Event]]:
+    """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step."""
+    last_backward: Event | None = None
+    zeros_since: list[Event] = []
+    for event in events:
+        if event.kind is EventKind.BACKWARD:
+            last_backward, zeros_since = event, []
+        elif event.kind is EventKind.ZERO and last_backward is not None:
+            zeros_since.append(event)
+        elif event.kind is EventKind.STEP and last_backward is not None and event.framework != "closure":
+            for zero in zeros_since:
+                if clears(model, zero, event.target):
+                    yield last_backward, zero, event

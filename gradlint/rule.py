@@ -1,0 +1,50 @@
+"""What a rule is: a code, a name, a one-line summary, documentation, and a check over the loop model."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterator
+from typing import ClassVar
+
+import libcst as cst
+
+from gradlint.findings import FixKind, Severity
+from gradlint.model import LoopModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a rule's check yields: the node to point at and the message naming the objects involved."""
+
+    node: cst.CSTNode
+    message: str
+
+
+class Rule:
+    """Base class of every rule. The class docstring is the rule's documentation.
+
+    Subclasses set the class attributes and implement :meth:`check`. A rule
+    reads the :class:`~gradlint.model.LoopModel` only; it never walks the
+    syntax tree for what the model already knows.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    severity: ClassVar[Severity] = Severity.ERROR
+    fix: ClassVar[FixKind | None] = None
+    # Opportunities (severity info) are off unless selected explicitly.
+    enabled_by_default: ClassVar[bool] = True
+    # Substrings of which a file must contain at least one for this rule to fire:
+    # files with none of them are never parsed. Err on the side of too many.
+    needs: ClassVar[tuple[str, ...]] = ("backward",)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        """Yield one report per problem found in ``model``."""
+        raise NotImplementedError
+
+    @classmethod
+    def documentation(cls) -> str:
+        """The rule's documentation: its docstring, dedented."""
+        return inspect.cleandoc(cls.__doc__ or "")

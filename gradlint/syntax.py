@@ -1,0 +1,159 @@
+"""Small questions about LibCST expressions that the loop model asks again and again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+
+def dotted_name(node: cst.CSTNode | None) -> str | None:
+    """``self.opt_d`` for an ``Attribute`` chain of names, ``loss`` for a ``Name``, else None."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    return None
+
+
+def root_name(node: cst.CSTNode | None) -> str | None:
+    """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
+    while True:
+        if isinstance(node, cst.Name):
+            return node.value
+        if isinstance(node, cst.Attribute):
+            node = node.value
+        elif isinstance(node, cst.Subscript):
+            node = node.value
+        elif isinstance(node, cst.Call):
+            node = node.func
+        else:
+            return None
+
+
+def method_name(call: cst.Call) -> str | None:
+    """``step`` for ``opt.step()``; None when the callee is not an attribute."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.attr.value
+    return None
+
+
+def receiver(call: cst.Call) -> cst.BaseExpression | None:
+    """``opt`` for ``opt.step()``; None when the callee is not an attribute."""
+    if isinstance(call.func, cst.Attribute):
+        return call.func.value
+    return None
+
+
+def callee_name(call: cst.Call) -> str | None:
+    """The last name of the callee: ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(...)``."""
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+def keyword_arg(call: cst.Call, name: str) -> cst.Arg | None:
+    """The argument passed as ``name=...``, if any."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == name:
+            return arg
+    return None
+
+
+def positional_args(call: cst.Call) -> list[cst.Arg]:
+    """The plain positional arguments (no keywords, no ``*``/``**`` unpacking)."""
+    return [a for a in call.args if a.keyword is None and not a.star]
+
+
+def bool_literal(node: cst.BaseExpression) -> bool | None:
+    """True/False for the literal names, None for anything else."""
+    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+        return node.value == "True"
+    return None
+
+
+def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
+    """Every node under ``node`` (itself included), parents before children, never entering nested defs or classes."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        if not into_lambdas and current is not node and isinstance(current, cst.Lambda):
+            continue
+        stack.extend(reversed(current.children))
+
+
+_DEFERRED = (cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
+    """The calls in an expression or simple statement, innermost first, as Python evaluates them.
+
+    Lambda bodies and comprehensions are skipped: their code does not run where it is written.
+    """
+    result: list[cst.Call] = []
+    # Iterative post-order walk: deeply nested expressions must not exhaust the recursion limit.
+    stack: list[tuple[cst.CSTNode, bool]] = [(node, False)]
+    while stack:
+        current, children_done = stack.pop()
+        if children_done:
+            if isinstance(current, cst.Call):
+                result.append(current)
+            continue
+        if current is not node and isinstance(current, _DEFERRED):
+            continue
+        stack.append((current, True))
+        stack.extend((child, False) for child in reversed(current.children))
+    return result
+
+
+def contains_division(node: cst.CSTNode) -> bool:
+    """Whether an expression divides: ``a / n``, ``a * (1 / n)``, ``a.div(n)``, ``torch.div(a, n)``."""
+    for sub in walk(node, into_lambdas=False):
+        if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Divide):
+            return True
+        if isinstance(sub, cst.Call) and callee_name(sub) in ("div", "div_", "true_divide", "divide"):
+            return True
+    return False
+
+
+def scales_down(node: cst.CSTNode) -> bool:
+    """Whether an expression plausibly normalises a loss: a division, or a product with a non-literal factor.
+
+    A product such as ``loss * grad_accum_scale`` may well be ``1 / n``: the
+    model cannot tell, so it gives the code the benefit of the doubt.
+    """
+    if contains_division(node):
+        return True
+    for sub in walk(node):
+        if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Multiply):
+            for side in (sub.left, sub.right):
+                if isinstance(side, (cst.Integer, cst.Float)):
+                    try:
+                        if float(side.value) < 1:
+                            return True
+                    except ValueError:
+                        pass
+                elif not isinstance(side, (cst.Integer, cst.Float, cst.Imaginary)):
+                    if _is_factor(side):
+                        return True
+        if isinstance(sub, cst.Call) and callee_name(sub) in ("mul", "mul_"):
+            return True
+    return False
+
+
+def _is_factor(node: cst.BaseExpression) -> bool:
+    """A multiplicand that is a plain name or attribute (``scale``, ``self.loss_weight``), not another loss."""
+    name = dotted_name(node)
+    if name is None:
+        return False
+    last = name.rsplit(".", 1)[-1].lower()
+    return "loss" not in last

@@ -1,0 +1,218 @@
+"""Rules about mixed precision with a ``GradScaler`` (GL101–GL104)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.findings import FixKind, Severity
+from gradlint.model import Event, LoopModel
+from gradlint.queries import innermost_loop, region, same_object
+from gradlint.rule import Report, Rule
+from gradlint.syntax import dotted_name, receiver
+
+_SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
+
+
+def _uses_scaler(event: Event) -> bool:
+    return event.kind in _SCALER_EVENTS or (event.kind is EventKind.STEP and event.via_scaler is not None)
+
+
+def _scaler_name(event: Event) -> str:
+    return event.via_scaler or event.target or "scaler"
+
+
+class BackwardWithoutScaler(Rule):
+    """A ``GradScaler`` steps the optimizer, but the loss is backpropagated without ``scaler.scale()``.
+
+    **Why it matters.** ``scaler.step()`` unscales the gradients by the loss
+    scale before stepping. If the loss was never scaled, the gradients are
+    divided by a scale they never got (65536 by default): the updates are
+    tiny, and float16 gradients may underflow to zero.
+
+    **Fix.** ``scaler.scale(loss).backward()``.
+
+    **Bad**::
+
+        loss.backward()
+        scaler.step(optimizer)
+        scaler.update()
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+
+    code = "GL101"
+    name = "backward-without-scaler"
+    summary = "a GradScaler is in use but the loss is backpropagated without scaler.scale()"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for user in (e for e in root.events if _uses_scaler(e)):
+                events = region(root, user)
+                backwards = [e for e in events if e.kind is EventKind.BACKWARD and e.framework is None]
+                if any(b.scaled for b in backwards):
+                    continue
+                scaler = _scaler_name(user)
+                for backward in backwards:
+                    yield Report(
+                        backward.node,
+                        f"`{scaler}` is used at line {model.line(user.node)} but this backward is not scaled: "
+                        f"use `{scaler}.scale({model.code(backward.loss) if backward.loss is not None else 'loss'}).backward()`",
+                    )
+
+
+class StepBypassesScaler(Rule):
+    """The loss is backpropagated through ``scaler.scale()``, but the optimizer is stepped directly.
+
+    **Why it matters.** The gradients are still multiplied by the loss scale,
+    so ``optimizer.step()`` applies updates thousands of times too large, and
+    steps with inf/NaN gradients are not skipped.
+
+    **Fix.** ``scaler.step(optimizer)`` followed by ``scaler.update()``.
+
+    **Bad**::
+
+        scaler.scale(loss).backward()
+        optimizer.step()
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+
+    code = "GL102"
+    name = "step-bypasses-scaler"
+    summary = "a scaled backward is followed by optimizer.step() instead of scaler.step(optimizer)"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for backward in (e for e in root.events if e.kind is EventKind.BACKWARD and e.scaled):
+                events = region(root, backward)
+                scaler_steps = [e for e in events if e.kind is EventKind.STEP and e.via_scaler is not None]
+                for step in events:
+                    if step.kind is not EventKind.STEP or step.via_scaler is not None or step.framework == "closure":
+                        continue
+                    if any(same_object(s.target, step.target) for s in scaler_steps):
+                        continue
+                    scaler = _scaler_of(backward, model)
+                    yield Report(
+                        step.node,
+                        f"the backward at line {model.line(backward.node)} is scaled by `{scaler}` but "
+                        f"`{step.target}.step()` bypasses it: use `{scaler}.step({step.target})` so the gradients "
+                        f"are unscaled and inf/NaN steps are skipped",
+                    )
+
+
+def _scaler_of(backward: Event, model: LoopModel) -> str:
+    """The scaler in ``scaler.scale(loss).backward()``."""
+    scale_call = receiver(backward.node) if isinstance(backward.node, cst.Call) else None
+    if isinstance(scale_call, cst.Call):
+        return dotted_name(receiver(scale_call)) or "scaler"
+    return "scaler"
+
+
+class ClipBeforeUnscale(Rule):
+    """Gradients are clipped while they are still multiplied by the loss scale.
+
+    **Why it matters.** After ``scaler.scale(loss).backward()`` every gradient
+    is multiplied by the loss scale (65536 at first). Clipping to a norm of
+    1.0 then clips almost every step, by the wrong amount, and changes as the
+    scale changes.
+
+    **Fix.** Call ``scaler.unscale_(optimizer)`` before clipping.
+
+    **Bad**::
+
+        scaler.scale(loss).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+    """
+
+    code = "GL103"
+    name = "clip-before-unscale"
+    summary = "gradients are clipped before scaler.unscale_(optimizer)"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            last_backward: Event | None = None
+            unscaled = False
+            for event in root.events:
+                if event.kind is EventKind.BACKWARD:
+                    last_backward, unscaled = event, False
+                elif event.kind is EventKind.UNSCALE:
+                    unscaled = True
+                elif event.kind is EventKind.CLIP and event.framework is None:
+                    if last_backward is not None and last_backward.scaled and not unscaled:
+                        scaler = _scaler_of(last_backward, model)
+                        yield Report(
+                            event.node,
+                            f"gradients are clipped while still scaled by `{scaler}` (backward at line "
+                            f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
+                        )
+
+
+class ScalerWithoutUpdate(Rule):
+    """``scaler.step()`` is called in a loop that never calls ``scaler.update()``.
+
+    **Why it matters.** ``update()`` is what lowers the loss scale after an
+    overflow and raises it again later. Without it the scale is frozen: after
+    one overflow every following step is skipped, and training silently stops.
+
+    **Fix.** Call ``scaler.update()`` once per step, after ``scaler.step()``.
+
+    **Bad**::
+
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    """
+
+    code = "GL104"
+    name = "scaler-without-update"
+    summary = "scaler.step() with no scaler.update()"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+    needs = ("caler",)  # scaler, GradScaler
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for step in root.events:
+                if step.kind is not EventKind.STEP or step.via_scaler is None:
+                    continue
+                loop = innermost_loop(step)
+                if loop is None:
+                    continue  # a per-step helper: the loop that calls it is checked where it is inlined
+                events = root.events_in(loop)
+                if any(e.kind is EventKind.SCALER_UPDATE and same_object(e.target, step.via_scaler) for e in events):
+                    continue
+                yield Report(
+                    step.node,
+                    f"`{step.via_scaler}.step({step.target})` runs in the loop at line {model.line(loop.node)} "
+                    f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
+                )

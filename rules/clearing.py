@@ -1,0 +1,292 @@
+"""Rules about clearing gradients: when ``zero_grad()`` runs, and whether it runs at all (GL001–GL005)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.findings import FixKind, Severity
+from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
+from gradlint.queries import (
+    Accumulation,
+    accumulation,
+    clears,
+    clears_between_backward_and_step,
+    frames_inside,
+    same_object,
+    steps_with_loops,
+)
+from gradlint.rule import Report, Rule
+
+
+class MissingZeroGrad(Rule):
+    """A training loop steps an optimizer but never clears that optimizer's gradients.
+
+    **Why it matters.** ``backward()`` adds to ``.grad``; it never replaces it.
+    Without a clear, every step applies the sum of all gradients since the
+    start of training, and the loss usually diverges without any error.
+    Each optimizer is checked on its own: in a GAN, clearing the
+    discriminator does not clear the generator.
+
+    **Fix.** Call ``optimizer.zero_grad()`` once per step, right after
+    ``optimizer.step()`` (or at the top of the loop).
+
+    **Bad**::
+
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+
+    **Good**::
+
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    code = "GL001"
+    name = "missing-zero-grad"
+    summary = "a loop backpropagates and steps an optimizer but never clears its gradients"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[tuple[str, int]] = set()
+            for step, loop in steps_with_loops(root):
+                key = (step.target or "", id(loop))
+                if key in reported:
+                    continue
+                events = root.events_in(loop)
+                if any(clears(model, e, step.target) for e in events):
+                    continue
+                if any(e.kind == HANDOFF and same_object(e.target, step.target) for e in events):
+                    continue
+                reported.add(key)
+                yield Report(
+                    step.node,
+                    f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
+                    f"cleared in the loop at line {model.line(loop.node)}: each step also applies every earlier "
+                    f"step's gradients",
+                )
+
+
+class ZeroGradBetweenBackwardAndStep(Rule):
+    """Gradients are cleared after ``backward()`` and before the ``step()`` that should use them.
+
+    **Why it matters.** The step then sees zero (or ``None``) gradients: the
+    model does not learn, or learns only from weight decay, and nothing fails.
+
+    **Fix.** Move the clear after the step (or before the backward).
+
+    **Bad**::
+
+        loss.backward()
+        optimizer.zero_grad()
+        optimizer.step()
+
+    **Good**::
+
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    """
+
+    code = "GL002"
+    name = "zero-grad-between-backward-and-step"
+    summary = "gradients are cleared between backward() and the step that should use them"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for backward, zero, step in clears_between_backward_and_step(model, root.events):
+                yield Report(
+                    zero.node,
+                    f"`{model.code(zero.node)}` clears the gradients of the backward at line "
+                    f"{model.line(backward.node)} before `{step.target}` steps at line {model.line(step.node)}: "
+                    f"the step sees no gradients",
+                )
+
+
+class ZeroGradInAccumulation(Rule):
+    """The optimizer steps under an accumulation guard, but the gradients are cleared on every micro-batch.
+
+    **Why it matters.** Gradient accumulation sums the gradients of several
+    micro-batches before one step. A clear that runs on every micro-batch
+    throws away all but the last, so the effective batch is one micro-batch
+    and the accumulation only slows training down.
+
+    **Fix.** Clear under the same guard as the step, right after it.
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL003"
+    name = "zero-grad-in-accumulation"
+    summary = "the step is under an accumulation guard but the clear runs every micro-batch"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
+            for step, loop in steps_with_loops(root):
+                acc = accumulation(root, step, loop)
+                if acc is None:
+                    continue
+                for zero in root.events_in(loop):
+                    if id(zero) in between or not clears(model, zero, step.target):
+                        continue
+                    if acc.style == "guard" and any(f.accumulation for f in frames_inside(zero, loop)):
+                        continue
+                    if acc.style == "micro_loop" and not zero.inside(acc.frame):
+                        continue
+                    yield Report(
+                        zero.node,
+                        f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
+                        f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                    )
+
+
+def _where(model: LoopModel, acc: Accumulation) -> str:
+    """Where an accumulating step sits, for messages."""
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
+
+
+class UnscaledAccumulatedLoss(Rule):
+    """Gradients are accumulated over several micro-batches but the loss is not divided by their number.
+
+    **Why it matters.** Accumulating N micro-batches sums N gradients. Without
+    dividing the loss by N, each step is N times larger than the same batch
+    would give in one piece: the learning rate is secretly multiplied by N.
+
+    **Fix.** Divide the loss before ``backward()``: ``(loss / accum).backward()``,
+    ``loss = loss / accum`` or ``loss /= accum``. Frameworks that divide for you
+    (``accelerator.backward``) need nothing.
+
+    **Bad**::
+
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        loss = loss_fn(model(x), y) / accum
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    code = "GL004"
+    name = "unscaled-accumulated-loss"
+    summary = "gradients are accumulated over N micro-batches but the loss is not divided by N"
+    severity = Severity.WARNING
+    fix = FixKind.UNSAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                acc = accumulation(root, step, loop)
+                if acc is None:
+                    continue
+                if any(e.kind == GRAD_DIVIDE for e in root.events_in(loop)):
+                    continue
+                if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
+                    continue
+                count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
+                for backward in acc.backwards:
+                    if backward.normalised or backward.framework is not None or backward.with_context("accumulate"):
+                        continue
+                    yield Report(
+                        backward.node,
+                        f"gradients are accumulated for `{step.target}`, which steps {_where(model, acc)}, "
+                        f"but the loss is not divided by {count}: each step is that many times too large",
+                    )
+
+
+# An inner loop whose header says it runs over micro-batches.
+_MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
+
+
+def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
+    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..."""
+    if not isinstance(loop_node, cst.For):
+        return False
+    header = f"{model.code(loop_node.target)} in {model.code(loop_node.iter)}"
+    return bool(_MICRO_LOOP_WORDS.search(header))
+
+
+class GradsKeptAllocated(Rule):
+    """Gradients are cleared by zeroing them in place, which keeps every gradient buffer allocated.
+
+    **Why it matters.** ``zero_grad(set_to_none=False)`` and hand-written
+    ``p.grad.zero_()`` loops keep one gradient-sized buffer per parameter
+    alive between steps and spend a kernel writing zeros into it.
+    ``set_to_none=True`` (the default since PyTorch 2.0) frees the buffers
+    instead; the next backward allocates them fresh. Code captured in CUDA
+    graphs needs stable buffers and is not flagged.
+
+    **Fix.** ``optimizer.zero_grad(set_to_none=True)``, or ``model.zero_grad()``
+    instead of a manual loop.
+
+    **Bad**::
+
+        optimizer.zero_grad(set_to_none=False)
+
+    **Good**::
+
+        optimizer.zero_grad(set_to_none=True)
+    """
+
+    code = "GL005"
+    name = "grads-kept-allocated"
+    summary = "gradients are zeroed in place where set_to_none=True would free them"
+    severity = Severity.WARNING
+    fix = FixKind.SAFE
+    needs = ("grad",)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        if model.uses_cuda_graphs:
+            return
+        for root in model.roots:
+            for event in root.events:
+                if event.kind is not EventKind.ZERO or event.set_to_none is not False:
+                    continue
+                if event.manual:
+                    message = (
+                        f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
+                        f"`zero_grad(set_to_none=True)` frees them"
+                    )
+                else:
+                    message = (
+                        f"`{model.code(event.node)}` keeps every gradient buffer allocated between steps: "
+                        f"`set_to_none=True` frees them"
+                    )
+                yield Report(event.node, message)
