@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Sequence
 
 import libcst as cst
@@ -33,6 +34,15 @@ def parse(text: str) -> cst.Module:
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
+        # Python's own parser says where and why more precisely than LibCST's.
+        try:
+            ast.parse(text)
+        except SyntaxError as python_error:
+            raise SourceError(
+                f"cannot parse: {python_error.msg} (line {python_error.lineno}, column {python_error.offset})"
+            ) from error
+        except (RecursionError, MemoryError, ValueError):
+            pass
         message = str(error.message).strip().splitlines()[0] if error.message else "invalid syntax"
         raise SourceError(f"cannot parse: {message} (line {error.raw_line}, column {error.raw_column + 1})") from error
     except RecursionError as error:

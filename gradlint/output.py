@@ -43,6 +43,8 @@ def summary(results: Sequence[FileResult]) -> str:
             + (f"; {fixable} with a fix" if fixable else "")
             + ")."
         )
+    elif failed:
+        text = f"No problems found ({files})."
     else:
         text = f"All checks passed ({files})."
     if failed:

@@ -1,0 +1,200 @@
+"""The command line: exit codes, output formats, selection, configuration and noqa."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gradlint import __version__
+from gradlint.cli import main
+
+BUGGY = textwrap.dedent(
+    """\
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+    """
+)
+CLEAN = BUGGY + "    optimizer.zero_grad()\n"
+BROKEN = "def broken(:\n    loss.backward()\n"
+
+
+@pytest.fixture()
+def tree(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "buggy.py").write_text(BUGGY)
+    (tmp_path / "clean.py").write_text(CLEAN)
+    return tmp_path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_clean_file_exits_zero(tree):
+    result = invoke("clean.py")
+    assert result.exit_code == 0, result.output
+    assert "All checks passed (1 file checked)." in result.output
+
+
+def test_finding_exits_one_with_path_line_column_code(tree):
+    result = invoke("buggy.py")
+    assert result.exit_code == 1
+    first = result.output.splitlines()[0]
+    assert first.startswith("buggy.py:8:5: GL001 `optimizer` is stepped at line 8")
+
+
+def test_check_subcommand_is_the_same_as_the_default(tree):
+    assert invoke("check", "buggy.py").output == invoke("buggy.py").output
+
+
+def test_folder_is_walked_and_findings_sorted(tree):
+    (tree / "sub").mkdir()
+    (tree / "sub" / "more.py").write_text(BUGGY)
+    result = invoke(".")
+    paths = [line.split(":")[0] for line in result.output.splitlines() if ": GL" in line]
+    assert paths == ["buggy.py", os.path.join("sub", "more.py")]
+
+
+def test_json_output_has_every_field(tree):
+    result = invoke("--output-format", "json", "buggy.py")
+    assert result.exit_code == 1
+    (finding,) = json.loads(result.output)
+    assert finding == {
+        "path": "buggy.py",
+        "line": 8,
+        "column": 5,
+        "end_line": 8,
+        "end_column": 21,
+        "code": "GL001",
+        "name": "missing-zero-grad",
+        "message": finding["message"],
+        "severity": "error",
+        "fix": "safe",
+    }
+    assert "`optimizer`" in finding["message"]
+
+
+def test_syntax_error_is_one_line_and_other_files_are_checked(tree):
+    (tree / "broken.py").write_text(BROKEN)
+    result = CliRunner().invoke(main, ["."])
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("broken.py")]
+    assert len(errors) == 1 and errors[0].startswith("broken.py: cannot parse") and "line 1" in errors[0]
+    assert "buggy.py:8:5: GL001" in result.stdout
+
+
+def test_file_no_rule_could_fire_on_is_not_parsed(tree):
+    (tree / "unrelated.py").write_text("def broken(:\n    pass\n")
+    result = CliRunner().invoke(main, ["unrelated.py"])
+    assert result.exit_code == 0
+    assert "All checks passed (1 file checked)." in result.stdout
+
+
+def test_missing_path_exits_two(tree):
+    result = invoke("nope.py")
+    assert result.exit_code == 2
+    assert "nope.py: no such file or directory" in result.stderr
+
+
+def test_select_and_ignore(tree):
+    assert invoke("--select", "GL1", "buggy.py").exit_code == 0
+    assert invoke("--ignore", "GL001", "buggy.py").exit_code == 0
+    assert invoke("--select", "GL0", "buggy.py").exit_code == 1
+    assert invoke("--select", "GL001,GL002", "buggy.py").exit_code == 1
+
+
+def test_unknown_code_is_a_usage_error(tree):
+    result = invoke("--select", "GL999", "buggy.py")
+    assert result.exit_code == 2
+    assert "GL999" in result.output
+
+
+def test_exit_zero(tree):
+    result = invoke("--exit-zero", "buggy.py")
+    assert result.exit_code == 0
+    assert "GL001" in result.output
+
+
+def test_noqa_with_code_and_bare(tree):
+    lines = BUGGY.splitlines()
+    lines[7] += "  # noqa: GL001"
+    (tree / "quiet.py").write_text("\n".join(lines) + "\n")
+    assert invoke("quiet.py").exit_code == 0
+    lines[7] = lines[7].replace("# noqa: GL001", "# noqa: GL002")
+    (tree / "other.py").write_text("\n".join(lines) + "\n")
+    assert invoke("other.py").exit_code == 1
+    lines[7] = lines[7].replace("# noqa: GL002", "# noqa")
+    (tree / "bare.py").write_text("\n".join(lines) + "\n")
+    assert invoke("bare.py").exit_code == 0
+
+
+def test_pyproject_config_select_ignore_exclude_per_file(tree):
+    (tree / "legacy").mkdir()
+    (tree / "legacy" / "old.py").write_text(BUGGY)
+    (tree / "tests").mkdir()
+    (tree / "tests" / "t.py").write_text(BUGGY)
+    (tree / "pyproject.toml").write_text(
+        textwrap.dedent(
+            """\
+            [tool.gradlint]
+            extend-exclude = ["legacy/**"]
+            per-file-ignores = { "tests/**" = ["GL001"] }
+            """
+        )
+    )
+    result = invoke(".")
+    flagged = {line.split(":")[0] for line in result.output.splitlines() if ": GL" in line}
+    assert flagged == {"buggy.py"}
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nignore = ["GL001"]\n')
+    assert invoke(".").exit_code == 0
+
+
+def test_explicit_file_is_checked_even_when_excluded(tree):
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nextend-exclude = ["buggy.py"]\n')
+    assert invoke(".").exit_code == 0
+    assert invoke("buggy.py").exit_code == 1
+
+
+def test_bad_config_is_a_usage_error(tree):
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nselct = ["GL001"]\n')
+    result = invoke("buggy.py")
+    assert result.exit_code == 2
+    assert "unknown key(s) in [tool.gradlint]: selct" in result.output
+    assert invoke("--isolated", "buggy.py").exit_code == 1
+
+
+def test_rule_and_rules_commands():
+    result = invoke("rule", "gl003")
+    assert result.exit_code == 0
+    assert result.output.startswith("GL003 zero-grad-in-accumulation")
+    assert "**Bad**" in result.output and "**Good**" in result.output
+    listing = invoke("rules").output.splitlines()
+    assert [line.split()[0] for line in listing][:3] == ["GL001", "GL002", "GL003"]
+    assert invoke("rule", "GL999").exit_code == 2
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_installed_console_script_runs_in_a_subprocess(tree):
+    script = Path(sys.executable).with_name("gradlint")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gradlint"]
+    completed = subprocess.run([*command, "buggy.py", "clean.py"], capture_output=True, text=True, cwd=tree, timeout=120)
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stdout.startswith("buggy.py:8:5: GL001")
+    assert "Found 1 problem in 1 file (2 files checked" in completed.stdout
