@@ -19,9 +19,10 @@ from collections.abc import Iterable, Sequence
 from typing import Union
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gradlint.events import EventKind
+from gradlint.imports import ImportMap
 from gradlint.objects import ObjInfo, ObjKind, kind_from_name, kind_of_constructor, last_name
 from gradlint.syntax import (
     bool_literal,
@@ -144,7 +145,6 @@ class LoopModel:
     objects: dict[str, ObjInfo]
     roots: list[Root]
     uses_cuda_graphs: bool
-    _wrapper: MetadataWrapper | None = None
     _positions: dict | None = None
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
@@ -153,7 +153,7 @@ class LoopModel:
         Positions are resolved on first use only: most modules have no findings.
         """
         if self._positions is None:
-            wrapper = self._wrapper or MetadataWrapper(self.module, unsafe_skip_copy=True)
+            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
             self._positions = wrapper.resolve(PositionProvider)
         code_range = self._positions[node]
         return (code_range.start.line, code_range.start.column + 1, code_range.end.line, code_range.end.column + 1)
@@ -189,9 +189,7 @@ class LoopModel:
 
 def build_model(module: cst.Module) -> LoopModel:
     """Build the loop model of one parsed module."""
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-    qualified = wrapper.resolve(QualifiedNameProvider)
-    index = _ModuleIndex(module, qualified)
+    index = _ModuleIndex(module)
     builder = _EventBuilder(index)
     roots = [Root("<module>", module, builder.root_events(None))]
     for function in index.functions:
@@ -202,7 +200,6 @@ def build_model(module: cst.Module) -> LoopModel:
         objects=index.objects,
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
-        _wrapper=wrapper,
     )
 
 
@@ -221,9 +218,9 @@ _CUDA_GRAPH_MARKERS = ("CUDAGraph", "cuda.graph", "make_graphed_callables", "cap
 class _ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
-    def __init__(self, module: cst.Module, qualified: dict) -> None:
+    def __init__(self, module: cst.Module) -> None:
         self.module = module
-        self._qualified = qualified
+        self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}
         self.class_of: dict[cst.FunctionDef, str | None] = {}
@@ -244,11 +241,8 @@ class _ModuleIndex:
     # -- names
 
     def qualified_names(self, node: cst.CSTNode) -> set[str]:
-        """The qualified names LibCST resolved for a name or attribute node."""
-        names = self._qualified.get(node, ())
-        if callable(names):  # newer LibCST resolves qualified names lazily
-            names = names()
-        return {q.name for q in names}
+        """The qualified names a name or attribute node stands for, through the module's imports."""
+        return self.imports.qualify(node)
 
     def resolve_function(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """The function of this module a call lands in: a nested def, a module function or ``self.method``."""
@@ -318,8 +312,10 @@ class _ModuleIndex:
         self.nested.setdefault(node, {})
 
     def _note(self, node: cst.CSTNode, function: cst.FunctionDef | None) -> None:
-        """Record assignments, returns and CUDA-graph use seen at ``node``."""
-        if isinstance(node, cst.Assign):
+        """Record imports, assignments, returns and CUDA-graph use seen at ``node``."""
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            self.imports.add(node)
+        elif isinstance(node, cst.Assign):
             for target in node.targets:
                 self._assign(target.target, node.value, function)
         elif isinstance(node, cst.AnnAssign) and node.value is not None:

@@ -27,18 +27,26 @@ def decode(data: bytes) -> Source:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as error:
+        # Raised for undecodable first lines too: say where, as for the rest of the file.
+        _decode_or_explain(data, "utf-8")
         raise SourceError(f"cannot decode: {error.msg}") from error
-    try:
-        text = data.decode(encoding)
-    except (UnicodeDecodeError, LookupError) as error:
-        reason = getattr(error, "reason", str(error))
-        start = getattr(error, "start", None)
-        where = f" at byte {start}" if start is not None else ""
-        raise SourceError(f"cannot decode as {encoding}{where}: {reason} (add a PEP 263 coding line if the file is not UTF-8)") from error
+    text = _decode_or_explain(data, encoding)
     if encoding == "utf-8-sig":
         text = text.removeprefix("\ufeff")
     newline = "\r\n" if "\r\n" in text[:10000] else "\n"
     return Source(text, encoding, newline)
+
+
+def _decode_or_explain(data: bytes, encoding: str) -> str:
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as error:
+        raise SourceError(
+            f"cannot decode as {encoding} at byte {error.start}: {error.reason} "
+            f"(add a PEP 263 coding line if the file is not UTF-8)"
+        ) from error
+    except LookupError as error:
+        raise SourceError(f"cannot decode: unknown encoding {encoding!r}") from error
 
 
 def read_source(path: str) -> Source:
