@@ -650,6 +650,12 @@ class _EventBuilder:
         def emit(kind: Kind, **fields) -> None:
             out.append(Event(kind, call, frames, call_chain=chain, **fields))
 
+        # ``self.backward(loss)`` or ``self.step()`` defined by the class itself: judge what the method does.
+        if isinstance(recv, cst.Name) and recv.value in ("self", "cls"):
+            helper = index.resolve_function(call, scope.function)
+            if helper is not None:
+                self._inline(helper, call, scope, out)
+                return
         if method == "backward" or method == "manual_backward" or "torch.autograd.backward" in qualified:
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
