@@ -10,6 +10,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
+from gradlint.objects import ObjKind
 from gradlint.queries import (
     Accumulation,
     accumulation,
@@ -279,6 +280,8 @@ class GradsKeptAllocated(Rule):
             for event in root.events:
                 if event.kind is not EventKind.ZERO or event.set_to_none is not False:
                     continue
+                if event.target_kind is ObjKind.TENSOR:
+                    continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
                 if event.manual:
                     message = (
                         f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
