@@ -74,6 +74,7 @@ class Frame:
     accumulation: bool = False
     count: cst.BaseExpression | None = None
     context: str | None = None  # WITH: "no_sync", "accumulate", "autocast"
+    exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""
@@ -539,12 +540,12 @@ class _EventBuilder:
     def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
-        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count)
+        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
         self._block(statement.body.body, _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
             return
-        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count)
+        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count, exits=not isinstance(orelse, cst.If) and _leaves(orelse.body))
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
         else:
@@ -839,6 +840,14 @@ class _EventBuilder:
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
         return dataclasses.replace(event, **changes)
+
+
+def _leaves(block: cst.BaseSuite) -> bool:
+    """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``."""
+    if not isinstance(block, cst.IndentedBlock) or not block.body:
+        return False
+    last = block.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
 
 
 def _within(scope: _Scope, frame: Frame) -> _Scope:

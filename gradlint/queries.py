@@ -158,7 +158,7 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
             zeros_since.append(event)
         elif event.kind is EventKind.STEP and last_backward is not None and event.framework != "closure":
             for zero in zeros_since:
-                if clears(model, zero, event.target):
+                if clears(model, zero, event.target) and not leaves_before(zero, event):
                     yield last_backward, zero, event
 
 
@@ -195,3 +195,11 @@ def stepping_loop(root: Root, backward: Event) -> Frame | None:
         if any(e.kind is EventKind.STEP for e in root.events_in(loop)):
             return loop
     return None
+
+
+def leaves_before(event: Event, later: Event) -> bool:
+    """Whether ``event`` sits in a branch that leaves (``continue``, ``break``, ...) without reaching ``later``.
+
+    ``if not finite: opt.zero_grad(); continue`` clears only on the batches that never step.
+    """
+    return any(f.kind is FrameKind.BRANCH and f.exits and not later.inside(f) for f in event.frames)

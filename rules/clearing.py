@@ -17,6 +17,7 @@ from gradlint.queries import (
     clears,
     clears_between_backward_and_step,
     frames_inside,
+    leaves_before,
     same_object,
     steps_with_loops,
 )
@@ -159,6 +160,8 @@ class ZeroGradInAccumulation(Rule):
                 for zero in root.events_in(loop):
                     if id(zero) in between or not clears(model, zero, step.target):
                         continue
+                    if leaves_before(zero, step):
+                        continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     if acc.style == "guard" and any(f.accumulation for f in frames_inside(zero, loop)):
                         continue
                     if acc.style == "micro_loop" and not zero.inside(acc.frame):

@@ -9,7 +9,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.model import FrameKind, LoopModel, Root, build_model
 from gradlint.objects import ObjKind
-from gradlint.queries import backwards_reaching, clears, exclusive, stepping_loop
+from gradlint.queries import backwards_reaching, clears, exclusive, leaves_before, stepping_loop
 
 
 def model_of(code: str) -> LoopModel:
@@ -238,3 +238,33 @@ def test_the_stepping_loop_of_a_micro_step_backward_is_the_outer_loop():
     assert stepping_loop(r, backward) is outer
     assert any(e.kind is EventKind.STEP for e in r.events_in(outer))
     assert not any(e.kind is EventKind.STEP for e in r.events_in(micro))
+
+
+def test_a_branch_that_ends_in_continue_leaves_before_the_step():
+    events = root(
+        model_of(
+            """
+            def train(loader, optimizer):
+                for batch in loader:
+                    model(batch).backward()
+                    norm = clip_grad_norm_(model.parameters(), 1.0)
+                    if not norm.isfinite():
+                        optimizer.zero_grad()
+                        continue
+                    elif norm > 100:
+                        print(norm)
+                    else:
+                        optimizer.zero_grad()
+                    optimizer.step()
+            """
+        ),
+        "train",
+    ).events
+    skip_clear, else_clear = [e for e in events if e.kind is EventKind.ZERO]
+    step = next(e for e in events if e.kind is EventKind.STEP)
+    skip_branch = skip_clear.frames[-1]
+    assert skip_branch.kind is FrameKind.BRANCH and skip_branch.exits
+    assert leaves_before(skip_clear, step)
+    # The else of an elif does not leave: its own block ends in a plain call.
+    assert not any(f.exits for f in else_clear.frames)
+    assert not leaves_before(else_clear, step)
