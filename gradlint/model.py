@@ -75,6 +75,7 @@ class Frame:
     accumulation: bool = False
     count: cst.BaseExpression | None = None
     context: str | None = None  # WITH: "no_sync", "accumulate", "autocast"
+    exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""
@@ -233,9 +234,11 @@ class _ModuleIndex:
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
         self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
         self.returns_divided: set[cst.FunctionDef] = set()
+        self._returned: dict[cst.FunctionDef, list[cst.BaseExpression]] = {}
         self.objects: dict[str, ObjInfo] = {}
         self.uses_cuda_graphs = False
         self._scan(module)
+        self._find_divided_returns()
         self._classify_objects()
 
     # -- names
@@ -328,8 +331,7 @@ class _ModuleIndex:
         elif isinstance(node, cst.WithItem) and node.asname is not None:
             self._assign(node.asname.name, node.item, function)
         elif isinstance(node, cst.Return) and node.value is not None and function is not None:
-            if scales_down(node.value):
-                self.returns_divided.add(function)
+            self._returned.setdefault(function, []).append(node.value)
         elif isinstance(node, (cst.Attribute, cst.Name)) and not self.uses_cuda_graphs:
             name = dotted_name(node) or ""
             if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")):
@@ -337,6 +339,16 @@ class _ModuleIndex:
         elif isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "capturable":
             if bool_literal(node.value) is True:
                 self.uses_cuda_graphs = True
+
+    def _find_divided_returns(self) -> None:
+        """Helpers that return a divided loss: ``return loss / n``, or ``loss = loss / n`` then ``return loss``.
+
+        Run after the whole scan: a function's assignments are not all seen before its returns.
+        """
+        for function, values in self._returned.items():
+            divided = self.divided_names.get(function, set())
+            if any(scales_down(v) or dotted_name(v) in divided for v in values):
+                self.returns_divided.add(function)
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
         table = self.assignments.setdefault(function, {})
@@ -524,12 +536,12 @@ class _EventBuilder:
     def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
-        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count)
+        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
         self._block(statement.body.body, _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
             return
-        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count)
+        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count, exits=not isinstance(orelse, cst.If) and _leaves(orelse.body))
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
         else:
@@ -605,6 +617,8 @@ class _EventBuilder:
             set_to_none = True
         elif _is_zeroing_value(value):
             set_to_none = False
+        elif isinstance(value, cst.Call) and callee_name(value) in ("zeros_like", "zeros"):
+            set_to_none = None  # p.grad = torch.zeros_like(p): a fresh buffer, often made on purpose for a step
         else:
             if scales_down(value):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
@@ -613,14 +627,20 @@ class _EventBuilder:
         out.append(Event(EventKind.ZERO, small, scope.frames, owner, kind, set_to_none=set_to_none, manual=True, call_chain=scope.chain))
 
     def _grad_owner(self, grad: cst.BaseExpression, scope: _Scope) -> tuple[str | None, ObjKind]:
-        """Whose gradients ``p.grad`` belongs to, read from the loops that bind ``p``."""
+        """Whose gradients ``p.grad`` belongs to, read from the loops that bind ``p``.
+
+        A ``.grad`` of one named tensor that no loop binds (``delta.grad``,
+        ``self.fc.weight.grad``) is that tensor's own: target kind TENSOR.
+        """
         name = root_name(grad)
+        loop_bound = False
         for frame in reversed(scope.frames):
             if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
                 continue
             bound = {n.value for n in walk(frame.node.target) if isinstance(n, cst.Name)}
             if name not in bound:
                 continue
+            loop_bound = True
             for node in walk(frame.node.iter):
                 if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
                     owner = dotted_name(receiver(node))
@@ -629,7 +649,19 @@ class _EventBuilder:
                 if isinstance(node, cst.Attribute) and node.attr.value == "param_groups":
                     return dotted_name(node.value), ObjKind.OPTIMIZER
             name = root_name(frame.node.iter)
+        tensor = dotted_name(_grad_holder(grad))
+        if not loop_bound and tensor is not None and not self._is_argument(root_name(grad), scope.function):
+            return tensor, ObjKind.TENSOR
         return None, ObjKind.UNKNOWN
+
+    @staticmethod
+    def _is_argument(name: str | None, function: cst.FunctionDef | None) -> bool:
+        """Whether ``name`` is a parameter of ``function`` other than ``self``/``cls``: the caller may pass each parameter in turn."""
+        if function is None or name in ("self", "cls"):
+            return False
+        params = function.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params]
+        return any(p.name.value == name for p in every)
 
     def _expression(self, node: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
         for call in calls_in_evaluation_order(node):
@@ -646,6 +678,12 @@ class _EventBuilder:
         def emit(kind: Kind, **fields) -> None:
             out.append(Event(kind, call, frames, call_chain=chain, **fields))
 
+        # ``self.backward(loss)`` or ``self.step()`` defined by the class itself: judge what the method does.
+        if isinstance(recv, cst.Name) and recv.value in ("self", "cls"):
+            helper = index.resolve_function(call, scope.function)
+            if helper is not None:
+                self._inline(helper, call, scope, out)
+                return
         if method == "backward" or method == "manual_backward" or "torch.autograd.backward" in qualified:
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
@@ -800,6 +838,14 @@ class _EventBuilder:
         return dataclasses.replace(event, **changes)
 
 
+def _leaves(block: cst.BaseSuite) -> bool:
+    """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``."""
+    if not isinstance(block, cst.IndentedBlock) or not block.body:
+        return False
+    last = block.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
+
+
 def _within(scope: _Scope, frame: Frame) -> _Scope:
     return dataclasses.replace(scope, frames=scope.frames + (frame,))
 
@@ -829,11 +875,21 @@ def _is_zero_literal(args: list[cst.Arg]) -> bool:
     return bool(args) and isinstance(args[0].value, (cst.Integer, cst.Float)) and float(args[0].value.value) == 0
 
 
+def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
+    """``p`` for ``p.grad`` or ``p.grad.data``."""
+    if isinstance(grad, cst.Attribute) and grad.attr.value == "data":
+        grad = grad.value
+    return grad.value if isinstance(grad, cst.Attribute) else grad
+
+
 def _is_zeroing_value(value: cst.BaseExpression) -> bool:
-    """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``."""
+    """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``: the old gradient's shape, all zeros."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
         return any(isinstance(side, (cst.Integer, cst.Float)) and float(side.value) == 0 for side in (value.left, value.right))
-    return isinstance(value, cst.Call) and callee_name(value) == "zeros_like"
+    if isinstance(value, cst.Call) and callee_name(value) == "zeros_like":
+        args = positional_args(value)
+        return bool(args) and _is_grad(args[0].value)
+    return False
 
 
 def _set_to_none(call: cst.Call) -> bool | None:

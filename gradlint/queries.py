@@ -8,7 +8,7 @@ the rule catalogue is phrased in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import libcst as cst
 
@@ -35,10 +35,14 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
 
     A clear of an unknown target, or of a model not known to belong to
     another optimizer, is taken to clear everything: when unsure, assume the
-    code is right.
+    code is right. A clear of one named tensor's ``.grad`` (an adversarial
+    perturbation, one frozen layer) reaches an optimizer only when the
+    optimizer was not built from whole models.
     """
     if zero.kind is not EventKind.ZERO:
         return False
+    if zero.target_kind is ObjKind.TENSOR:
+        return optimizer is None or not param_sources(model, optimizer)
     if zero.target is None or optimizer is None:
         return True
     if zero.target_kind is ObjKind.OPTIMIZER:
@@ -154,5 +158,48 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
             zeros_since.append(event)
         elif event.kind is EventKind.STEP and last_backward is not None and event.framework != "closure":
             for zero in zeros_since:
-                if clears(model, zero, event.target):
+                if clears(model, zero, event.target) and not leaves_before(zero, event):
                     yield last_backward, zero, event
+
+
+def exclusive(a: Event, b: Event) -> bool:
+    """Whether two events sit in different branches of one ``if``: no single pass runs both."""
+    branches = {id(f.node): f.branch for f in a.frames if f.kind is FrameKind.BRANCH}
+    return any(f.kind is FrameKind.BRANCH and branches.get(id(f.node), f.branch) != f.branch for f in b.frames)
+
+
+def backwards_reaching(events: list[Event], event: Event, stop: Callable[[Event], bool] = lambda e: False) -> list[Event]:
+    """The backwards whose gradients ``event`` may see, latest first.
+
+    Reading back from ``event``: a backward in the other branch of an ``if``
+    never reaches it, and a backward hides every earlier one that runs on the
+    same path (``if fp16: scaled backward / else: plain backward`` reaches a
+    later clip through both). The reading ends at the first event for which
+    ``stop`` holds, such as an ``unscale_``.
+    """
+    position = next(i for i, e in enumerate(events) if e is event)
+    found: list[Event] = []
+    for earlier in reversed(events[:position]):
+        if stop(earlier):
+            break
+        if earlier.kind is not EventKind.BACKWARD or exclusive(earlier, event):
+            continue
+        if all(exclusive(later, earlier) for later in found):
+            found.append(earlier)
+    return found
+
+
+def stepping_loop(root: Root, backward: Event) -> Frame | None:
+    """The loop a backward trains in: its innermost loop that also steps an optimizer (the outer loop of micro-steps)."""
+    for loop in reversed(backward.loops):
+        if any(e.kind is EventKind.STEP for e in root.events_in(loop)):
+            return loop
+    return None
+
+
+def leaves_before(event: Event, later: Event) -> bool:
+    """Whether ``event`` sits in a branch that leaves (``continue``, ``break``, ...) without reaching ``later``.
+
+    ``if not finite: opt.zero_grad(); continue`` clears only on the batches that never step.
+    """
+    return any(f.kind is FrameKind.BRANCH and f.exits and not later.inside(f) for f in event.frames)

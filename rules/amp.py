@@ -9,7 +9,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import Event, LoopModel
-from gradlint.queries import innermost_loop, region, same_object
+from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
 from gradlint.rule import Report, Rule
 from gradlint.syntax import dotted_name, receiver
 
@@ -18,6 +18,11 @@ _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
 def _uses_scaler(event: Event) -> bool:
     return event.kind in _SCALER_EVENTS or (event.kind is EventKind.STEP and event.via_scaler is not None)
+
+
+def _unscales(event: Event) -> bool:
+    """Whether gradients are unscaled here: ``scaler.unscale_(opt)``, or ``scaler.step(opt)``, which unscales first."""
+    return event.kind is EventKind.UNSCALE or (event.kind is EventKind.STEP and event.via_scaler is not None)
 
 
 def _scaler_name(event: Event) -> str:
@@ -98,14 +103,20 @@ class StepBypassesScaler(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
+            reaching: dict[int, list[Event]] = {}
             for backward in (e for e in root.events if e.kind is EventKind.BACKWARD and e.scaled):
-                events = region(root, backward)
+                loop = stepping_loop(root, backward)
+                events = root.events_in(loop) if loop is not None else root.events
                 scaler_steps = [e for e in events if e.kind is EventKind.STEP and e.via_scaler is not None]
                 for step in events:
                     if step.kind is not EventKind.STEP or step.via_scaler is not None or step.framework == "closure":
                         continue
                     if any(same_object(s.target, step.target) for s in scaler_steps):
                         continue
+                    if id(step) not in reaching:
+                        reaching[id(step)] = backwards_reaching(root.events, step)
+                    if not any(b is backward for b in reaching[id(step)]):
+                        continue  # another backward (or none) feeds this step
                     scaler = _scaler_of(backward, model)
                     yield Report(
                         step.node,
@@ -155,15 +166,11 @@ class ClipBeforeUnscale(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            last_backward: Event | None = None
-            unscaled = False
             for event in root.events:
-                if event.kind is EventKind.BACKWARD:
-                    last_backward, unscaled = event, False
-                elif event.kind is EventKind.UNSCALE:
-                    unscaled = True
-                elif event.kind is EventKind.CLIP and event.framework is None:
-                    if last_backward is not None and last_backward.scaled and not unscaled:
+                if event.kind is EventKind.CLIP and event.framework is None:
+                    reaching = backwards_reaching(root.events, event, stop=_unscales)
+                    last_backward = next((b for b in reaching if b.scaled), None)
+                    if last_backward is not None:
                         scaler = _scaler_of(last_backward, model)
                         yield Report(
                             event.node,

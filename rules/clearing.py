@@ -10,12 +10,14 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
+from gradlint.objects import ObjKind
 from gradlint.queries import (
     Accumulation,
     accumulation,
     clears,
     clears_between_backward_and_step,
     frames_inside,
+    leaves_before,
     same_object,
     steps_with_loops,
 )
@@ -158,6 +160,8 @@ class ZeroGradInAccumulation(Rule):
                 for zero in root.events_in(loop):
                     if id(zero) in between or not clears(model, zero, step.target):
                         continue
+                    if leaves_before(zero, step):
+                        continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     if acc.style == "guard" and any(f.accumulation for f in frames_inside(zero, loop)):
                         continue
                     if acc.style == "micro_loop" and not zero.inside(acc.frame):
@@ -279,6 +283,8 @@ class GradsKeptAllocated(Rule):
             for event in root.events:
                 if event.kind is not EventKind.ZERO or event.set_to_none is not False:
                     continue
+                if event.target_kind is ObjKind.TENSOR:
+                    continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
                 if event.manual:
                     message = (
                         f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
