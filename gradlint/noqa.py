@@ -7,7 +7,7 @@ import re
 import tokenize
 
 # Same spelling flake8 accepts: "# noqa", "# noqa: GL001", "# NOQA:GL001,GL002".
-_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z][0-9]+(?:[,\s]+[A-Z][0-9]+)*))?", re.IGNORECASE)
+_NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 
 ALL_CODES = frozenset({"*"})
 
