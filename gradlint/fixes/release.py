@@ -30,7 +30,7 @@ class _Equivalent:
 
     positional: tuple[str, ...]  # torch's parameters after ``params``, in order
     carried: dict[str, str]  # torch defaults optimi does not share (or lacks): written out when not given
-    optimi_defaults: dict[str, str]  # what optimi would use instead, for the message
+    optimi_defaults: dict[str, str | None]  # what optimi would use instead (None: no default), for the message
     must_be: dict[str, tuple[str, ...]]  # torch options optimi lacks: allowed only at these literal values (then dropped)
     dropped: tuple[str, ...] = ("foreach", "fused")  # implementation switches with no effect on the numbers
 
@@ -41,19 +41,19 @@ EQUIVALENTS: dict[str, _Equivalent] = {
     "AdamW": _Equivalent(
         ("lr", "betas", "eps", "weight_decay", "amsgrad"),
         {"lr": "1e-3", "betas": "(0.9, 0.999)", "eps": "1e-8"},
-        {"lr": "none (required)", "betas": "(0.9, 0.99)", "eps": "1e-6"},
+        {"lr": None, "betas": "(0.9, 0.99)", "eps": "1e-6"},
         _ADAM_FLAGS,
     ),
     "Adam": _Equivalent(
         ("lr", "betas", "eps", "weight_decay", "amsgrad"),
         {"lr": "1e-3", "betas": "(0.9, 0.999)", "eps": "1e-8"},
-        {"lr": "none (required)", "betas": "(0.9, 0.99)", "eps": "1e-6"},
+        {"lr": None, "betas": "(0.9, 0.99)", "eps": "1e-6"},
         {**_ADAM_FLAGS, "decoupled_weight_decay": ("False",)},
     ),
     "SGD": _Equivalent(
         ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
         {"lr": "1e-3"},
-        {"lr": "none (required)"},
+        {"lr": None},
         {"dampening": ("0", "0.0"), "nesterov": ("False",), "maximize": ("False",), "differentiable": ("False",)},
     ),
 }
@@ -68,11 +68,13 @@ def release_note(construction: cst.Call) -> str | None:
     if equivalent is None:
         return None
     differences = ", ".join(
-        f"{key}={equivalent.optimi_defaults[key]} (torch: {value})" for key, value in equivalent.carried.items()
+        f"no default {key}" if equivalent.optimi_defaults[key] is None else f"{key}={equivalent.optimi_defaults[key]}"
+        for key in equivalent.carried
     )
+    torch_values = ", ".join(f"{key}={value}" for key, value in equivalent.carried.items())
     return (
-        f"optimi's {name} defaults differ from torch.optim's: {differences}; the rewrite passes torch's values "
-        f"explicitly. optimi also turns on Kahan summation for bf16/fp16 parameters (kahan_sum=False keeps torch's numbers there)"
+        f"optimi's {name} has {differences} where torch.optim's uses {torch_values}: the rewrite passes torch's values "
+        f"explicitly; optimi also turns on Kahan summation for bf16/fp16 parameters (kahan_sum=False keeps torch's numbers there)"
     )
 
 
@@ -130,6 +132,8 @@ def _is_torch_optimizer(module: cst.Module, construction: cst.Call, name: str) -
     """Whether the call builds ``torch.optim.<name>``, resolved through the module's imports."""
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
     qualified = wrapper.resolve(QualifiedNameProvider).get(construction.func, set())
+    if callable(qualified):  # newer LibCST resolves qualified names lazily
+        qualified = qualified()
     return any(q.name in {prefix + name for prefix in _TORCH_MODULES} for q in qualified)
 
 
@@ -200,4 +204,7 @@ def _loop_removals(module: cst.Module, step: Event, zeros: Sequence[Event]) -> l
 
 def _name_taken(module: cst.Module, name: str) -> bool:
     """Whether a bare name is already used in the module (then optimi's is written ``optimi.<name>``)."""
-    return any(isinstance(node, cst.Name) and node.value == name for node in descendants(module))
+    nodes = list(descendants(module))
+    not_variables = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+    not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
+    return any(isinstance(n, cst.Name) and n.value == name and id(n) not in not_variables for n in nodes)
