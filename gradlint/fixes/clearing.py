@@ -15,6 +15,8 @@ def add_zero_grad(model: LoopModel, step: Event) -> Fix:
     """GL001: ``opt.zero_grad()`` right after the step (after ``scaler.update()`` when a scaler steps it)."""
 
     def build() -> list[Edit] | None:
+        if step.framework == "closure":
+            return None  # the clear belongs inside the closure, which may run several times per step
         optimizer = optimizer_of_step(model.module, step)
         anchor = after_step(model.module, step)
         if optimizer is None or anchor is None:
