@@ -66,9 +66,10 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
         try:
             module = parse(current)
             model = build_model(module)
-            batch = _non_overlapping(_candidates(model, path, rules, current, unsafe))
+            findings, candidates = _lint_round(model, path, rules, current, unsafe)
+            batch = _non_overlapping(candidates)
             if not batch:
-                break
+                return FixOutcome(path, text, current, fixed, FileResult(path, sorted(set(findings))))
             new_text, applied = _apply(model, batch)
         except SourceError as error:
             return FixOutcome(path, text, text, 0, FileResult(path, error=str(error)))
@@ -88,21 +89,23 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
     return FixOutcome(path, text, current, fixed, lint_text(current, path, config, prefilter=prefilter))
 
 
-def _candidates(model: LoopModel, path: str, rules: Sequence[type[Rule]], text: str, unsafe: bool) -> list[_Candidate]:
-    """The fixes this run may apply to ``model``'s module, in source order."""
+def _lint_round(model: LoopModel, path: str, rules: Sequence[type[Rule]], text: str, unsafe: bool) -> tuple[list[Finding], list[_Candidate]]:
+    """Every finding not silenced by ``# noqa``, and the fixes this run may apply, in source order."""
     allowed = {FixKind.SAFE, FixKind.UNSAFE} if unsafe else {FixKind.SAFE}
     noqa = noqa_lines(text)
-    found = []
+    findings, candidates = [], []
     for rule in rules:
-        if rule.fix not in allowed:
-            continue
         for finding, report in rule_reports(rule, model, path):
-            if report.fix is None or is_suppressed(finding.code, finding.line, noqa):
+            if is_suppressed(finding.code, finding.line, noqa):
+                continue
+            findings.append(finding)
+            if report.fix is None or rule.fix not in allowed:
                 continue
             edits = report.fix.edits()
             if edits:
-                found.append(_Candidate(finding, edits, _spans(model, edits)))
-    return sorted(found, key=lambda c: (c.finding.line, c.finding.column, c.finding.code))
+                candidates.append(_Candidate(finding, edits, _spans(model, edits)))
+    candidates.sort(key=lambda c: (c.finding.line, c.finding.column, c.finding.code))
+    return findings, candidates
 
 
 def _spans(model: LoopModel, edits: Iterable[Edit]) -> list[tuple[int, int]]:

@@ -203,7 +203,7 @@ def test_fixing_stops_after_a_bounded_number_of_rounds(monkeypatch):
         return real_apply(module, edits).with_changes(footer=[*module.footer, cst.EmptyLine(comment=cst.Comment(f"# {len(rounds)}"))])
 
     monkeypatch.setattr(fixer, "apply_edits", counting)
-    monkeypatch.setattr(fixer, "_candidates", lambda model, *args: _always_one_candidate(model))
+    monkeypatch.setattr(fixer, "_lint_round", lambda model, *args: ([], _always_one_candidate(model)))
     outcome = fix_text(MISSING_CLEAR)
     assert len(rounds) == fixer.MAX_ROUNDS
     assert outcome.fixed == fixer.MAX_ROUNDS
