@@ -7,7 +7,7 @@ import pytest
 
 from gradlint.events import EventKind
 from gradlint.fixes.edits import apply_edits
-from gradlint.fixes.release import find_construction, gradient_release, release_note
+from gradlint.fixes.release import find_construction, gradient_release, release_fix, release_note
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.model import build_model
 
@@ -158,7 +158,22 @@ def test_release_note_names_the_defaults_that_differ():
     _, fix, construction = _release(PLAIN_LOOP.format(construction="torch.optim.AdamW(model.parameters())"))
     note = release_note(construction)
     assert "betas=(0.9, 0.99)" in note and "eps=1e-6" in note and "(0.9, 0.999)" in note and "1e-8" in note
-    assert fix.description == "rewrite to gradient release with optimi.AdamW"
+    assert fix.description.startswith("rewrite to gradient release with optimi.AdamW; ") and note in fix.description
+
+
+def test_release_fix_finds_the_construction_itself():
+    model = _model(PLAIN_LOOP.format(construction="torch.optim.SGD(model.parameters(), lr=0.1)"))
+    (step,) = _events(model, EventKind.STEP, "train")
+    fixed = _apply(model, release_fix(model, step, _events(model, EventKind.ZERO, "train")))
+    assert "optimizer = SGD(model.parameters(), lr=0.1, gradient_release=True)" in fixed
+
+
+def test_release_fix_needs_exactly_one_construction():
+    text = PLAIN_LOOP.format(construction="torch.optim.SGD(model.parameters(), lr=0.1)")
+    text += "\n\noptimizer = torch.optim.AdamW(other.parameters())\n"
+    model = _model(text)
+    (step,) = _events(model, EventKind.STEP, "train")
+    assert release_fix(model, step, []) is None
 
 
 def test_release_rewrite_qualifies_optimi_names_that_are_already_taken():

@@ -154,7 +154,7 @@ def _atom(module: cst.Module, node: cst.BaseExpression) -> str:
     return text if isinstance(node, _ATOMS) or node.lpar else f"({text})"
 
 
-def free_gradients(model: LoopModel, zero: Event) -> Fix | None:
+def free_gradients(model: LoopModel, zero: Event) -> Fix:
     """GL005: ``set_to_none=False`` becomes ``True``; a manual zeroing loop becomes ``model.zero_grad(set_to_none=True)``."""
     if zero.manual:
         return Fix("clear with model.zero_grad(set_to_none=True)", lambda: _replace_zeroing_loop(model, zero))

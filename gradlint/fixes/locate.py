@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
-from gradlint.fixes.edits import Statement
+from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
 from gradlint.syntax import method_name, positional_args, receiver
 
@@ -21,8 +21,9 @@ _cache: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
 def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
     """Each node's parent (the last module asked about is remembered)."""
     global _cache
-    if _cache is not None and _cache[0] is module:
-        return _cache[1]
+    cached = _cache  # one read: another thread may replace it meanwhile
+    if cached is not None and cached[0] is module:
+        return cached[1]
     table: dict[cst.CSTNode, cst.CSTNode] = {}
     stack: list[cst.CSTNode] = [module]
     while stack:
@@ -61,8 +62,10 @@ def line_of(module: cst.Module, statement: Statement) -> cst.BaseStatement:
 
 def alone_on_line(module: cst.Module, statement: Statement) -> bool:
     """Whether a small statement has a line of its own (not ``a; b``, not ``if x: a``)."""
+    if isinstance(statement, cst.BaseCompoundStatement):
+        return True
     line = line_of(module, statement)
-    return isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1 or isinstance(statement, cst.BaseCompoundStatement)
+    return isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
 
 
 def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
@@ -87,8 +90,6 @@ def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
 
 def movable(module: cst.Module, statement: Statement) -> cst.BaseStatement:
     """What to insert elsewhere when ``statement`` moves: its whole line (comments kept) when it has one."""
-    from gradlint.fixes.edits import as_line, without_blank_lines
-
     if alone_on_line(module, statement):
         return without_blank_lines(line_of(module, statement))
     return as_line(statement)

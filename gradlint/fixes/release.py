@@ -125,7 +125,18 @@ def gradient_release(model: LoopModel, step: Event, zeros: Sequence[Event], cons
             *removals,
         ]
 
-    return Fix(f"rewrite to gradient release with optimi.{name}", build)
+    return Fix(f"rewrite to gradient release with optimi.{name}; {release_note(construction)}", build)
+
+
+def release_fix(model: LoopModel, step: Event, zeros: Sequence[Event]) -> Fix | None:
+    """The GL204 fix for the optimizer stepped at ``step``, found by its construction in the module.
+
+    None when the module does not show one construction of that optimizer or
+    the optimizer has no optimi equivalent. The fix's description names the
+    defaults that differ, for the finding's message.
+    """
+    construction = find_construction(model, step.target) if step.target else None
+    return gradient_release(model, step, zeros, construction) if construction is not None else None
 
 
 def _is_torch_optimizer(module: cst.Module, construction: cst.Call, name: str) -> bool:
