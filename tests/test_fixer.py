@@ -234,3 +234,18 @@ def test_folders_are_walked_like_a_plain_check(tmp_path, flag):
     changed = "optimizer.zero_grad()" in (tmp_path / "pkg" / "a.py").read_text().split("optimizer.step()")[-1]
     assert changed == (flag == "--fix")
     assert (tmp_path / "pkg" / "b.py").read_text() == CLEAN
+
+
+def test_torch_autograd_backward_is_not_mistaken_for_a_loss():
+    text = (
+        "scaler = torch.amp.GradScaler()\n"
+        "for i, (x, y) in enumerate(loader):\n"
+        "    torch.autograd.backward(loss_fn(model(x), y))\n"
+        "    if (i + 1) % k == 0:\n"
+        "        scaler.step(optimizer)\n"
+        "        scaler.update()\n"
+        "        optimizer.zero_grad()\n"
+    )
+    outcome = fix_text(text, unsafe=True)
+    assert outcome.text == text
+    assert {f.code for f in outcome.result.findings} == {"GL004", "GL101"}

@@ -8,7 +8,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.fixes.edits import Edit, Fix, Insert, Replace, parse_statements
-from gradlint.fixes.locate import code, optimizer_of_step, scaler_of_step, statement_of
+from gradlint.fixes.locate import code, optimizer_of_step, scaler_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, LoopModel
 from gradlint.syntax import method_name, positional_args, receiver
 
@@ -17,10 +17,9 @@ def scale_backward(model: LoopModel, backward: Event, user: Event) -> Fix:
     """GL101: ``loss.backward()`` → ``scaler.scale(loss).backward()``, with the scaler the loop already uses."""
 
     def build() -> list[Edit] | None:
-        call = backward.node
-        if backward.call_chain != user.call_chain or not isinstance(call, cst.Call) or method_name(call) != "backward":
+        if backward.call_chain != user.call_chain:
             return None
-        loss, scaler = receiver(call), _scaler_used_by(model.module, user)
+        loss, scaler = tensor_backward_receiver(backward.node), _scaler_used_by(model.module, user)
         if loss is None or scaler is None:
             return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_statements
-from gradlint.fixes.locate import after_step, code, descendants, movable, optimizer_of_step, statement_of
+from gradlint.fixes.locate import after_step, code, descendants, movable, optimizer_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, Frame, FrameKind, LoopModel
 from gradlint.queries import Accumulation
 from gradlint.syntax import callee_name, dotted_name, keyword_arg, positional_args, receiver, walk
@@ -111,7 +111,9 @@ def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
             return None
         if isinstance(loss, cst.Name) and _divides_by_assignment(module):
             return [Insert(statement, parse_statements(f"{loss.value} = {loss.value} / {_atom(module, count)}\n"), before=True)]
-        in_receiver = isinstance(backward.node, cst.Call) and receiver(backward.node) is loss
+        in_receiver = receiver(backward.node) is loss if isinstance(backward.node, cst.Call) else False
+        if in_receiver and tensor_backward_receiver(backward.node) is None:
+            return None  # torch.autograd.backward(loss): the receiver is a module, not the loss
         divisor = count.deep_clone()
 
         def make(node: cst.CSTNode) -> cst.CSTNode:

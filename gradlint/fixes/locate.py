@@ -13,7 +13,7 @@ import libcst as cst
 
 from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
-from gradlint.syntax import method_name, positional_args, receiver
+from gradlint.syntax import dotted_name, method_name, positional_args, receiver
 
 _cache: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
 
@@ -130,6 +130,17 @@ def after_step(module: cst.Module, step: Event) -> Statement | None:
 def code(module: cst.Module, node: cst.CSTNode) -> str:
     """A node's source text as written."""
     return module.code_for_node(node).strip()
+
+
+def tensor_backward_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
+    """``loss`` in ``loss.backward()``; None for ``torch.autograd.backward(loss)`` and anything else."""
+    if not isinstance(call, cst.Call) or method_name(call) != "backward":
+        return None
+    recv = receiver(call)
+    name = dotted_name(recv) if recv is not None else None
+    if name is not None and name.rsplit(".", 1)[-1] == "autograd":
+        return None
+    return recv
 
 
 def is_call_to(statement: Statement, method: str, receiver_code: str, module: cst.Module) -> bool:
