@@ -172,7 +172,9 @@ def fix_file(path: str, config: Config | None = None, *, unsafe: bool = False, w
     return outcome
 
 
-def fix_paths(paths: Iterable[str], config: Config | None = None, *, unsafe: bool = False, write: bool = True, prefilter: bool = True) -> list[FixOutcome]:
+def fix_paths(
+    paths: Iterable[str], config: Config | None = None, *, unsafe: bool = False, write: bool = True, prefilter: bool = True
+) -> list[FixOutcome]:
     """Fix every file under ``paths``; outcomes come sorted by path, unreadable paths as errors."""
     from gradlint.discovery import Unreadable, discover
 

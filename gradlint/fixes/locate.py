@@ -117,8 +117,8 @@ def scaler_of_step(module: cst.Module, step: Event) -> str | None:
 def after_step(module: cst.Module, step: Event) -> Statement | None:
     """Where code that belongs right after a step goes: after the step, or after the ``scaler.update()`` that follows it."""
     statement = statement_of(module, step.node)
-    if statement is None:
-        return None
+    if not isinstance(statement, cst.BaseSmallStatement):
+        return None  # a step inside an if/while test: no obvious "right after"
     scaler = scaler_of_step(module, step)
     if scaler is not None:
         for later in following(module, statement):

@@ -161,7 +161,8 @@ def _optimi_arguments(module: cst.Module, call: cst.Call, equivalent: _Equivalen
                 continue
             if position > len(equivalent.positional):
                 return None
-            arg = arg.with_changes(keyword=cst.Name(equivalent.positional[position - 1]), equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+            tight = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+            arg = arg.with_changes(keyword=cst.Name(equivalent.positional[position - 1]), equal=tight)
         keyword = arg.keyword.value
         if keyword == "params":
             kept.insert(0, arg)
