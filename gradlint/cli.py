@@ -15,6 +15,7 @@ import click
 
 from gradlint import __version__
 from gradlint.config import Config, ConfigError, find_pyproject, load_config, validate_codes
+from gradlint.fixer import fix_paths, unified_diff
 from gradlint.linter import lint_paths
 from gradlint.output import all_findings, format_errors, format_json, format_text, summary
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
@@ -54,10 +55,21 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--no-prefilter", is_flag=True, hidden=True, help="Parse every file, even those no rule could fire on.")
-def check(paths, select, ignore, output_format, exit_zero, config_path, isolated, no_prefilter) -> None:
+@click.option("--fix", is_flag=True, help="Apply the safe fixes, then report what is left.")
+@click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also apply the fixes that change numbers.")
+@click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing (exit 1 if there is any).")
+def check(paths, select, ignore, output_format, exit_zero, config_path, isolated, no_prefilter, fix, unsafe_fixes, diff) -> None:
     """Lint PATHS (files or folders; default: the current folder)."""
     config = _effective_config(select, ignore, config_path, isolated)
-    results = lint_paths(paths or (".",), config, prefilter=not no_prefilter)
+    fixed = None
+    if diff:
+        _show_diff(paths or (".",), config, unsafe_fixes, not no_prefilter)
+    if fix:
+        outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=not no_prefilter)
+        results = [o.result for o in outcomes]
+        fixed = sum(o.fixed for o in outcomes)
+    else:
+        results = lint_paths(paths or (".",), config, prefilter=not no_prefilter)
     findings = all_findings(results)
     errors = format_errors(results)
     if errors:
@@ -66,10 +78,24 @@ def check(paths, select, ignore, output_format, exit_zero, config_path, isolated
         click.echo(format_json(findings), nl=False)
     else:
         click.echo(format_text(findings), nl=False)
-        click.echo(summary(results), nl=False)
+        click.echo(summary(results, fixed), nl=False)
     if errors:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+def _show_diff(paths, config: Config, unsafe: bool, prefilter: bool) -> None:
+    """``--diff``: print what fixing would change, write nothing, and exit (1 when there is a change)."""
+    outcomes = fix_paths(paths, config, unsafe=unsafe, write=False, prefilter=prefilter)
+    for outcome in outcomes:
+        click.echo(unified_diff(outcome), nl=False)
+    errors = format_errors([o.result for o in outcomes])
+    if errors:
+        click.echo(errors, nl=False, err=True)
+    changed = [o for o in outcomes if o.changed]
+    fixes = sum(o.fixed for o in changed)
+    click.echo(f"Would fix {fixes} problem{'s' if fixes != 1 else ''} in {len(changed)} file{'s' if len(changed) != 1 else ''}.", err=True)
+    sys.exit(EXIT_ERROR if errors else EXIT_FINDINGS if changed else EXIT_CLEAN)
 
 
 def _effective_config(select, ignore, config_path, isolated) -> Config:

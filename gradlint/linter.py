@@ -11,7 +11,7 @@ from gradlint.config import Config
 from gradlint.findings import FileResult, Finding
 from gradlint.model import LoopModel, build_model
 from gradlint.noqa import is_suppressed, noqa_lines
-from gradlint.rule import Rule
+from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
 
@@ -68,6 +68,11 @@ def check_module(module: cst.Module, path: str, rules: Sequence[type[Rule]], tex
 
 
 def _run_rule(rule_class: type[Rule], model: LoopModel, path: str) -> list[Finding]:
+    return [finding for finding, _ in rule_reports(rule_class, model, path)]
+
+
+def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tuple[Finding, Report]]:
+    """One rule's findings on a model, each with the report (and so the fix) it came from."""
     results = []
     seen: set[int] = set()
     for report in rule_class().check(model):
@@ -75,9 +80,10 @@ def _run_rule(rule_class: type[Rule], model: LoopModel, path: str) -> list[Findi
             continue
         seen.add(id(report.node))
         line, column, end_line, end_column = model.position(report.node)
-        results.append(
-            Finding(path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity, rule_class.fix)
+        finding = Finding(
+            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity, rule_class.fix
         )
+        results.append((finding, report))
     return results
 
 

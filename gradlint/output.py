@@ -28,8 +28,8 @@ def format_errors(results: Sequence[FileResult]) -> str:
     return "".join(f"{r.path}: {r.error}\n" for r in results if r.error)
 
 
-def summary(results: Sequence[FileResult]) -> str:
-    """The closing line of a text run."""
+def summary(results: Sequence[FileResult], fixed: int | None = None) -> str:
+    """The closing line of a text run; after ``--fix``, ``fixed`` says how many fixes were applied."""
     findings = all_findings(results)
     failed = sum(1 for r in results if r.error)
     checked = len(results) - failed
@@ -49,4 +49,6 @@ def summary(results: Sequence[FileResult]) -> str:
         text = f"All checks passed ({files})."
     if failed:
         text += f" {failed} file{'s' if failed != 1 else ''} could not be checked."
+    if fixed is not None:
+        text += f" Fixed {fixed} problem{'s' if fixed != 1 else ''}."
     return text + "\n"

@@ -10,15 +10,22 @@ from typing import ClassVar
 import libcst as cst
 
 from gradlint.findings import FixKind, Severity
+from gradlint.fixes.edits import Fix
 from gradlint.model import LoopModel
 
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-    """What a rule's check yields: the node to point at and the message naming the objects involved."""
+    """What a rule's check yields: the node to point at, the message naming the objects involved, and the fix.
+
+    ``fix`` is how to repair this very finding (whether it is safe is the
+    rule's :attr:`Rule.fix`); None when the rule has no fix or the code is not
+    shaped for one.
+    """
 
     node: cst.CSTNode
     message: str
+    fix: Fix | None = None
 
 
 class Rule:

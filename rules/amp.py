@@ -8,6 +8,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
+from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
 from gradlint.rule import Report, Rule
@@ -71,6 +72,7 @@ class BackwardWithoutScaler(Rule):
                         backward.node,
                         f"`{scaler}` is used at line {model.line(user.node)} but this backward is not scaled: "
                         f"use `{scaler}.scale({model.code(backward.loss) if backward.loss is not None else 'loss'}).backward()`",
+                        fix=fixes.scale_backward(model, backward, user),
                     )
 
 
@@ -123,6 +125,7 @@ class StepBypassesScaler(Rule):
                         f"the backward at line {model.line(backward.node)} is scaled by `{scaler}` but "
                         f"`{step.target}.step()` bypasses it: use `{scaler}.step({step.target})` so the gradients "
                         f"are unscaled and inf/NaN steps are skipped",
+                        fix=fixes.step_through_scaler(model, step, backward),
                     )
 
 
@@ -176,6 +179,7 @@ class ClipBeforeUnscale(Rule):
                             event.node,
                             f"gradients are clipped while still scaled by `{scaler}` (backward at line "
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
+                            fix=fixes.unscale_before_clip(model, root.events, event, last_backward),
                         )
 
 
@@ -222,4 +226,5 @@ class ScalerWithoutUpdate(Rule):
                     step.node,
                     f"`{step.via_scaler}.step({step.target})` runs in the loop at line {model.line(loop.node)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
+                    fix=fixes.add_scaler_update(model, step),
                 )

@@ -9,6 +9,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
+from gradlint.fixes import clearing as fixes
 from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import (
@@ -76,6 +77,7 @@ class MissingZeroGrad(Rule):
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
                     f"cleared in the loop at line {model.line(loop.node)}: each step also applies every earlier "
                     f"step's gradients",
+                    fix=fixes.add_zero_grad(model, step),
                 )
 
 
@@ -114,6 +116,7 @@ class ZeroGradBetweenBackwardAndStep(Rule):
                     f"`{model.code(zero.node)}` clears the gradients of the backward at line "
                     f"{model.line(backward.node)} before `{step.target}` steps at line {model.line(step.node)}: "
                     f"the step sees no gradients",
+                    fix=fixes.move_after_step(model, zero, step),
                 )
 
 
@@ -170,6 +173,7 @@ class ZeroGradInAccumulation(Rule):
                         zero.node,
                         f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
                         f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                        fix=fixes.move_after_step(model, zero, step),
                     )
 
 
@@ -232,6 +236,7 @@ class UnscaledAccumulatedLoss(Rule):
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {_where(model, acc)}, "
                         f"but the loss is not divided by {count}: each step is that many times too large",
+                        fix=fixes.divide_loss(model, backward, acc),
                     )
 
 
@@ -295,4 +300,4 @@ class GradsKeptAllocated(Rule):
                         f"`{model.code(event.node)}` keeps every gradient buffer allocated between steps: "
                         f"`set_to_none=True` frees them"
                     )
-                yield Report(event.node, message)
+                yield Report(event.node, message, fix=fixes.free_gradients(model, event))

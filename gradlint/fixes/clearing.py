@@ -1,0 +1,223 @@
+"""Fixes for the clearing rules (GL001–GL005): add, move or lighten the clear of gradients."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_statements
+from gradlint.fixes.locate import after_step, code, descendants, movable, optimizer_of_step, statement_of, tensor_backward_receiver
+from gradlint.model import Event, Frame, FrameKind, LoopModel
+from gradlint.queries import Accumulation
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, positional_args, receiver, walk
+
+
+def add_zero_grad(model: LoopModel, step: Event) -> Fix:
+    """GL001: ``opt.zero_grad()`` right after the step (after ``scaler.update()`` when a scaler steps it)."""
+
+    def build() -> list[Edit] | None:
+        if step.framework == "closure":
+            return None  # the clear belongs inside the closure, which may run several times per step
+        optimizer = optimizer_of_step(model.module, step)
+        anchor = after_step(model.module, step)
+        if optimizer is None or anchor is None:
+            return None
+        return [Insert(anchor, parse_statements(f"{optimizer}.zero_grad()\n"))]
+
+    return Fix("clear the gradients right after the step", build)
+
+
+def move_after_step(model: LoopModel, zero: Event, step: Event) -> Fix:
+    """GL002 / GL003: move the clear to just after the step, in the step's block (under its guard)."""
+
+    def build() -> list[Edit] | None:
+        if zero.call_chain != step.call_chain:
+            return None  # the clear and the step live in different functions
+        unit = _clear_statement(model.module, zero, step)
+        anchor = after_step(model.module, step)
+        if unit is None or anchor is None or unit is anchor:
+            return None
+        return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
+
+    return Fix("move the clear to just after the step", build)
+
+
+def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNode | None:
+    """The statement that clears: the call's own statement, or the whole ``for p in ...parameters()`` loop.
+
+    The frames the clear has beyond those it shares with the step may only be
+    loops and ``with`` blocks: a clear under a condition of its own is left alone.
+    """
+    shared = _shared_prefix(zero.frames, step.frames)
+    extra = list(zero.frames[shared:])
+    if zero.manual:
+        loop = _parameter_loop(extra)
+        if loop is None:
+            return None
+        extra = extra[: extra.index(loop)]
+        unit = loop.node
+    else:
+        unit = statement_of(module, zero.node)
+        if not (isinstance(unit, cst.Expr) and unit.value is zero.node):
+            return None
+    if any(f.kind is FrameKind.BRANCH for f in extra):
+        return None
+    return unit
+
+
+def _shared_prefix(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
+    count = 0
+    for x, y in zip(a, b):
+        if x is not y:
+            break
+        count += 1
+    return count
+
+
+def _parameter_loop(frames: list[Frame]) -> Frame | None:
+    """The outermost of the trailing loops over parameters (``for p in model.parameters()``, ``param_groups``)."""
+    found = None
+    for frame in reversed(frames):
+        if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For) or not _over_parameters(frame.node):
+            break
+        found = frame
+    return found
+
+
+def _over_parameters(loop: cst.For) -> bool:
+    for node in walk(loop.iter):
+        if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value == "param_groups":
+            return True
+        if isinstance(node, cst.SimpleString) and node.evaluated_value == "params":
+            return True
+    return False
+
+
+def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
+    """GL004: divide the loss handed to backward by the guard's accumulation count.
+
+    ``(loss / accum).backward()`` by default; a separate ``loss = loss / accum``
+    line when the module already normalises losses that way.
+    """
+
+    def build() -> list[Edit] | None:
+        module = model.module
+        loss, count = backward.loss, acc.count
+        if loss is None or count is None or backward.call_chain:
+            return None
+        statement = statement_of(module, backward.node)
+        if statement is None:
+            return None
+        if isinstance(loss, cst.Name) and _divides_by_assignment(module):
+            return [Insert(statement, parse_statements(f"{loss.value} = {loss.value} / {_atom(module, count)}\n"), before=True)]
+        in_receiver = receiver(backward.node) is loss if isinstance(backward.node, cst.Call) else False
+        if in_receiver and tensor_backward_receiver(backward.node) is None:
+            return None  # torch.autograd.backward(loss): the receiver is a module, not the loss
+        divisor = count.deep_clone()
+
+        def make(node: cst.CSTNode) -> cst.CSTNode:
+            divided = cst.BinaryOperation(left=_parenthesised(node), operator=cst.Divide(), right=_parenthesised(divisor))
+            return _wrap(divided) if in_receiver else divided
+
+        return [Replace(loss, make)]
+
+    return Fix("divide the loss by the accumulation count", build)
+
+
+def _divides_by_assignment(module: cst.Module) -> bool:
+    """Whether the module normalises a value with a line of its own: ``x = x / n`` or ``x /= n``."""
+    for node in descendants(module):
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+            return True
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.BinaryOperation):
+            target = dotted_name(node.targets[0].target)
+            if target and isinstance(node.value.operator, cst.Divide) and dotted_name(node.value.left) == target:
+                return True
+    return False
+
+
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)
+
+
+def _parenthesised(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``node`` as an operand of ``/``: in parentheses unless it is an atom."""
+    if isinstance(node, _ATOMS) or node.lpar:
+        return node
+    return _wrap(node)
+
+
+def _wrap(node: cst.BaseExpression) -> cst.BaseExpression:
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+
+def _atom(module: cst.Module, node: cst.BaseExpression) -> str:
+    text = code(module, node)
+    return text if isinstance(node, _ATOMS) or node.lpar else f"({text})"
+
+
+def free_gradients(model: LoopModel, zero: Event) -> Fix:
+    """GL005: ``set_to_none=False`` becomes ``True``; a manual zeroing loop becomes ``model.zero_grad(set_to_none=True)``."""
+    if zero.manual:
+        return Fix("clear with model.zero_grad(set_to_none=True)", lambda: _replace_zeroing_loop(model, zero))
+
+    def build() -> list[Edit] | None:
+        call = zero.node
+        if not isinstance(call, cst.Call):
+            return None
+        arg = keyword_arg(call, "set_to_none") or next(iter(positional_args(call)), None)
+        if arg is None:
+            return None
+        return [Replace(arg.value, lambda node: cst.Name("True").with_changes(lpar=node.lpar, rpar=node.rpar))]
+
+    return Fix("set_to_none=True", build)
+
+
+def _replace_zeroing_loop(model: LoopModel, zero: Event) -> list[Edit] | None:
+    """``for p in model.parameters(): p.grad.zero_()`` → ``model.zero_grad(set_to_none=True)``."""
+    loop = next((f.node for f in reversed(zero.frames) if f.kind is FrameKind.LOOP and isinstance(f.node, cst.For)), None)
+    if loop is None or not isinstance(loop.iter, cst.Call) or callee_name(loop.iter) not in ("parameters", "named_parameters"):
+        return None
+    owner = receiver(loop.iter)
+    if owner is None or loop.iter.args or loop.orelse is not None or not _only_clears_gradients(loop.body):
+        return None
+    owner_code = code(model.module, owner)
+
+    def make(node: cst.CSTNode) -> cst.CSTNode:
+        (line,) = parse_statements(f"{owner_code}.zero_grad(set_to_none=True)\n")
+        return line.with_changes(leading_lines=node.leading_lines)
+
+    return [Replace(loop, make)]
+
+
+def _only_clears_gradients(block: cst.BaseSuite) -> bool:
+    """Whether a loop body does nothing but clear ``p.grad`` (guarded by ``if p.grad is not None``)."""
+    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    for statement in statements:
+        if isinstance(statement, cst.If):
+            if statement.orelse is not None or ".grad" not in cst.Module([]).code_for_node(statement.test):
+                return False
+            if not _only_clears_gradients(statement.body):
+                return False
+        elif isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+            if not all(_clears_gradient(small) for small in statement.body):
+                return False
+        else:
+            return False
+    return True
+
+
+def _clears_gradient(small: cst.BaseSmallStatement) -> bool:
+    if isinstance(small, cst.Pass):
+        return True
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        return callee_name(small.value) in ("zero_", "fill_", "mul_", "detach_", "requires_grad_") and _is_grad(receiver(small.value))
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        return _is_grad(small.targets[0].target)
+    return False
+
+
+def _is_grad(node: cst.CSTNode | None) -> bool:
+    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+        node = node.value
+    return isinstance(node, cst.Attribute) and node.attr.value == "grad"

@@ -1,0 +1,222 @@
+"""Fix for GL204: rewrite a plain loop to gradient release with torch-optimi.
+
+The ``torch.optim`` optimizer becomes its ``optimi`` twin built with
+``gradient_release=True``, ``prepare_for_gradient_release(model, opt)``
+follows it, and the loop's ``opt.step()`` / ``opt.zero_grad()`` go: optimi
+steps each parameter from a hook as soon as its gradient is ready and frees
+the gradient right after. Where optimi's defaults differ from torch's, the
+torch value is written out so the numbers stay the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, QualifiedNameProvider
+
+from gradlint.events import EventKind
+from gradlint.fixes.edits import AddImport, Edit, Fix, Insert, Remove, Replace, parse_statements
+from gradlint.fixes.locate import code, descendants, statement_of
+from gradlint.model import Event, LoopModel
+from gradlint.objects import last_name
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, receiver
+
+
+@dataclasses.dataclass(frozen=True)
+class _Equivalent:
+    """How one ``torch.optim`` optimizer maps onto its optimi twin."""
+
+    positional: tuple[str, ...]  # torch's parameters after ``params``, in order
+    carried: dict[str, str]  # torch defaults optimi does not share (or lacks): written out when not given
+    optimi_defaults: dict[str, str | None]  # what optimi would use instead (None: no default), for the message
+    must_be: dict[str, tuple[str, ...]]  # torch options optimi lacks: allowed only at these literal values (then dropped)
+    dropped: tuple[str, ...] = ("foreach", "fused")  # implementation switches with no effect on the numbers
+
+
+_ADAM_FLAGS = {"amsgrad": ("False",), "maximize": ("False",), "capturable": ("False",), "differentiable": ("False",)}
+
+EQUIVALENTS: dict[str, _Equivalent] = {
+    "AdamW": _Equivalent(
+        ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+        {"lr": "1e-3", "betas": "(0.9, 0.999)", "eps": "1e-8"},
+        {"lr": None, "betas": "(0.9, 0.99)", "eps": "1e-6"},
+        _ADAM_FLAGS,
+    ),
+    "Adam": _Equivalent(
+        ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+        {"lr": "1e-3", "betas": "(0.9, 0.999)", "eps": "1e-8"},
+        {"lr": None, "betas": "(0.9, 0.99)", "eps": "1e-6"},
+        {**_ADAM_FLAGS, "decoupled_weight_decay": ("False",)},
+    ),
+    "SGD": _Equivalent(
+        ("lr", "momentum", "dampening", "weight_decay", "nesterov"),
+        {"lr": "1e-3"},
+        {"lr": None},
+        {"dampening": ("0", "0.0"), "nesterov": ("False",), "maximize": ("False",), "differentiable": ("False",)},
+    ),
+}
+
+_TORCH_MODULES = ("torch.optim.", "torch.optim.adam.", "torch.optim.adamw.", "torch.optim.sgd.")
+
+
+def release_note(construction: cst.Call) -> str | None:
+    """Which optimi defaults differ from torch's for this optimizer, for the finding's message."""
+    name = callee_name(construction)
+    equivalent = EQUIVALENTS.get(name or "")
+    if equivalent is None:
+        return None
+    differences = ", ".join(
+        f"no default {key}" if equivalent.optimi_defaults[key] is None else f"{key}={equivalent.optimi_defaults[key]}"
+        for key in equivalent.carried
+    )
+    torch_values = ", ".join(f"{key}={value}" for key, value in equivalent.carried.items())
+    return (
+        f"optimi's {name} has {differences} where torch.optim's uses {torch_values}: the rewrite passes torch's values "
+        f"explicitly; optimi also turns on Kahan summation for bf16/fp16 parameters (kahan_sum=False keeps torch's numbers there)"
+    )
+
+
+def find_construction(model: LoopModel, optimizer: str) -> cst.Call | None:
+    """The one call that builds ``optimizer`` (``opt = torch.optim.AdamW(...)``), if the module shows exactly one."""
+    found = []
+    for node in descendants(model.module):
+        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
+            target = dotted_name(node.targets[0].target)
+            if target is not None and last_name(target) == last_name(optimizer):
+                found.append(node.value)
+    return found[0] if len(found) == 1 else None
+
+
+def gradient_release(model: LoopModel, step: Event, zeros: Sequence[Event], construction: cst.Call) -> Fix | None:
+    """The GL204 rewrite for the optimizer built by ``construction`` and stepped at ``step``.
+
+    None when the optimizer has no optimi equivalent; the fix's edits are
+    None when the code is not shaped for a faithful rewrite (options optimi
+    lacks, parameters not given as ``model.parameters()``, a step whose
+    result is used, ...).
+    """
+    name = callee_name(construction)
+    if name not in EQUIVALENTS:
+        return None
+
+    def build() -> list[Edit] | None:
+        module = model.module
+        if not _is_torch_optimizer(module, construction, name):
+            return None
+        assignment = statement_of(module, construction)
+        if not isinstance(assignment, cst.Assign) or assignment.value is not construction:
+            return None
+        args = _optimi_arguments(module, construction, EQUIVALENTS[name])
+        owner = _parameter_owner(construction)
+        removals = _loop_removals(module, step, zeros)
+        if args is None or owner is None or removals is None:
+            return None
+        qualified = _name_taken(module, name) or _name_taken(module, "prepare_for_gradient_release")
+        prefix = "optimi." if qualified else ""
+        optimizer = code(module, assignment.targets[0].target)
+        prepare = f"{prefix}prepare_for_gradient_release({code(module, owner)}, {optimizer})\n"
+        new_func = cst.parse_expression(f"{prefix}{name}")
+        return [
+            AddImport("optimi", () if qualified else (name, "prepare_for_gradient_release")),
+            Replace(construction, lambda node: node.with_changes(func=new_func, args=args)),
+            Insert(assignment, parse_statements(prepare)),
+            *removals,
+        ]
+
+    return Fix(f"rewrite to gradient release with optimi.{name}; {release_note(construction)}", build)
+
+
+def release_fix(model: LoopModel, step: Event, zeros: Sequence[Event]) -> Fix | None:
+    """The GL204 fix for the optimizer stepped at ``step``, found by its construction in the module.
+
+    None when the module does not show one construction of that optimizer or
+    the optimizer has no optimi equivalent. The fix's description names the
+    defaults that differ, for the finding's message.
+    """
+    construction = find_construction(model, step.target) if step.target else None
+    return gradient_release(model, step, zeros, construction) if construction is not None else None
+
+
+def _is_torch_optimizer(module: cst.Module, construction: cst.Call, name: str) -> bool:
+    """Whether the call builds ``torch.optim.<name>``, resolved through the module's imports."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    qualified = wrapper.resolve(QualifiedNameProvider).get(construction.func, set())
+    if callable(qualified):  # newer LibCST resolves qualified names lazily
+        qualified = qualified()
+    return any(q.name in {prefix + name for prefix in _TORCH_MODULES} for q in qualified)
+
+
+def _optimi_arguments(module: cst.Module, call: cst.Call, equivalent: _Equivalent) -> list[cst.Arg] | None:
+    """The optimi call's arguments: ``params`` first, torch's options as keywords, carried defaults, then ``gradient_release=True``."""
+    kept: list[cst.Arg] = []
+    given: set[str] = set()
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if position == 0:
+                kept.append(arg)
+                continue
+            if position > len(equivalent.positional):
+                return None
+            tight = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+            arg = arg.with_changes(keyword=cst.Name(equivalent.positional[position - 1]), equal=tight)
+        keyword = arg.keyword.value
+        if keyword == "params":
+            kept.insert(0, arg)
+            continue
+        given.add(keyword)
+        if keyword in equivalent.must_be:
+            if code(module, arg.value) not in equivalent.must_be[keyword]:
+                return None
+        elif keyword not in equivalent.dropped:
+            if keyword not in equivalent.positional:
+                return None
+            kept.append(arg)
+    if not kept or (kept[0].keyword is not None and kept[0].keyword.value != "params"):
+        return None
+    added = [f"{key}={value}" for key, value in equivalent.carried.items() if key not in given]
+    added.append("gradient_release=True")
+    extra = list(cst.parse_expression(f"f({', '.join(added)})").args)
+    return _with_commas(kept, extra, call.args[-1].comma if call.args else cst.MaybeSentinel.DEFAULT)
+
+
+def _with_commas(kept: list[cst.Arg], extra: list[cst.Arg], trailing) -> list[cst.Arg]:
+    """Join arguments the way the original call did: its separator between them, its trailing comma last."""
+    separator = next((a.comma for a in kept[:-1] if isinstance(a.comma, cst.Comma)), None)
+    separator = separator or cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    args = kept + extra
+    return [a.with_changes(comma=separator if i < len(args) - 1 else trailing) for i, a in enumerate(args)]
+
+
+def _parameter_owner(call: cst.Call) -> cst.BaseExpression | None:
+    """``model`` when the optimizer is built from exactly ``model.parameters()``."""
+    params = keyword_arg(call, "params") or (call.args[0] if call.args and call.args[0].keyword is None else None)
+    value = params.value if params is not None else None
+    if isinstance(value, cst.Call) and method_name(value) == "parameters" and not value.args:
+        return receiver(value)
+    return None
+
+
+def _loop_removals(module: cst.Module, step: Event, zeros: Sequence[Event]) -> list[Edit] | None:
+    """Remove the step and the ``zero_grad()`` calls: the hooks now do both."""
+    removals: list[Edit] = []
+    for event in (step, *zeros):
+        call = event.node
+        if event.kind is EventKind.ZERO and (event.manual or not isinstance(call, cst.Call)):
+            continue  # a hand-written clear is harmless with gradient release: leave it
+        statement = statement_of(module, call)
+        if not isinstance(statement, cst.Expr) or statement.value is not call:
+            return None  # the call's result is used: the loop needs a human
+        removals.append(Remove(statement))
+    return removals
+
+
+def _name_taken(module: cst.Module, name: str) -> bool:
+    """Whether a bare name is already used in the module (then optimi's is written ``optimi.<name>``)."""
+    nodes = list(descendants(module))
+    not_variables = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
+    not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
+    return any(isinstance(n, cst.Name) and n.value == name and id(n) not in not_variables for n in nodes)
