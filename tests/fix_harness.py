@@ -20,8 +20,8 @@ _FIX_SELECT = re.compile(r"^#\s*fix-select:\s*(?P<codes>.+)$", re.MULTILINE)
 
 
 def twin_of(buggy: Path) -> Path:
-    """Where the fixed twin of a buggy fixture lives: ``fixtures/fixed/<name>.py``."""
-    return FIXED / buggy.name
+    """Where the fixed twin of a buggy fixture lives: ``fixtures/fixed/<same relative path>``."""
+    return FIXED / buggy.relative_to(FIXTURES)
 
 
 def fix_selected(text: str) -> tuple[str, ...]:

@@ -73,15 +73,15 @@ def _assert_same_parameters(original, rewritten):
 
 def test_the_shipped_example_and_its_rewrite_train_to_the_same_parameters():
     original = runpy.run_path(str(FIXTURES / "fixable" / "release_candidate_adamw.py"))["train"]()
-    rewritten_text = (FIXED / "release_candidate_adamw.py").read_text(encoding="utf-8")
+    rewritten_text = (FIXED / "fixable" / "release_candidate_adamw.py").read_text(encoding="utf-8")
     assert "gradient_release=True" in rewritten_text and "        optimizer.step()\n" not in rewritten_text
-    rewritten = runpy.run_path(str(FIXED / "release_candidate_adamw.py"))["train"]()
+    rewritten = runpy.run_path(str(FIXED / "fixable" / "release_candidate_adamw.py"))["train"]()
     _assert_same_parameters(original, rewritten)
 
 
 def test_the_shipped_example_rewrite_is_what_the_fix_produces():
     buggy = (FIXTURES / "fixable" / "release_candidate_adamw.py").read_text(encoding="utf-8")
-    assert _rewrite(buggy) == (FIXED / "release_candidate_adamw.py").read_text(encoding="utf-8")
+    assert _rewrite(buggy) == (FIXED / "fixable" / "release_candidate_adamw.py").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
