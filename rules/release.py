@@ -287,7 +287,9 @@ class ClippingWithGradientRelease(Rule):
             for clip in root.events:
                 if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip)):
                     continue
-                if _clips_another_model(clip, setups) or _steps_only_plain_optimizers(root, clip, setups):
+                if _clips_another_model(clip, setups):
+                    continue
+                if _clipped_model(clip) is None and _steps_only_plain_optimizers(root, clip, setups):
                     continue
                 yield Report(
                     clip.node,
@@ -300,16 +302,21 @@ class ClippingWithGradientRelease(Rule):
 def _clips_another_model(clip: Event, setups: list[ReleaseSetup]) -> bool:
     """Whether the clip names a model's parameters while release is known to cover only other models."""
     released = {last_name(s.model) for s in setups if s.model}
-    if not released or any(s.model is None for s in setups):
+    owner = _clipped_model(clip)
+    if owner is None or not released or any(s.model is None for s in setups):
         return False
+    return last_name(owner) not in released
+
+
+def _clipped_model(clip: Event) -> str | None:
+    """``model`` for ``clip_grad_norm_(model.parameters(), ...)``."""
     node = clip.node
     if not isinstance(node, cst.Call) or not node.args:
-        return False
+        return None
     for sub in walk(node.args[0].value):
         if isinstance(sub, cst.Call) and callee_name(sub) in ("parameters", "named_parameters"):
-            owner = dotted_name(receiver(sub))
-            return owner is not None and last_name(owner) not in released
-    return False
+            return dotted_name(receiver(sub))
+    return None
 
 
 def _steps_only_plain_optimizers(root: Root, clip: Event, setups: list[ReleaseSetup]) -> bool:
