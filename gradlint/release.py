@@ -88,6 +88,7 @@ class ReleaseInfo:
     accumulation_settings: list[Site] = dataclasses.field(default_factory=list)  # ``accum_steps = 4``
     scalers: list[Site] = dataclasses.field(default_factory=list)  # ``GradScaler()`` constructors
     fp16_autocasts: list[Site] = dataclasses.field(default_factory=list)  # ``autocast(dtype=torch.float16)``
+    touches_grads: bool = False  # the module reads or writes ``.grad`` itself
     # Function -> the functions, classes and module body whose code can run it (itself included).
     _callers: dict[Any, frozenset[Any]] = dataclasses.field(default_factory=dict)
 
@@ -103,8 +104,9 @@ class ReleaseInfo:
         return bool(self._callers.get(a, frozenset({a})) & self._callers.get(b, frozenset({b})))
 
     def with_setup(self, function: cst.FunctionDef | None) -> list[ReleaseSetup]:
-        """The set-ups that run together with code in ``function``."""
-        return [s for s in self.setups if self.together(s.function, function)]
+        """The set-ups that run together with code in ``function``, concrete set-ups before bare flags."""
+        found = [s for s in self.setups if self.together(s.function, function)]
+        return sorted(found, key=lambda s: s.style == "flag")
 
 
 def release_polarity(test: cst.BaseExpression) -> bool | None:
@@ -184,6 +186,7 @@ class _Finder:
         self.calls: dict[cst.FunctionDef | None, set[cst.FunctionDef]] = {}
         self.method_class: dict[cst.FunctionDef, str] = {}
         self._flag_seen = False
+        self.touches_grads = False
         self._assigned_to: dict[cst.Call, str] = {}  # constructor call -> the name it is assigned to
 
     def run(self) -> None:
@@ -202,6 +205,7 @@ class _Finder:
             accumulation_settings=self.accumulation_settings,
             scalers=self.scalers,
             fp16_autocasts=self.fp16_autocasts,
+            touches_grads=self.touches_grads,
             _callers=self._callers(),
         )
 
@@ -230,6 +234,8 @@ class _Finder:
             self._refusal([t for t, _ in ctx.branches])
         elif isinstance(node, cst.Assert):
             self._refusal([t for t, _ in ctx.branches] + [node.test])
+        elif isinstance(node, cst.Attribute) and node.attr.value == "grad":
+            self.touches_grads = True
         elif isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
@@ -361,9 +367,9 @@ class _Finder:
         text = " ".join(self.index.module.code_for_node(t) for t in tests)
         if not _FLAG.search(text):
             return
-        for feature, words in _REFUSALS.items():
-            if words.search(_FLAG.sub(" ", text)):
-                self.refused.add(feature)
+        named = {feature for feature, words in _REFUSALS.items() if words.search(_FLAG.sub(" ", text))}
+        # A raise under the release flag alone refuses release altogether.
+        self.refused.update(named or _REFUSALS)
 
     # -- who runs with whom
 

@@ -14,31 +14,26 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
-from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
 from gradlint.release import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
 from gradlint.rule import Report, Rule
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
 
-_STYLE_NAMES = {
-    "optimi": "optimi's gradient release",
-    "hook": "an optimizer step in `register_post_accumulate_grad_hook`",
-    "torchtune": "optimizer-in-backward",
-    "apply_in_backward": "`_apply_optimizer_in_backward`",
-    "flag": "the optimizer-in-backward mode",
-}
-
-
 def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
     """How a message names a set-up: what it is and where."""
-    if setup.style == "flag":
-        what = f"the optimizer-in-backward mode tested by `{model.code(setup.node)}`"
-    elif isinstance(setup.node, cst.Call) and callee_name(setup.node):
-        what = f"{_STYLE_NAMES[setup.style]} (`{callee_name(setup.node)}`)"
-    else:
-        what = _STYLE_NAMES[setup.style]
-    return f"{what} at line {model.line(setup.node)}"
+    line = model.line(setup.node)
+    callee = callee_name(setup.node) if isinstance(setup.node, cst.Call) else None
+    if setup.style == "optimi":
+        return f"optimi's gradient release (`{callee}`) at line {line}"
+    if setup.style == "hook":
+        return f"the optimizer step in the `register_post_accumulate_grad_hook` hook at line {line}"
+    if setup.style == "torchtune":
+        return f"optimizer-in-backward (`{callee}`) at line {line}"
+    if setup.style == "apply_in_backward":
+        return f"`_apply_optimizer_in_backward` at line {line}"
+    return f"the optimizer-in-backward mode tested by `{model.code(setup.node)}` at line {line}"
 
 
 def _function_of(root: Root) -> cst.FunctionDef | None:
@@ -395,15 +390,15 @@ class GradientReleaseCandidate(Rule):
 
 
 def _plain_module(model: LoopModel) -> bool:
-    """No scaler, no DDP model, no CUDA graphs: nothing that release would break or complicate."""
-    if model.uses_cuda_graphs:
+    """No scaler, no DDP model, no CUDA graphs, no code of its own on ``.grad``: nothing release would break."""
+    if model.uses_cuda_graphs or model.release.touches_grads:
         return False
     return not any(info.kind in (ObjKind.SCALER, ObjKind.DDP_MODEL, ObjKind.ACCELERATOR) for info in model.objects.values())
 
 
 def _plain_loop(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
     """One backward, one direct step and a clear of that optimizer, nothing else in the way."""
-    if step.via_scaler is not None or step.framework is not None:
+    if step.via_scaler is not None or step.framework is not None or step.target not in model.objects:
         return False
     if any(f.kind is FrameKind.BRANCH for f in frames_inside(step, loop)):
         return False
@@ -415,7 +410,7 @@ def _plain_loop(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
         return False
     if any(e.kind in (EventKind.CLIP, EventKind.UNSCALE, EventKind.SCALER_UPDATE) for e in events):
         return False
-    if any(e.kind == HANDOFF for e in events) or any(f.accumulation for e in events for f in e.frames):
+    if any(e.kind in (HANDOFF, GRAD_DIVIDE) for e in events) or any(f.accumulation for e in events for f in e.frames):
         return False
     steps = [e for e in events if e.kind is EventKind.STEP]
     if len(steps) != 1:

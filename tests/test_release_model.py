@@ -354,3 +354,17 @@ def test_gl204_is_off_unless_selected():
     text = _fixture("release", "gl204_plain_loop.py")
     assert "GL204" not in codes(text)
     assert "GL204" in codes(text, select=("GL204",))
+
+
+def test_a_raise_under_the_flag_alone_refuses_every_combination():
+    source = """
+        if cfg.get("optimizer_in_bwd", False):
+            raise NotImplementedError("optimizer in backward is not supported by this recipe")
+    """
+    assert model_of(source).release.refused == {"clipping", "accumulation", "scaler"}
+
+
+def test_gl204_stays_quiet_when_the_code_reads_gradients():
+    text = _fixture("release", "gl204_plain_loop.py")
+    logged = text.replace("        optimizer.step()", "        log(model.weight.grad.norm())\n        optimizer.step()")
+    assert "GL204" not in codes(logged, select=("GL204",))
