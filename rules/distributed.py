@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import NO_SYNC, Event, LoopModel
 from gradlint.objects import ObjKind

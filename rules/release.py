@@ -21,6 +21,7 @@ from gradlint.release import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_wi
 from gradlint.rule import Report, Rule
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
 
+
 def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
     """How a message names a set-up: what it is and where."""
     line = model.line(setup.node)
@@ -236,8 +237,6 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
             if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step)):
                 seen.add(id(step.node))
                 yield step.node, f"`{step.target}` steps once after several backwards of the loop at line {model.line(acc.frame.node)}"
-
-
 
 
 class ClippingWithGradientRelease(Rule):
