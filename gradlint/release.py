@@ -29,7 +29,7 @@ from typing import Any
 
 import libcst as cst
 
-from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor, last_name
+from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
 
 # Substrings one of which every release set-up recognised here contains.
@@ -40,6 +40,8 @@ _FLAG = re.compile(r"in_bwd|in_backward|gradient_release")
 _TORCHTUNE_HOOKS = {"register_optim_in_bwd_hooks", "create_optim_in_bwd_wrapper", "OptimizerInBackwardWrapper"}
 _ACCUMULATION_SETTING = re.compile(r"accum", re.IGNORECASE)
 _SCALER_CALLEES = {"GradScaler", "ShardedGradScaler"}
+# ``p.grad``, ``p.grad.data`` (not ``grad_fn``): code that handles gradients itself.
+_GRAD_ATTRIBUTE = re.compile(r"\.grad\b")
 _FP16_AUTOCAST = {"torch.cuda.amp.autocast", "torch.cuda.amp.autocast_mode.autocast"}
 # What a ``raise`` guard's tests must mention to refuse release together with each feature.
 _REFUSALS = {
@@ -166,9 +168,13 @@ def find_release(index: Any) -> ReleaseInfo:
     ``index`` is the loop model's module index: it resolves qualified names
     and calls into the module's own functions.
     """
+    code = index.module.code
+    touches_grads = bool(_GRAD_ATTRIBUTE.search(code))
+    if not any(token in code for token in RELEASE_TOKENS):
+        return ReleaseInfo(touches_grads=touches_grads)
     finder = _Finder(index)
     finder.run()
-    return finder.info()
+    return dataclasses.replace(finder.info(), touches_grads=touches_grads)
 
 
 class _Finder:
@@ -186,7 +192,6 @@ class _Finder:
         self.calls: dict[cst.FunctionDef | None, set[cst.FunctionDef]] = {}
         self.method_class: dict[cst.FunctionDef, str] = {}
         self._flag_seen = False
-        self.touches_grads = False
         self._assigned_to: dict[cst.Call, str] = {}  # constructor call -> the name it is assigned to
 
     def run(self) -> None:
@@ -205,7 +210,6 @@ class _Finder:
             accumulation_settings=self.accumulation_settings,
             scalers=self.scalers,
             fp16_autocasts=self.fp16_autocasts,
-            touches_grads=self.touches_grads,
             _callers=self._callers(),
         )
 
@@ -234,8 +238,6 @@ class _Finder:
             self._refusal([t for t, _ in ctx.branches])
         elif isinstance(node, cst.Assert):
             self._refusal([t for t, _ in ctx.branches] + [node.test])
-        elif isinstance(node, cst.Attribute) and node.attr.value == "grad":
-            self.touches_grads = True
         elif isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
@@ -276,7 +278,7 @@ class _Finder:
             self._setup("apply_in_backward", call, ctx, model=_parameters_owner(call))
         elif name == "register_post_accumulate_grad_hook" and args:
             self._hook(call, args[0].value, ctx)
-        elif self._builds_scaler(call, name) and _enabled(call):
+        elif self._builds_scaler(call, name, ctx) and _enabled(call):
             self.scalers.append(Site(call, ctx.function, ctx.branches))
         elif name == "autocast" and _enabled(call) and self._is_fp16_autocast(call):
             self.fp16_autocasts.append(Site(call, ctx.function, ctx.branches))
@@ -291,10 +293,13 @@ class _Finder:
         fields["model"] = _unless_parameter(fields.get("model"), ctx.function)
         self.setups.append(ReleaseSetup(style, call, ctx.function, **fields))
 
-    def _builds_scaler(self, call: cst.Call, name: str) -> bool:
+    def _builds_scaler(self, call: cst.Call, name: str, ctx: _Context) -> bool:
+        """``GradScaler(...)`` by name, or a call the loop model classified as building a scaler."""
         if name in _SCALER_CALLEES:
             return True
-        return any(kind_of_constructor(q) is ObjKind.SCALER for q in self.index.qualified_names(call.func))
+        assigned = self._assigned_to.get(call)
+        known = self.index.objects.get(assigned) if assigned else None
+        return known is not None and known.kind is ObjKind.SCALER and "caler" in name
 
     def _is_fp16_autocast(self, call: cst.Call) -> bool:
         """``autocast(dtype=torch.float16)``, or an autocast whose default on CUDA is float16."""

@@ -107,6 +107,7 @@ def test_hook_that_does_not_step_is_not_release():
         (TORCHTUNE, "torchtune", "optim_dict", "net"),
         (OPTIMIZER_IN_BACKWARD, "torchtune", "optimizer", "net"),
         (APPLY_IN_BACKWARD, "apply_in_backward", None, "net"),
+        ("wrapper = OptimizerInBackwardWrapper(model=net, optim_map=optimizers)\n", "torchtune", "optimizers", "net"),
     ],
 )
 def test_helper_styles(source, style, optimizer, model):
@@ -150,6 +151,13 @@ def test_each_style_carries_a_release_token(source):
 def test_release_rules_prefilter_on_the_release_tokens():
     for code in ("GL201", "GL202", "GL203"):
         assert needed_tokens([RULES_BY_CODE[code]]) == RELEASE_TOKENS
+    assert needed_tokens([RULES_BY_CODE["GL302"]]) == ("DistributedDataParallel",)
+
+
+def test_modules_without_release_tokens_skip_the_search_but_keep_grad_use():
+    release = model_of("for p in model.parameters():\n    p.grad = None\n").release
+    assert release.setups == [] and release.touches_grads
+    assert not model_of("x = y.grad_fn\n").release.touches_grads
 
 
 def test_release_fixtures_are_never_skipped_by_the_prefilter():
@@ -226,6 +234,7 @@ def test_scalers_autocasts_and_settings():
         single_accum = 1
         acc = Accelerator(gradient_accumulation_steps=8)
         opt.optimizer_accumulation = i % 4 != 0
+        prepare_for_gradient_release(model, opt)
     """
     release = model_of(source).release
     assert len(release.scalers) == 1
