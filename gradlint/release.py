@@ -38,7 +38,8 @@ RELEASE_TOKENS = ("gradient_release", "post_accumulate_grad_hook", "in_bwd", "in
 # A name or configuration key that switches gradient release on (``self._optimizer_in_bwd``).
 _FLAG = re.compile(r"in_bwd|in_backward|gradient_release")
 _TORCHTUNE_HOOKS = {"register_optim_in_bwd_hooks", "create_optim_in_bwd_wrapper", "OptimizerInBackwardWrapper"}
-_ACCUMULATION_SETTING = re.compile(r"accum", re.IGNORECASE)
+# ``gradient_accumulation_steps``, ``grad_accum``, ``accum_iter``, ``accumulate_grad_batches``, ``accum``.
+_ACCUMULATION_SETTING = re.compile(r"accum\w*(grad|step|batch|iter)|(grad|step|batch|iter)\w*accum|^(n_|num_)?accum(ulation|ulate)?$", re.IGNORECASE)
 _SCALER_CALLEES = {"GradScaler", "ShardedGradScaler"}
 # ``p.grad``, ``p.grad.data`` (not ``grad_fn``): code that handles gradients itself.
 _GRAD_ATTRIBUTE = re.compile(r"\.grad\b")
