@@ -696,7 +696,9 @@ class _EventBuilder:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
             return
         if method in ("no_sync", "no_backward_sync"):
-            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)
+            args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
+            owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
+            emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
             return
         name = callee_name(call)
         if name in _CLIP_FUNCTIONS or name == "clip_gradients":

@@ -377,3 +377,9 @@ def test_gl204_stays_quiet_when_the_code_reads_gradients():
     text = _fixture("release", "gl204_plain_loop.py")
     logged = text.replace("        optimizer.step()", "        log(model.weight.grad.norm())\n        optimizer.step()")
     assert "GL204" not in codes(logged, select=("GL204",))
+
+
+def test_fabric_no_backward_sync_names_the_model():
+    source = "with fabric.no_backward_sync(model, enabled=is_accumulating):\n    loss.backward()\n"
+    (event,) = [e for root in model_of(source).roots for e in root.events if e.kind == NO_SYNC]
+    assert event.target == "model"
