@@ -24,6 +24,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from gradlint.events import EventKind
 from gradlint.imports import ImportMap
 from gradlint.objects import ObjInfo, ObjKind, kind_from_name, kind_of_constructor, last_name
+from gradlint.release import ReleaseInfo, find_release
 from gradlint.syntax import (
     bool_literal,
     callee_name,
@@ -42,6 +43,7 @@ from gradlint.syntax import (
 # static rules only (what the source shows but a run does not need).
 HANDOFF = "HANDOFF"  # an optimizer is passed to code the model cannot see
 GRAD_DIVIDE = "GRAD_DIVIDE"  # gradients are divided in place (p.grad /= n): accumulation normalised by hand
+NO_SYNC = "NO_SYNC"  # gradient all-reduce switched off: model.no_sync(), model.require_backward_grad_sync = flag
 
 Kind = Union[EventKind, str]
 
@@ -147,6 +149,7 @@ class LoopModel:
     roots: list[Root]
     uses_cuda_graphs: bool
     _positions: dict | None = None
+    release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """``(line, column, end_line, end_column)`` of a node, 1-based columns, end exclusive.
@@ -201,6 +204,7 @@ def build_model(module: cst.Module) -> LoopModel:
         objects=index.objects,
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
+        release=find_release(index),
     )
 
 
@@ -605,6 +609,9 @@ class _EventBuilder:
         if isinstance(small, cst.Assign):
             for target in small.targets:
                 self._grad_assignment(target.target, small.value, small, scope, out)
+            if _switches_off_grad_sync(small):
+                owner = small.targets[-1].target.value
+                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
         elif isinstance(small, cst.AugAssign) and _is_grad(small.target):
             if isinstance(small.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
@@ -721,6 +728,11 @@ class _EventBuilder:
             return
         if method == "update" and recv_kind is ObjKind.SCALER:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
+            return
+        if method in ("no_sync", "no_backward_sync"):
+            args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
+            owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
+            emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
             return
         name = callee_name(call)
         if name in _CLIP_FUNCTIONS or name == "clip_gradients":
@@ -869,6 +881,16 @@ def _is_grad(node: cst.BaseExpression | None) -> bool:
     if isinstance(node, cst.Attribute) and node.attr.value == "data":
         node = node.value
     return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+
+
+def _switches_off_grad_sync(assign: cst.Assign) -> bool:
+    """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
+    target = assign.targets[-1].target
+    return (
+        isinstance(target, cst.Attribute)
+        and target.attr.value == "require_backward_grad_sync"
+        and bool_literal(assign.value) is not True
+    )
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:

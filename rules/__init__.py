@@ -2,6 +2,9 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL104)
+- ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
+- ``schedule``: learning-rate schedulers (GL301)
+- ``distributed``: distributed data-parallel training (GL302)
 """
 
 from __future__ import annotations
@@ -15,6 +18,14 @@ from gradlint.rules.clearing import (
     ZeroGradBetweenBackwardAndStep,
     ZeroGradInAccumulation,
 )
+from gradlint.rules.distributed import AccumulationWithoutNoSync
+from gradlint.rules.release import (
+    AccumulationWithGradientRelease,
+    ClippingWithGradientRelease,
+    GradientReleaseCandidate,
+    GradScalerWithGradientRelease,
+)
+from gradlint.rules.schedule import SchedulerStepsPerMicroBatch
 
 ALL_RULES: tuple[type[Rule], ...] = (
     MissingZeroGrad,
@@ -26,6 +37,12 @@ ALL_RULES: tuple[type[Rule], ...] = (
     StepBypassesScaler,
     ClipBeforeUnscale,
     ScalerWithoutUpdate,
+    GradScalerWithGradientRelease,
+    AccumulationWithGradientRelease,
+    ClippingWithGradientRelease,
+    GradientReleaseCandidate,
+    SchedulerStepsPerMicroBatch,
+    AccumulationWithoutNoSync,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

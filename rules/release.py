@@ -1,0 +1,424 @@
+"""Rules about gradient release, the fused backward and optimizer step (GL201–GL204).
+
+Gradient release steps each parameter from a hook as soon as its gradient is
+complete and frees the gradient at once. It saves the memory of every
+gradient, and silently breaks everything that needs all gradients at once:
+a ``GradScaler``, gradient accumulation, gradient-norm clipping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.findings import FixKind, Severity
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
+from gradlint.objects import ObjKind, last_name
+from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
+from gradlint.release import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
+from gradlint.fixes.release import release_fix
+from gradlint.rule import Report, Rule
+from gradlint.syntax import callee_name, dotted_name, receiver, walk
+
+
+def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
+    """How a message names a set-up: what it is and where."""
+    line = model.line(setup.node)
+    callee = callee_name(setup.node) if isinstance(setup.node, cst.Call) else None
+    if setup.style == "optimi":
+        return f"optimi's gradient release (`{callee}`) at line {line}"
+    if setup.style == "hook":
+        return f"the optimizer step in the `register_post_accumulate_grad_hook` hook at line {line}"
+    if setup.style == "torchtune":
+        return f"optimizer-in-backward (`{callee}`) at line {line}"
+    if setup.style == "apply_in_backward":
+        return f"`_apply_optimizer_in_backward` at line {line}"
+    return f"the optimizer-in-backward mode tested by `{model.code(setup.node)}` at line {line}"
+
+
+def _function_of(root: Root) -> cst.FunctionDef | None:
+    return root.node if isinstance(root.node, cst.FunctionDef) else None
+
+
+def _branches(event: Event) -> tuple[Branch, ...]:
+    """The ``if``/``else`` sides around an event, as :func:`runs_without_release` reads them."""
+    return _branches_of(event.frames)
+
+
+def _branches_of(frames: tuple[Frame, ...]) -> tuple[Branch, ...]:
+    return tuple((f.node.test, f.branch) for f in frames if f.kind is FrameKind.BRANCH and isinstance(f.node, cst.If) and f.branch in ("if", "else"))
+
+
+def released_roots(model: LoopModel) -> Iterator[tuple[Root, list[ReleaseSetup]]]:
+    """Each root that runs together with a release set-up (hooks, which run per parameter, excluded)."""
+    for root in model.roots:
+        if root.node in model.release.hooks:
+            continue
+        setups = model.release.with_setup(_function_of(root))
+        if setups:
+            yield root, setups
+
+
+def _released_sites(model: LoopModel, sites: list[Site]) -> Iterator[tuple[Site, ReleaseSetup]]:
+    for site in sites:
+        if site.function in model.release.hooks or runs_without_release(site.branches):
+            continue
+        setups = model.release.with_setup(site.function)
+        if setups:
+            yield site, setups[0]
+
+
+class GradScalerWithGradientRelease(Rule):
+    """A ``GradScaler`` (or a float16 autocast) is used together with gradient release.
+
+    **Why it matters.** A ``GradScaler`` needs every gradient at once: it
+    checks all of them for inf/NaN to decide whether to skip the step, and it
+    unscales them all before the step. With gradient release each gradient
+    has already been applied and freed during backward, so the scaler checks
+    and unscales nothing, overflowing steps are applied, and the updates are
+    multiplied by the loss scale. Float16 autocast without a scaler underflows
+    small gradients instead.
+
+    **Fix.** Use bfloat16 autocast, which needs no scaler, and drop the
+    ``GradScaler``. Or keep float16 and turn gradient release off.
+
+    **Bad**::
+
+        opt = AdamW(model.parameters(), lr=1e-3, gradient_release=True)
+        prepare_for_gradient_release(model, opt)
+        scaler = torch.amp.GradScaler("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+
+    **Good**::
+
+        opt = AdamW(model.parameters(), lr=1e-3, gradient_release=True)
+        prepare_for_gradient_release(model, opt)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+    """
+
+    code = "GL201"
+    name = "gradscaler-with-gradient-release"
+    summary = "a GradScaler or float16 autocast together with gradient release"
+    severity = Severity.ERROR
+    fix = None
+    needs = RELEASE_TOKENS
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        release = model.release
+        if not release.setups or "scaler" in release.refused:
+            return
+        reported = False
+        for site, setup in _released_sites(model, release.scalers):
+            reported = True
+            yield Report(
+                site.node,
+                f"`{model.code(site.node)}` is used together with {_describe(model, setup)}: the scaler needs every "
+                f"gradient at once for its inf/NaN check and unscale, but release has already applied and freed "
+                f"each one; use bfloat16 autocast, which needs no scaler",
+            )
+        for site, setup in _released_sites(model, release.fp16_autocasts):
+            reported = True
+            yield Report(
+                site.node,
+                f"float16 autocast `{model.code(site.node)}` is used together with {_describe(model, setup)}: "
+                f"float16 needs a GradScaler, which needs every gradient at once, and release frees each one as "
+                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler",
+            )
+        if reported:
+            return
+        for root, setups in released_roots(model):
+            for event in root.events:
+                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event)):
+                    yield Report(
+                        event.node,
+                        f"this backward is scaled by a GradScaler while {_describe(model, setups[0])} applies and "
+                        f"frees each gradient during backward: the scaler's inf/NaN check and unscale see no "
+                        f"gradients; use bfloat16 autocast, which needs no scaler",
+                    )
+
+
+class AccumulationWithGradientRelease(Rule):
+    """Gradients are accumulated over several micro-batches together with gradient release.
+
+    **Why it matters.** Accumulation sums the gradients of several backwards
+    before one step. Gradient release steps each parameter during every
+    backward and frees its gradient, so nothing is accumulated: each
+    micro-batch is a full optimizer step with the learning rate meant for the
+    whole batch, and the step under the accumulation guard does nothing.
+
+    **Fix.** Drop the accumulation, or use optimi's optimizer accumulation,
+    which accumulates into the optimizer states while releasing gradients
+    (``opt.optimizer_accumulation = (i + 1) % accum != 0`` before backward).
+    A recipe that raises when both are configured is fine.
+
+    **Bad**::
+
+        prepare_for_gradient_release(model, opt)
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                opt.step()
+                opt.zero_grad()
+
+    **Good**::
+
+        prepare_for_gradient_release(model, opt)
+        for i, (x, y) in enumerate(loader):
+            opt.optimizer_accumulation = (i + 1) % accum != 0
+            loss_fn(model(x), y).backward()
+    """
+
+    code = "GL202"
+    name = "accumulation-with-gradient-release"
+    summary = "gradient accumulation together with gradient release"
+    severity = Severity.ERROR
+    fix = None
+    needs = RELEASE_TOKENS
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        release = model.release
+        if not release.setups or "accumulation" in release.refused or release.optimizer_accumulation:
+            return
+        reported = False
+        for root, setups in released_roots(model):
+            for node, how in _accumulations(model, root):
+                reported = True
+                yield Report(
+                    node,
+                    f"{how}, but {_describe(model, setups[0])} steps each parameter during every backward and "
+                    f"frees its gradient: nothing accumulates and every micro-batch is a full step; drop the "
+                    f"accumulation or use optimi's optimizer accumulation (`optimizer_accumulation`)",
+                )
+        if reported:
+            return
+        for site, setup in _released_sites(model, release.accumulation_settings):
+            yield Report(
+                site.node,
+                f"`{model.code(site.node)}` asks for gradient accumulation, but {_describe(model, setup)} steps each "
+                f"parameter during every backward and frees its gradient: nothing accumulates; drop the "
+                f"accumulation or use optimi's optimizer accumulation (`optimizer_accumulation`)",
+            )
+
+
+_GUARDED_KINDS = (EventKind.STEP, EventKind.ZERO, EventKind.SCHED_STEP)
+
+
+def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, str]]:
+    """Where a training loop of ``root`` accumulates: its optimizer guards and micro-batch loops."""
+    seen: set[int] = set()
+    for loop in root.loops():
+        events = root.events_in(loop)
+        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e))]
+        if not backwards:
+            continue
+        for event in events:
+            if event.kind not in _GUARDED_KINDS:
+                continue
+            inner = frames_inside(event, loop)
+            for depth, frame in enumerate(inner):
+                if frame.kind is not FrameKind.BRANCH or not frame.accumulation or id(frame.node) in seen:
+                    continue
+                if not any(not b.inside(frame) for b in backwards):
+                    continue
+                around = event.frames[: len(event.frames) - len(inner) + depth]
+                if runs_without_release(_branches_of(around)):
+                    continue
+                seen.add(id(frame.node))
+                yield frame.node, "the optimizer work under this accumulation guard waits for several micro-batches"
+        for step in (e for e in events if e.kind is EventKind.STEP):
+            if home_loop(root, step) is not loop or id(step.node) in seen:
+                continue
+            acc = accumulation(root, step, loop)
+            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step)):
+                seen.add(id(step.node))
+                yield step.node, f"`{step.target}` steps once after several backwards of the loop at line {model.line(acc.frame.node)}"
+
+
+class ClippingWithGradientRelease(Rule):
+    """Gradients are clipped together with gradient release.
+
+    **Why it matters.** ``clip_grad_norm_`` needs every gradient at once to
+    compute the total norm, and both clipping functions must run before the
+    step. With gradient release each parameter has already been updated and
+    its gradient freed during backward: the clip sees no gradients, and the
+    updates were never clipped. Clipping one parameter's gradient inside the
+    release hook is fine, and is not flagged.
+
+    **Fix.** Drop the clipping, clip per parameter inside the hook, or use an
+    optimizer with update clipping such as StableAdamW, which bounds each
+    update without needing every gradient.
+
+    **Bad**::
+
+        prepare_for_gradient_release(model, opt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    **Good**::
+
+        opt = StableAdamW(model.parameters(), lr=1e-3, gradient_release=True)
+        prepare_for_gradient_release(model, opt)
+        loss.backward()
+    """
+
+    code = "GL203"
+    name = "clipping-with-gradient-release"
+    summary = "gradient clipping together with gradient release"
+    severity = Severity.ERROR
+    fix = None
+    needs = RELEASE_TOKENS
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        release = model.release
+        if not release.setups or "clipping" in release.refused:
+            return
+        for root, setups in released_roots(model):
+            for clip in root.events:
+                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip)):
+                    continue
+                if _clips_another_model(clip, setups):
+                    continue
+                if _clipped_model(clip) is None and _steps_only_plain_optimizers(root, clip, setups):
+                    continue
+                yield Report(
+                    clip.node,
+                    f"`{model.code(clip.node)}` needs every gradient at once, but {_describe(model, setups[0])} has "
+                    f"already applied and freed each one during backward: nothing is clipped; clip per parameter "
+                    f"inside the hook, or use an optimizer with update clipping such as StableAdamW",
+                )
+
+
+def _clips_another_model(clip: Event, setups: list[ReleaseSetup]) -> bool:
+    """Whether the clip names a model's parameters while release is known to cover only other models."""
+    released = {last_name(s.model) for s in setups if s.model}
+    owner = _clipped_model(clip)
+    if owner is None or not released or any(s.model is None for s in setups):
+        return False
+    return last_name(owner) not in released
+
+
+def _clipped_model(clip: Event) -> str | None:
+    """``model`` for ``clip_grad_norm_(model.parameters(), ...)``."""
+    node = clip.node
+    if not isinstance(node, cst.Call) or not node.args:
+        return None
+    for sub in walk(node.args[0].value):
+        if isinstance(sub, cst.Call) and callee_name(sub) in ("parameters", "named_parameters"):
+            return dotted_name(receiver(sub))
+    return None
+
+
+def _steps_only_plain_optimizers(root: Root, clip: Event, setups: list[ReleaseSetup]) -> bool:
+    """Whether the clip's loop steps only optimizers other than the released ones (optimi set-ups, where they are known)."""
+    if any(s.style != "optimi" or s.optimizer is None for s in setups):
+        return False
+    released = {last_name(s.optimizer) for s in setups if s.optimizer}
+    loop = clip.loops[-1] if clip.loops else None
+    events = root.events_in(loop) if loop is not None else root.events
+    steps = [e for e in events if e.kind is EventKind.STEP and e.target]
+    return bool(steps) and all(last_name(s.target) not in released for s in steps)
+
+
+class GradientReleaseCandidate(Rule):
+    """A plain training loop whose optimizer could be fused into backward (gradient release).
+
+    **What.** The loop runs one optimizer with a plain ``backward()``,
+    ``step()``, ``zero_grad()``: no gradient accumulation, no clipping, no
+    ``GradScaler``. Such a loop can step each parameter from a
+    ``register_post_accumulate_grad_hook`` as soon as its gradient is ready
+    and free the gradient at once, so that no more than a layer's worth of
+    gradients is ever alive.
+
+    **Why it matters.** It saves up to the memory of all gradients. How much
+    that is worth depends on how large the gradients and the optimizer state
+    are next to the activations: large for big models with small batches,
+    little for small models with large activations. ``gradlint measure``
+    runs the loop both ways and tells.
+
+    **Fix.** Use an optimizer with gradient release, e.g. torch-optimi's
+    ``AdamW(..., gradient_release=True)`` with
+    ``prepare_for_gradient_release(model, opt)``. Then ``step()`` and
+    ``zero_grad()`` do nothing, and schedulers keep working.
+
+    The bad example is not wrong, only larger than it needs to be.
+
+    **Bad**::
+
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    **Good**::
+
+        opt = optimi.AdamW(model.parameters(), lr=1e-3, gradient_release=True)
+        optimi.prepare_for_gradient_release(model, opt)
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    """
+
+    code = "GL204"
+    name = "gradient-release-candidate"
+    summary = "a plain loop whose single optimizer could be fused into backward (gradient release)"
+    severity = Severity.INFO
+    fix = FixKind.UNSAFE
+    enabled_by_default = False
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        if model.release.setups or not _plain_module(model):
+            return
+        stepped = {last_name(e.target) for root in model.roots for e in root.events if e.kind is EventKind.STEP and e.target}
+        if len(stepped) != 1:
+            return
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                if _plain_loop(model, root, step, loop):
+                    zeros = [e for e in root.events_in(loop) if e.kind is EventKind.ZERO and clears(model, e, step.target)]
+                    fix = release_fix(model, step, zeros)
+                    rewrite = f" (fix: {fix.description})" if fix is not None else ""
+                    yield Report(
+                        step.node,
+                        f"`{step.target}` is the only optimizer of this plain loop (no accumulation, clipping or "
+                        f"GradScaler): fused into backward (gradient release) it would free each gradient as soon as "
+                        f"it is applied; the saving depends on how large gradients and optimizer state are next to "
+                        f"the activations, and `gradlint measure` tells{rewrite}",
+                        fix=fix,
+                    )
+
+
+def _plain_module(model: LoopModel) -> bool:
+    """No scaler, no DDP model, no CUDA graphs, no code of its own on ``.grad``: nothing release would break."""
+    if model.uses_cuda_graphs or model.release.touches_grads:
+        return False
+    return not any(info.kind in (ObjKind.SCALER, ObjKind.DDP_MODEL, ObjKind.ACCELERATOR) for info in model.objects.values())
+
+
+def _plain_loop(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
+    """One backward, one direct step and a clear of that optimizer, nothing else in the way."""
+    if step.via_scaler is not None or step.framework is not None or step.target not in model.objects:
+        return False
+    if any(f.kind is FrameKind.BRANCH for f in frames_inside(step, loop)):
+        return False
+    if accumulation(root, step, loop) is not None:
+        return False
+    events = root.events_in(loop)
+    backwards = [e for e in events if e.kind is EventKind.BACKWARD]
+    if len(backwards) != 1 or backwards[0].framework is not None or backwards[0].scaled:
+        return False
+    if any(e.kind in (EventKind.CLIP, EventKind.UNSCALE, EventKind.SCALER_UPDATE) for e in events):
+        return False
+    if any(e.kind in (HANDOFF, GRAD_DIVIDE) for e in events) or any(f.accumulation for e in events for f in e.frames):
+        return False
+    steps = [e for e in events if e.kind is EventKind.STEP]
+    if len(steps) != 1:
+        return False
+    return any(e.kind is EventKind.ZERO and clears(model, e, step.target) for e in events)

@@ -1,0 +1,85 @@
+"""Rules about learning-rate schedulers (GL301)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from gradlint.events import EventKind
+from gradlint.findings import FixKind, Severity
+from gradlint.model import Event, LoopModel
+from gradlint.queries import Accumulation, accumulation, frames_inside, steps_with_loops
+from gradlint.fixes.schedule import move_scheduler_step
+from gradlint.rule import Report, Rule
+
+
+class SchedulerStepsPerMicroBatch(Rule):
+    """An LR scheduler steps on every micro-batch while the optimizer steps only under an accumulation guard.
+
+    **Why it matters.** A per-step schedule (``OneCycleLR``,
+    ``get_linear_schedule_with_warmup``, ``LambdaLR`` or ``CosineAnnealingLR``
+    counted in steps, ...) is written in optimizer steps. Stepped on every
+    micro-batch, it advances N times per optimizer step: warm-up ends N times
+    too early, the decay finishes after 1/N of training, and ``OneCycleLR``
+    raises once it runs past its total. A scheduler stepped once per epoch,
+    outside the batch loop, is fine.
+
+    **Fix.** Step the scheduler under the same guard as the optimizer, right
+    after ``optimizer.step()``.
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            scheduler.step()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL301"
+    name = "scheduler-steps-per-micro-batch"
+    summary = "an LR scheduler is stepped every micro-batch while the optimizer steps under an accumulation guard"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                acc = accumulation(root, step, loop)
+                if acc is None:
+                    continue
+                events = root.events_in(loop)
+                # accelerate's prepared schedulers skip the micro-batches that do not step
+                if any(e.framework == "accelerate" or e.with_context("accumulate") for e in events):
+                    continue
+                for sched in events:
+                    if sched.kind is EventKind.SCHED_STEP and not sched.has_args and _every_micro_batch(sched, loop, acc):
+                        yield Report(
+                            sched.node,
+                            f"`{sched.target}.step()` runs on every micro-batch but `{step.target}` only steps "
+                            f"{_where(model, acc)}: the schedule advances once per micro-batch and runs that many "
+                            f"times too fast; step it right after `{step.target}.step()`",
+                            fix=move_scheduler_step(model, sched, step),
+                        )
+
+
+def _every_micro_batch(sched: Event, loop, acc: Accumulation) -> bool:
+    """Whether a scheduler step runs on micro-batches that do not step the optimizer."""
+    if acc.style == "guard":
+        return not any(f.accumulation for f in frames_inside(sched, loop))
+    return sched.inside(acc.frame)
+
+
+def _where(model: LoopModel, acc: Accumulation) -> str:
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
