@@ -81,7 +81,8 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
         seen.add(id(report.node))
         line, column, end_line, end_column = model.position(report.node)
         finding = Finding(
-            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity, rule_class.fix
+            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity,
+            rule_class.fix if report.fix is not None and report.fix.edits() is not None else None,
         )
         results.append((finding, report))
     return results

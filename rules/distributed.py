@@ -50,7 +50,7 @@ class AccumulationWithoutNoSync(Rule):
     name = "accumulation-without-no-sync"
     summary = "a DDP model accumulates gradients without no_sync() on the micro-batches that do not step"
     severity = Severity.WARNING
-    fix = FixKind.UNSAFE
+    fix = None  # wrapping the non-stepping micro-batches in no_sync() restructures the loop: left to the author
     needs = ("DistributedDataParallel",)
 
     def check(self, model: LoopModel) -> Iterator[Report]:

@@ -17,6 +17,7 @@ so the new code runs exactly where it was meant to.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 
 import libcst as cst
@@ -76,6 +77,11 @@ class Fix:
 
     def edits(self) -> list[Edit] | None:
         """The edits of this fix on the module it was reported on, or None when it does not apply."""
+        return self._built
+
+    @functools.cached_property
+    def _built(self) -> list[Edit] | None:
+        # Built once: the linter asks whether a fix applies, the fixer then applies it.
         edits = self.build()
         return list(edits) if edits else None
 
