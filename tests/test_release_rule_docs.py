@@ -15,7 +15,7 @@ NEW_RULES = {
     "GL203": (Severity.ERROR, None, ("StableAdamW", "inside the hook")),
     "GL204": (Severity.INFO, FixKind.UNSAFE, ("gradlint measure", "activations")),
     "GL301": (Severity.ERROR, FixKind.SAFE, ("once per epoch",)),
-    "GL302": (Severity.WARNING, FixKind.UNSAFE, ("no_sync", "require_backward_grad_sync")),
+    "GL302": (Severity.WARNING, None, ("no_sync", "require_backward_grad_sync")),
 }
 
 
