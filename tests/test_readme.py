@@ -1,0 +1,42 @@
+"""The README stays in step with the code: its rule table, and the test command CI runs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gradlint.rules import ALL_RULES
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def table_rows() -> dict[str, list[str]]:
+    rows = {}
+    for line in README.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and re.fullmatch(r"GL\d{3}", cells[0]):
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_rule_table_lists_every_rule_with_its_name_and_fix_kind():
+    rows = table_rows()
+    assert sorted(rows) == sorted(rule.code for rule in ALL_RULES)
+    for rule in ALL_RULES:
+        code, name, _, fix = rows[rule.code]
+        assert name == rule.name
+        assert fix == (rule.fix.value if rule.fix else "none")
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    blocks = re.findall(r"```sh\n(.*?)\n```", README, re.DOTALL)
+    test_command = next(b for b in blocks if "pytest" in b)
+    assert "torch==2.13.0" in test_command
+    assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_readme_starts_with_install_and_lint_of_the_shipped_example():
+    first = re.search(r"```sh\n(.*?)\n```", README, re.DOTALL).group(1)
+    assert "pip install ." in first and "gradlint examples/train.py" in first
+    assert (ROOT / "examples" / "train.py").is_file()
