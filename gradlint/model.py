@@ -29,6 +29,7 @@ from gradlint.syntax import (
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
+    children,
     dotted_name,
     keyword_arg,
     method_name,
@@ -121,11 +122,20 @@ class Event:
 
 @dataclasses.dataclass
 class Root:
-    """A piece of code read top to bottom: the module body or one function, helpers inlined."""
+    """A piece of code read top to bottom: the module body or one function, helpers inlined.
+
+    The rules ask the same questions of every step of a loop ("which events
+    are in this loop?", "does it backpropagate?"), so the answers are indexed
+    once, on first use: asking stays linear in the size of the root.
+    """
 
     name: str
     node: cst.CSTNode
     events: list[Event]
+    _by_frame: dict[int, list[Event]] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _kinds: dict[int, frozenset] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _order: dict[int, int] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _of_kind: dict[tuple, list[Event]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def loops(self) -> list[Frame]:
         """Every loop that holds at least one event, outer loops before inner ones."""
@@ -136,8 +146,36 @@ class Root:
         return list(seen.values())
 
     def events_in(self, frame: Frame) -> list[Event]:
-        """The events inside ``frame``, in program order."""
-        return [e for e in self.events if e.inside(frame)]
+        """The events inside ``frame``, in program order (a shared list: do not change it)."""
+        if self._by_frame is None:
+            index: dict[int, list[Event]] = {}
+            for event in self.events:
+                for id_ in {id(f) for f in event.frames}:  # a frame may repeat when a helper is inlined into itself
+                    index.setdefault(id_, []).append(event)
+            self._by_frame = index
+        return self._by_frame.get(id(frame), [])
+
+    def kinds_in(self, frame: Frame | None) -> frozenset:
+        """The kinds of event inside ``frame`` (None: the whole root)."""
+        key = id(frame)
+        if key not in self._kinds:
+            events = self.events if frame is None else self.events_in(frame)
+            self._kinds[key] = frozenset(e.kind for e in events)
+        return self._kinds[key]
+
+    def events_of(self, kind: Kind, frame: Frame | None = None) -> list[Event]:
+        """The events of one kind inside ``frame`` (None: the whole root), in program order (a shared list)."""
+        key = (kind, id(frame))
+        if key not in self._of_kind:
+            events = self.events if frame is None else self.events_in(frame)
+            self._of_kind[key] = [e for e in events if e.kind == kind]
+        return self._of_kind[key]
+
+    def order(self, event: Event) -> int:
+        """The position of an event of this root in program order."""
+        if self._order is None:
+            self._order = {id(e): i for i, e in enumerate(self.events)}
+        return self._order[id(event)]
 
 
 @dataclasses.dataclass
@@ -292,7 +330,7 @@ class _ModuleIndex:
         stack: list[tuple[cst.CSTNode, cst.FunctionDef | None, str | None, str]] = [(module, None, None, "")]
         while stack:
             node, function, class_name, prefix = stack.pop()
-            for child in node.children:
+            for child in children(node):
                 if isinstance(child, cst.FunctionDef):
                     self._add_function(child, function, class_name, prefix)
                     stack.append((child, child, None, f"{prefix}{child.name.value}."))

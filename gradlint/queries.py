@@ -7,6 +7,7 @@ the rule catalogue is phrased in.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 
@@ -65,7 +66,7 @@ def order_of(events: Iterable[Event]) -> dict[int, int]:
 def home_loop(root: Root, step: Event) -> Frame | None:
     """The training loop of a step: its innermost loop that also runs a backward."""
     for loop in reversed(step.loops):
-        if any(e.kind is EventKind.BACKWARD for e in root.events_in(loop)):
+        if EventKind.BACKWARD in root.kinds_in(loop):
             return loop
     return None
 
@@ -94,22 +95,38 @@ class Accumulation:
 
 def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
-    events = root.events_in(loop)
-    order = order_of(events)
-    backwards = [e for e in events if e.kind is EventKind.BACKWARD]
+    backwards = backwards_in(root, loop)
+    at = root.order(step)
     for frame in frames_inside(step, loop):
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
             continue
-        guarded_before = any(b.inside(frame) and order[id(b)] < order[id(step)] for b in backwards)
-        outside = [b for b in backwards if not b.inside(frame)]
-        if outside and not guarded_before:
-            return Accumulation("guard", frame, outside, frame.count)
-    before = [b for b in backwards if order[id(b)] < order[id(step)]]
-    micro_loops = [_loop_below(b, loop) for b in before]
-    if before and all(m is not None and not step.inside(m) for m in micro_loops):
-        micro = micro_loops[-1]
-        return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
-    return None
+        guarded = backwards_in(root, frame)
+        if any(root.order(b) < at for b in guarded):
+            continue
+        if not guarded:  # the usual guard holds the step, not a backward: every backward of the loop is outside
+            outside = backwards
+        else:
+            inside = {id(b) for b in guarded}
+            outside = [b for b in backwards if id(b) not in inside]
+        if outside:
+            return Accumulation("guard", frame, list(outside), frame.count)
+    # The backwards before the step, in order; each must sit in an inner loop that does not hold the step.
+    before = backwards[: bisect.bisect_left(backwards, at, key=root.order)]
+    if not before:
+        return None
+    micro_loops = []
+    for b in before:
+        micro = _loop_below(b, loop)
+        if micro is None or step.inside(micro):
+            return None
+        micro_loops.append(micro)
+    micro = micro_loops[-1]
+    return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def backwards_in(root: Root, frame: Frame) -> list[Event]:
+    """The backwards inside ``frame``, in program order."""
+    return root.events_of(EventKind.BACKWARD, frame)
 
 
 def frames_inside(event: Event, loop: Frame) -> tuple[Frame, ...]:
@@ -168,18 +185,22 @@ def exclusive(a: Event, b: Event) -> bool:
     return any(f.kind is FrameKind.BRANCH and branches.get(id(f.node), f.branch) != f.branch for f in b.frames)
 
 
-def backwards_reaching(events: list[Event], event: Event, stop: Callable[[Event], bool] = lambda e: False) -> list[Event]:
+def backwards_reaching(
+    events: list[Event], event: Event, stop: Callable[[Event], bool] = lambda e: False, *, position: int | None = None
+) -> list[Event]:
     """The backwards whose gradients ``event`` may see, latest first.
 
     Reading back from ``event``: a backward in the other branch of an ``if``
     never reaches it, and a backward hides every earlier one that runs on the
     same path (``if fp16: scaled backward / else: plain backward`` reaches a
     later clip through both). The reading ends at the first event for which
-    ``stop`` holds, such as an ``unscale_``.
+    ``stop`` holds, such as an ``unscale_``. ``position``, when the caller
+    knows it, is where ``event`` is in ``events``.
     """
-    position = next(i for i, e in enumerate(events) if e is event)
+    if position is None:
+        position = next(i for i, e in enumerate(events) if e is event)
     found: list[Event] = []
-    for earlier in reversed(events[:position]):
+    for earlier in (events[i] for i in range(position - 1, -1, -1)):
         if stop(earlier):
             break
         if earlier.kind is not EventKind.BACKWARD or exclusive(earlier, event):
@@ -192,7 +213,7 @@ def backwards_reaching(events: list[Event], event: Event, stop: Callable[[Event]
 def stepping_loop(root: Root, backward: Event) -> Frame | None:
     """The loop a backward trains in: its innermost loop that also steps an optimizer (the outer loop of micro-steps)."""
     for loop in reversed(backward.loops):
-        if any(e.kind is EventKind.STEP for e in root.events_in(loop)):
+        if EventKind.STEP in root.kinds_in(loop):
             return loop
     return None
 

@@ -31,6 +31,7 @@ import libcst as cst
 
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
+from gradlint.syntax import children as child_nodes
 
 # Substrings one of which every release set-up recognised here contains.
 RELEASE_TOKENS = ("gradient_release", "post_accumulate_grad_hook", "in_bwd", "in_backward", "InBackward")
@@ -222,10 +223,10 @@ class _Finder:
             if ctx.class_name is not None:
                 self.method_class[node] = ctx.class_name
             inner = _Context(node, None, (), ())
-            return [(child, inner) for child in node.children]
+            return [(child, inner) for child in child_nodes(node)]
         if isinstance(node, cst.ClassDef):
             inner = dataclasses.replace(ctx, class_name=node.name.value)
-            return [(child, inner) for child in node.children]
+            return [(child, inner) for child in child_nodes(node)]
         if isinstance(node, (cst.If, cst.IfExp)):
             return self._branches(node, ctx)
         if isinstance(node, cst.For):
@@ -242,7 +243,7 @@ class _Finder:
         elif isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
-        return [(child, ctx) for child in node.children]
+        return [(child, ctx) for child in child_nodes(node)]
 
     def _branches(self, node: cst.If | cst.IfExp, ctx: _Context) -> list[tuple[cst.CSTNode, _Context]]:
         test = node.test

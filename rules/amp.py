@@ -10,6 +10,7 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
+from gradlint.objects import last_name
 from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
 from gradlint.rule import Report, Rule
 from gradlint.syntax import dotted_name, receiver
@@ -61,7 +62,12 @@ class BackwardWithoutScaler(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
+            seen_regions: set[int] = set()
             for user in (e for e in root.events if _uses_scaler(e)):
+                loop = innermost_loop(user)
+                if id(loop) in seen_regions:
+                    continue  # every user of one region sees the same backwards; the first one reports them
+                seen_regions.add(id(loop))
                 events = region(root, user)
                 backwards = [e for e in events if e.kind is EventKind.BACKWARD and e.framework is None]
                 if any(b.scaled for b in backwards):
@@ -106,17 +112,21 @@ class StepBypassesScaler(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
             reaching: dict[int, list[Event]] = {}
-            for backward in (e for e in root.events if e.kind is EventKind.BACKWARD and e.scaled):
+            bypassing: dict[int, list[Event]] = {}  # per stepping loop: its direct steps of optimizers no scaler steps
+            for backward in root.events_of(EventKind.BACKWARD):
+                if not backward.scaled:
+                    continue
                 loop = stepping_loop(root, backward)
-                events = root.events_in(loop) if loop is not None else root.events
-                scaler_steps = [e for e in events if e.kind is EventKind.STEP and e.via_scaler is not None]
-                for step in events:
-                    if step.kind is not EventKind.STEP or step.via_scaler is not None or step.framework == "closure":
-                        continue
-                    if any(same_object(s.target, step.target) for s in scaler_steps):
-                        continue
+                if id(loop) not in bypassing:
+                    steps = root.events_of(EventKind.STEP, loop)
+                    scaled = {last_name(s.target) for s in steps if s.via_scaler is not None and s.target is not None}
+                    bypassing[id(loop)] = [
+                        s for s in steps
+                        if s.via_scaler is None and s.framework != "closure" and (s.target is None or last_name(s.target) not in scaled)
+                    ]
+                for step in bypassing[id(loop)]:
                     if id(step) not in reaching:
-                        reaching[id(step)] = backwards_reaching(root.events, step)
+                        reaching[id(step)] = backwards_reaching(root.events, step, position=root.order(step))
                     if not any(b is backward for b in reaching[id(step)]):
                         continue  # another backward (or none) feeds this step
                     scaler = _scaler_of(backward, model)
@@ -171,7 +181,8 @@ class ClipBeforeUnscale(Rule):
         for root in model.roots:
             for event in root.events:
                 if event.kind is EventKind.CLIP and event.framework is None:
-                    reaching = backwards_reaching(root.events, event, stop=_unscales)
+                    position = root.order(event)
+                    reaching = backwards_reaching(root.events, event, stop=_unscales, position=position)
                     last_backward = next((b for b in reaching if b.scaled), None)
                     if last_backward is not None:
                         scaler = _scaler_of(last_backward, model)
@@ -179,7 +190,7 @@ class ClipBeforeUnscale(Rule):
                             event.node,
                             f"gradients are clipped while still scaled by `{scaler}` (backward at line "
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
-                            fix=fixes.unscale_before_clip(model, root.events, event, last_backward),
+                            fix=fixes.unscale_before_clip(model, root.events[position:], event, last_backward),
                         )
 
 
@@ -219,8 +230,7 @@ class ScalerWithoutUpdate(Rule):
                 loop = innermost_loop(step)
                 if loop is None:
                     continue  # a per-step helper: the loop that calls it is checked where it is inlined
-                events = root.events_in(loop)
-                if any(e.kind is EventKind.SCALER_UPDATE and same_object(e.target, step.via_scaler) for e in events):
+                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
                     continue
                 yield Report(
                     step.node,

@@ -10,7 +10,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
-from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import (
     Accumulation,
@@ -61,17 +61,16 @@ class MissingZeroGrad(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            reported: set[tuple[str, int]] = set()
+            checked: set[tuple[str, int]] = set()
             for step, loop in steps_with_loops(root):
                 key = (step.target or "", id(loop))
-                if key in reported:
+                if key in checked:
                     continue
-                events = root.events_in(loop)
-                if any(clears(model, e, step.target) for e in events):
+                checked.add(key)
+                if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(e.kind == HANDOFF and same_object(e.target, step.target) for e in events):
+                if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
                     continue
-                reported.add(key)
                 yield Report(
                     step.node,
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
@@ -154,21 +153,27 @@ class ZeroGradInAccumulation(Rule):
     fix = FixKind.SAFE
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        reported: set[int] = set()  # a clear is reported once, for the first step it starves
         for root in model.roots:
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
+            unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                for zero in root.events_in(loop):
-                    if id(zero) in between or not clears(model, zero, step.target):
+                if acc.style == "guard":
+                    if id(loop) not in unguarded:
+                        zeros = root.events_of(EventKind.ZERO, loop)
+                        unguarded[id(loop)] = [z for z in zeros if not any(f.accumulation for f in frames_inside(z, loop))]
+                    candidates = unguarded[id(loop)]
+                else:
+                    candidates = root.events_of(EventKind.ZERO, acc.frame)
+                for zero in candidates:
+                    if id(zero.node) in reported or id(zero) in between or not clears(model, zero, step.target):
                         continue
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
-                    if acc.style == "guard" and any(f.accumulation for f in frames_inside(zero, loop)):
-                        continue
-                    if acc.style == "micro_loop" and not zero.inside(acc.frame):
-                        continue
+                    reported.add(id(zero.node))
                     yield Report(
                         zero.node,
                         f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
@@ -224,7 +229,7 @@ class UnscaledAccumulatedLoss(Rule):
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                if any(e.kind == GRAD_DIVIDE for e in root.events_in(loop)):
+                if GRAD_DIVIDE in root.kinds_in(loop):
                     continue
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
                     continue

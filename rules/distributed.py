@@ -59,8 +59,10 @@ class AccumulationWithoutNoSync(Rule):
             return
         for root in model.roots:
             for step, loop in steps_with_loops(root):
+                if NO_SYNC in root.kinds_in(loop):
+                    continue
                 acc = accumulation(root, step, loop)
-                if acc is None or any(e.kind == NO_SYNC for e in root.events_in(loop)):
+                if acc is None:
                     continue
                 for backward in acc.backwards:
                     if _synced_for_you(backward):

@@ -320,8 +320,7 @@ def _steps_only_plain_optimizers(root: Root, clip: Event, setups: list[ReleaseSe
         return False
     released = {last_name(s.optimizer) for s in setups if s.optimizer}
     loop = clip.loops[-1] if clip.loops else None
-    events = root.events_in(loop) if loop is not None else root.events
-    steps = [e for e in events if e.kind is EventKind.STEP and e.target]
+    steps = [e for e in root.events_of(EventKind.STEP, loop) if e.target]
     return bool(steps) and all(last_name(s.target) not in released for s in steps)
 
 
@@ -408,17 +407,16 @@ def _plain_loop(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
         return False
     if any(f.kind is FrameKind.BRANCH for f in frames_inside(step, loop)):
         return False
+    backwards = root.events_of(EventKind.BACKWARD, loop)
+    if len(backwards) != 1 or backwards[0].framework is not None or backwards[0].scaled:
+        return False
+    if len(root.events_of(EventKind.STEP, loop)) != 1:
+        return False
     if accumulation(root, step, loop) is not None:
         return False
     events = root.events_in(loop)
-    backwards = [e for e in events if e.kind is EventKind.BACKWARD]
-    if len(backwards) != 1 or backwards[0].framework is not None or backwards[0].scaled:
-        return False
     if any(e.kind in (EventKind.CLIP, EventKind.UNSCALE, EventKind.SCALER_UPDATE) for e in events):
         return False
     if any(e.kind in (HANDOFF, GRAD_DIVIDE) for e in events) or any(f.accumulation for e in events for f in e.frames):
         return False
-    steps = [e for e in events if e.kind is EventKind.STEP]
-    if len(steps) != 1:
-        return False
-    return any(e.kind is EventKind.ZERO and clears(model, e, step.target) for e in events)
+    return any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop))

@@ -52,17 +52,27 @@ class SchedulerStepsPerMicroBatch(Rule):
     fix = FixKind.SAFE
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        reported: set[int] = set()  # a scheduler step is reported once, for the first optimizer step it outpaces
         for root in model.roots:
+            accelerated: dict[int, bool] = {}
             for step, loop in steps_with_loops(root):
+                scheds = root.events_of(EventKind.SCHED_STEP, loop)
+                if not scheds:
+                    continue
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                events = root.events_in(loop)
-                # accelerate's prepared schedulers skip the micro-batches that do not step
-                if any(e.framework == "accelerate" or e.with_context("accumulate") for e in events):
+                if id(loop) not in accelerated:
+                    # accelerate's prepared schedulers skip the micro-batches that do not step
+                    events = root.events_in(loop)
+                    accelerated[id(loop)] = any(e.framework == "accelerate" or e.with_context("accumulate") for e in events)
+                if accelerated[id(loop)]:
                     continue
-                for sched in events:
-                    if sched.kind is EventKind.SCHED_STEP and not sched.has_args and _every_micro_batch(sched, loop, acc):
+                for sched in scheds:
+                    if id(sched.node) in reported:
+                        continue
+                    if not sched.has_args and _every_micro_batch(sched, loop, acc):
+                        reported.add(id(sched.node))
                         yield Report(
                             sched.node,
                             f"`{sched.target}.step()` runs on every micro-batch but `{step.target}` only steps "

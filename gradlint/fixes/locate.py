@@ -13,7 +13,7 @@ import libcst as cst
 
 from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
-from gradlint.syntax import dotted_name, method_name, positional_args, receiver
+from gradlint.syntax import children, dotted_name, method_name, positional_args, receiver
 
 _cache: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
 
@@ -28,7 +28,7 @@ def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        for child in node.children:
+        for child in children(node):
             table[child] = node
             stack.append(child)
     _cache = (module, table)
@@ -41,7 +41,7 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     while stack:
         current = stack.pop()
         yield current
-        stack.extend(current.children)
+        stack.extend(children(current))
 
 
 def statement_of(module: cst.Module, node: cst.CSTNode) -> Statement | None:
