@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from typing import Union
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gradlint.events import EventKind
 from gradlint.imports import ImportMap
 from gradlint.objects import ObjInfo, ObjKind, kind_from_name, kind_of_constructor, last_name
+from gradlint.positions import Positions
 from gradlint.release import ReleaseInfo, find_release
 from gradlint.syntax import (
     bool_literal,
@@ -186,17 +186,16 @@ class LoopModel:
     objects: dict[str, ObjInfo]
     roots: list[Root]
     uses_cuda_graphs: bool
-    _positions: dict | None = None
+    _positions: Positions | None = None
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """``(line, column, end_line, end_column)`` of a node, 1-based columns, end exclusive.
 
-        Positions are resolved on first use only: most modules have no findings.
+        Positions are resolved on first use only, one top-level statement at a time: most modules have no findings.
         """
         if self._positions is None:
-            wrapper = MetadataWrapper(self.module, unsafe_skip_copy=True)
-            self._positions = wrapper.resolve(PositionProvider)
+            self._positions = Positions(self.module)
         code_range = self._positions[node]
         return (code_range.start.line, code_range.start.column + 1, code_range.end.line, code_range.end.column + 1)
 

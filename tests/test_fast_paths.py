@@ -1,0 +1,126 @@
+"""The shortcuts taken for speed give exactly what LibCST itself gives: children in order, and positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from gradlint.positions import Positions
+from gradlint.syntax import children
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every kind of statement and expression LibCST knows on Python 3.10+, with
+# comments, blank lines and continuation lines in awkward places.
+RICH = '''\
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+"""Module docstring."""
+from __future__ import annotations
+
+import os, sys as system
+from . import sibling
+from ..pkg import (a, b as c,)  # trailing comment
+
+@decorator
+@decorator.attr(arg, *rest, key=value, **more)
+async def function(x, /, y: int = 1, *args, z, w=2, **kwargs) -> "T":
+    global g
+    nonlocal_name = lambda q, *r, s=1, **t: (q, r, s, t)
+    async with open(x) as f, lock:
+        async for item in aiter(f):
+            await item
+    yield from gen()
+    return (yield)
+
+class Klass(Base, metaclass=Meta):
+    attribute: int = 3
+    def method(self):
+        def inner():
+            nonlocal x
+            x = 1
+        try:
+            pass
+        except (ValueError, TypeError) as error:
+            raise RuntimeError("x") from error
+        else:
+            pass
+        finally:
+            del self.x, self[0]
+        # a footer comment in the block
+        try:
+            pass
+        except* OSError:
+            pass
+
+match command.split():
+    case [action, *rest] if rest:
+        pass
+    case {"key": value, **others}:
+        pass
+    case Point(x=0, y=0) | None:
+        pass
+    case _:
+        pass
+
+values = [i ** 2 for i in range(10) if i % 2 if i > 3]
+mapping = {k: v for k, v in zip(a, b)}
+unique = {x async for x in agen()} if flag else set()
+generator = (x for x in y)
+sliced = data[1:2, ::3, ...]
+text = f"{value!r:>{width}} and {other=}" "implicit" 'concat'
+number = -1 + 2j * 3.5e-3 @ matrix // 4 % 5 << 6 >> 7 & 8 | 9 ^ ~10
+condition = a < b <= c != d is not e not in f and not g or h
+(walrus := compute())
+x, *y = z = w
+total += 1; total -= 2
+assert total, "message"
+value = \\
+    continued
+if a:
+    pass
+elif b:
+    pass
+else:
+    pass
+while True:
+    break
+else:
+    pass
+for i in range(3):
+    continue
+with a as (b, c):
+    pass
+'''
+
+
+def _modules():
+    sources = [("rich", RICH), ("rich-crlf", RICH.replace("\n", "\r\n")), ("no-newline", RICH.rstrip("\n"))]
+    for path in sorted((ROOT / "fixtures").rglob("*.py"))[:40]:
+        sources.append((path.name, path.read_text(encoding="utf-8")))
+    for path in sorted((ROOT / "gradlint").rglob("*.py")):
+        sources.append((path.name, path.read_text(encoding="utf-8")))
+    return sources
+
+
+def _nodes(module: cst.Module):
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children)
+
+
+@pytest.mark.parametrize("name,source", _modules(), ids=lambda v: v if len(v) < 40 else "")
+def test_children_and_positions_match_libcst(name, source):
+    module = cst.parse_module(source)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = Positions(module)
+    for node in _nodes(module):
+        real = list(node.children)
+        fast = children(node)
+        assert len(fast) == len(real) and all(a is b for a, b in zip(fast, real)), type(node).__name__
+        assert positions[node] == expected[node], (type(node).__name__, module.code_for_node(node)[:60])
