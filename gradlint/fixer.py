@@ -27,7 +27,7 @@ from gradlint.model import LoopModel, build_model
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.rule import Rule
 from gradlint.rules import ALL_RULES
-from gradlint.source import Source, SourceError, read_source
+from gradlint.source import Source, SourceError, decode, read_bytes
 
 MAX_ROUNDS = 12
 
@@ -156,16 +156,27 @@ def _parse_problem(text: str) -> str | None:
     return None
 
 
+class NotWritten(Exception):
+    """The fixed text was not written, for a reason the message gives in one line; the file is as it was."""
+
+
 def fix_file(path: str, config: Config | None = None, *, unsafe: bool = False, write: bool = True, prefilter: bool = True) -> FixOutcome:
-    """Fix one file; with ``write``, save the result atomically when it changed."""
+    """Fix one file; with ``write``, save the result atomically when it changed.
+
+    The file is written only if it still holds the bytes that were fixed:
+    a file edited meanwhile, or a read-only one, is left alone with an error.
+    """
     try:
-        source = read_source(path)
+        data = read_bytes(path)
+        source = decode(data)
     except SourceError as error:
         return FixOutcome(path, "", "", 0, FileResult(path, error=str(error)))
     outcome = fix_text(source.text, path, config, unsafe=unsafe, prefilter=prefilter)
     if write and outcome.changed:
         try:
-            write_atomic(path, outcome.text, source)
+            write_atomic(path, outcome.text, source, expected=data)
+        except NotWritten as error:
+            return FixOutcome(path, outcome.original, outcome.original, 0, FileResult(path, error=str(error)))
         except (OSError, UnicodeEncodeError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
             return FixOutcome(path, outcome.original, outcome.original, 0, FileResult(path, error=f"cannot write the fixed file: {reason}"))
@@ -188,16 +199,21 @@ def fix_paths(
     return sorted(outcomes, key=lambda o: o.path)
 
 
-def write_atomic(path: str, text: str, source: Source) -> None:
+def write_atomic(path: str, text: str, source: Source, *, expected: bytes | None = None) -> None:
     """Replace the file's content by ``text`` in its own encoding: a temporary file beside it, then a rename.
 
-    The file keeps its permission bits; a symbolic link keeps pointing at the
-    (rewritten) file it pointed at. Line endings are those of ``text``, which
-    keeps the file's own.
+    A reader, or a run that is killed, sees the old bytes or the new ones,
+    never a mix. The file keeps its permission bits; a symbolic link keeps
+    pointing at the (rewritten) file it pointed at. Line endings are those of
+    ``text``, which keeps the file's own. A read-only file raises
+    :class:`NotWritten`, and so does one whose bytes are no longer
+    ``expected`` (it was edited while being fixed): both are left as they are.
     """
     real = os.path.realpath(path)
     data = text.encode(source.encoding)
     mode = stat.S_IMODE(os.stat(real).st_mode)
+    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(real, os.W_OK):
+        raise NotWritten("cannot fix: the file is read-only; left unchanged")
     folder, name = os.path.split(real)
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".gradlint")
     try:
@@ -206,11 +222,21 @@ def write_atomic(path: str, text: str, source: Source) -> None:
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temporary, mode)
+        if expected is not None and _current_bytes(real) != expected:
+            raise NotWritten("changed while being fixed; left as it is now (run again to fix it)")
         os.replace(temporary, real)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _current_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
 
 
 def unified_diff(outcome: FixOutcome) -> str:

@@ -51,6 +51,11 @@ def _decode_or_explain(data: bytes, encoding: str) -> str:
 
 def read_source(path: str) -> Source:
     """Read and decode a file, turning every OS error into a one-line :class:`SourceError`."""
+    return decode(read_bytes(path))
+
+
+def read_bytes(path: str) -> bytes:
+    """A file's bytes, every OS error turned into a one-line :class:`SourceError`."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -62,4 +67,4 @@ def read_source(path: str) -> Source:
         raise SourceError("no such file or directory") from error
     except OSError as error:
         raise SourceError(f"cannot read: {error.strerror or error}") from error
-    return decode(data)
+    return data

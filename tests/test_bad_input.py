@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 import pytest
@@ -179,3 +180,68 @@ def test_internal_error_in_a_rule_is_reported_per_file(tmp_path, monkeypatch):
     assert code == 2
     assert "a.py: internal error in GL001: ValueError: boom" in err
     assert "b.py: internal error in GL001: ValueError: boom" in err
+
+
+def run_fix(tmp_path, *paths):
+    """``gradlint --fix`` in ``tmp_path``; return (exit code, stdout, stderr lines)."""
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        result = CliRunner().invoke(main, ["--fix", *[str(p) for p in paths]])
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.stdout, result.stderr.splitlines()
+
+
+def test_file_changed_while_being_fixed_is_not_overwritten(good, monkeypatch):
+    from gradlint import fixer
+
+    edited = "# edited by someone else meanwhile\n" + TRAINING
+    (good / "busy.py").write_text(TRAINING)
+    real_fix_text = fixer.fix_text
+
+    def fix_text_while_someone_edits(text, path, *args, **kwargs):
+        outcome = real_fix_text(text, path, *args, **kwargs)
+        if path.endswith("busy.py"):
+            (good / "busy.py").write_text(edited)  # the edit lands after reading, before writing
+        return outcome
+
+    monkeypatch.setattr(fixer, "fix_text", fix_text_while_someone_edits)
+    code, out, err = run_fix(good, ".")
+    assert code == 2
+    assert [line for line in err if "busy.py" in line] == [
+        "busy.py: changed while being fixed; left as it is now (run again to fix it)"
+    ]
+    assert (good / "busy.py").read_text() == edited
+    assert "opt.zero_grad()" in (good / "good.py").read_text()  # the other file was fixed
+    assert not [p.name for p in good.iterdir() if p.name.endswith(".gradlint")]  # no temporary left behind
+
+
+def test_read_only_file_under_fix(good):
+    locked = good / "locked.py"
+    locked.write_text(TRAINING)
+    locked.chmod(0o444)
+    try:
+        code, out, err = run_fix(good, ".")
+        assert code == 2
+        assert [line for line in err if "locked.py" in line] == ["locked.py: cannot fix: the file is read-only; left unchanged"]
+        assert locked.read_text() == TRAINING
+        assert stat.S_IMODE(locked.stat().st_mode) == 0o444
+        assert "opt.zero_grad()" in (good / "good.py").read_text()
+    finally:
+        locked.chmod(0o644)
+
+
+def test_read_only_file_can_still_be_checked_and_diffed(tmp_path):
+    locked = tmp_path / "locked.py"
+    locked.write_text(TRAINING)
+    locked.chmod(0o444)
+    try:
+        assert [f.code for f in lint_file(str(locked)).findings] == ["GL001"]
+        from gradlint.fixer import fix_file
+
+        outcome = fix_file(str(locked), write=False)
+        assert outcome.result.error is None and outcome.changed
+        assert locked.read_text() == TRAINING
+    finally:
+        locked.chmod(0o644)
