@@ -36,3 +36,33 @@ def run_command(script: str, steps: int, script_args: tuple[str, ...]) -> None:
         sys.exit(2)
     click.echo(format_report(report))
     sys.exit(1 if report.confirmed else 0)
+
+
+@click.command("measure", context_settings=_CONTEXT)
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=2), help="Optimizer steps per mode.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of memory over one step.")
+@click.option("--fake", is_flag=True, help="Estimate on fake tensors: nothing is allocated.")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def measure_command(script: str, steps: int, plot_path: str | None, fake: bool, script_args: tuple[str, ...]) -> None:
+    """Measure SCRIPT as written, with set_to_none=True and with fused gradient release.
+
+    Prints peak memory with its split, median step time and the largest
+    parameter difference from the as-written run. Arguments after ``--`` go
+    to the script. Exit 2 when a mode could not be measured.
+    """
+    from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot
+    def progress(text: str) -> None:
+        click.echo(f"\r\033[Kgradlint measure: {text}", err=True, nl=False)
+
+    try:
+        results, refused = measure_script(script, script_args, steps, fake, progress)
+    except MeasureError as err:
+        click.echo("", err=True)
+        click.echo(f"gradlint measure: {script}: {err}", err=True)
+        sys.exit(2)
+    click.echo("", err=True)
+    click.echo(format_table(results, fake, refused))
+    if plot_path:
+        plot(results, plot_path)
+        click.echo(f"memory plot written to {plot_path}")

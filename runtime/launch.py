@@ -23,6 +23,7 @@ class Outcome:
 
     how: str
     detail: str = ""
+    exc: BaseException | None = dataclasses.field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -49,6 +50,6 @@ def run_script(path: str, args: Sequence[str] = ()) -> Outcome:
         return Outcome(EXITED, str(exit_.code))
     except Exception as exc:  # the user's script failed: report it, do not crash the tool
         tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        return Outcome(RAISED, "".join(tb[-3:]).rstrip())
+        return Outcome(RAISED, "".join(tb[-3:]).rstrip(), exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path

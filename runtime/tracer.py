@@ -361,7 +361,9 @@ class Tracer:
     def _count_allreduce(self, hook: Any) -> Any:
         tracer = self
 
-        def counting_hook(state: Any, bucket: Any) -> Any:
+        # No annotations: DDP checks a comm hook's signature and accepts only
+        # dist.GradBucket / Future[Tensor] or none at all.
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
             tracer._allreduces += 1
             return hook(state, bucket)
 

@@ -40,3 +40,14 @@ def markers():
 @pytest.fixture
 def fixtures_dir():
     return FIXTURES
+
+
+def pytest_collection_modifyitems(config, items):
+    """``slow`` runtime tests run only when asked for: ``-m slow`` or ``GRADLINT_SLOW=1``."""
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("GRADLINT_SLOW") == "1":
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    skip = pytest.mark.skip(reason="slow: run with -m slow or GRADLINT_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords and str(item.fspath).startswith(here):
+            item.add_marker(skip)
