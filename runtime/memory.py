@@ -9,7 +9,11 @@ the underlying memory). It works on real CPU tensors and under
 
 At the moment of the peak it splits the live bytes into parameters,
 gradients, optimizer state, activations (made outside backward and the
-optimizer step) and temporaries (made inside them).
+optimizer step) and temporaries (made inside them). Categories are kept as
+running totals, so the split costs nothing per op; a storage becomes
+"optimizer state" when the optimizer step that made it returns, so when
+several moments reach the same peak the split of the latest one is kept
+(in a steady loop: a later step, whose state is already known).
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from torch.utils._pytree import tree_flatten
 
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries")
 
-_FORWARD, _BACKWARD, _STEP = "activations", "temporaries", "step temporaries"
+PARAMS, GRADS, STATE, ACTS, TEMPS = CATEGORIES
 
 
 @dataclasses.dataclass
 class _Entry:
     nbytes: int
-    phase: str
-    gradient: bool
+    category: str
     ref: weakref.ref
 
 
@@ -72,8 +75,10 @@ class TensorMemoryMeter(TorchDispatchMode):
         self.timeline: list[tuple[int, int]] | None = [] if timeline else None
         self.marks: list[tuple[int, str]] = []
         self._live: dict[int, _Entry] = {}
+        self._totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self._optimizers: list[weakref.ref] = []
         self._params: dict[int, weakref.ref] = {}
+        self._param_storages: set[int] = set()
         self._in_step = 0
         self._handles: list[Any] = []
 
@@ -94,6 +99,7 @@ class TensorMemoryMeter(TorchDispatchMode):
                 self.watch_optimizer(obj)
                 for t in self._state_tensors(obj):
                     self._add(t)
+                self._classify_state(obj)
             elif isinstance(obj, torch.Tensor):
                 self._add(obj)
         self._check_peak()
@@ -111,6 +117,9 @@ class TensorMemoryMeter(TorchDispatchMode):
         if id(p) in self._params and self._params[id(p)]() is p:
             return
         self._params[id(p)] = weakref.ref(p)
+        for st in _storages(p):
+            self._param_storages.add(id(st))
+            self._reclassify(id(st), PARAMS)
         if p.requires_grad and p.is_leaf:
             # the incoming gradient (before release hooks could free it) and the accumulated one
             self._handles.append(p.register_hook(self._mark_gradient))
@@ -122,9 +131,25 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def _mark_gradient(self, grad: torch.Tensor) -> None:
         for st in _storages(grad):
-            entry = self._live.get(id(st))
-            if entry is not None:
-                entry.gradient = True
+            self._reclassify(id(st), GRADS)
+
+    def _reclassify(self, key: int, category: str) -> None:
+        entry = self._live.get(key)
+        if entry is None or entry.category in (category, PARAMS):
+            return
+        self._totals[entry.category] -= entry.nbytes
+        self._totals[category] += entry.nbytes
+        entry.category = category
+
+    def _classify_state(self, opt: torch.optim.Optimizer) -> None:
+        # Only the state of this optimizer's own parameters: a per-parameter
+        # (gradient release) step looks at one entry, not the whole state.
+        for group in opt.param_groups:
+            for p in group["params"]:
+                for value in opt.state.get(p, {}).values():
+                    if isinstance(value, torch.Tensor):
+                        for st in _storages(value):
+                            self._reclassify(id(st), STATE)
 
     @staticmethod
     def _state_tensors(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
@@ -135,11 +160,9 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     # ------------------------------------------------------------------ counting
     def _phase(self) -> str:
-        if self._in_step:
-            return _STEP
-        if torch._C._current_graph_task_id() != -1:
-            return _BACKWARD
-        return _FORWARD
+        if self._in_step or torch._C._current_graph_task_id() != -1:
+            return TEMPS
+        return ACTS
 
     def _add(self, t: torch.Tensor, gradient: bool = False) -> None:
         for st in _storages(t):
@@ -149,11 +172,15 @@ class TensorMemoryMeter(TorchDispatchMode):
             if entry is not None:
                 if entry.nbytes != nbytes:  # resized in place
                     self.current += nbytes - entry.nbytes
+                    self._totals[entry.category] += nbytes - entry.nbytes
                     entry.nbytes = nbytes
-                entry.gradient |= gradient
+                if gradient:
+                    self._reclassify(key, GRADS)
                 continue
             ref = weakref.ref(st, self._make_finalizer(key))
-            self._live[key] = _Entry(nbytes, self._phase(), gradient, ref)
+            category = PARAMS if key in self._param_storages else GRADS if gradient else self._phase()
+            self._live[key] = _Entry(nbytes, category, ref)
+            self._totals[category] += nbytes
             self.current += nbytes
 
     def _make_finalizer(self, key: int):
@@ -161,44 +188,20 @@ class TensorMemoryMeter(TorchDispatchMode):
             entry = self._live.pop(key, None)
             if entry is not None:
                 self.current -= entry.nbytes
+                self._totals[entry.category] -= entry.nbytes
 
         return finalize
 
     def _check_peak(self) -> None:
         if self.timeline is not None:
             self.timeline.append((self.ops, self.current))
-        if self.current > self.peak:
+        if self.current >= self.peak:
             self.peak = self.current
-            self.peak_split = self.split()
+            self.peak_split = dict(self._totals)
 
     def split(self) -> dict[str, int]:
         """The live bytes right now, by category."""
-        params, grads, state = set(), set(), set()
-        for ref in self._params.values():
-            p = ref()
-            if p is None:
-                continue
-            params.update(id(s) for s in _storages(p))
-            if p.grad is not None:
-                grads.update(id(s) for s in _storages(p.grad))
-        for ref in self._optimizers:
-            opt = ref()
-            if opt is not None:
-                for t in self._state_tensors(opt):
-                    state.update(id(s) for s in _storages(t))
-        out = dict.fromkeys(CATEGORIES, 0)
-        for key, entry in self._live.items():
-            if key in params:
-                out["parameters"] += entry.nbytes
-            elif key in grads or entry.gradient:
-                out["gradients"] += entry.nbytes
-            elif key in state:
-                out["optimizer state"] += entry.nbytes
-            elif entry.phase == _FORWARD:
-                out["activations"] += entry.nbytes
-            else:
-                out["temporaries"] += entry.nbytes
-        return out
+        return dict(self._totals)
 
     def mark(self, label: str) -> None:
         """Remember an op index (a step boundary) for plots."""
@@ -225,6 +228,7 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._in_step -= 1
+        self._classify_state(opt)
 
     def __enter__(self) -> "TensorMemoryMeter":
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
