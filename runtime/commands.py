@@ -52,6 +52,7 @@ def measure_command(script: str, steps: int, plot_path: str | None, fake: bool, 
     to the script. Exit 2 when a mode could not be measured.
     """
     from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot
+
     def progress(text: str) -> None:
         click.echo(f"\r\033[Kgradlint measure: {text}", err=True, nl=False)
 

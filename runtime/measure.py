@@ -289,7 +289,8 @@ def plot(results: list[ModeResult], path: str) -> None:
         if not r.curve:
             continue
         n = max(op for op, _ in r.curve) or 1
-        ax.plot([op / n for op, _ in r.curve], [b / 2**20 for _, b in r.curve], label=f"{r.mode} (peak {human_bytes(r.memory.peak)})")
+        label = f"{r.mode} (peak {human_bytes(r.memory.peak)})"
+        ax.plot([op / n for op, _ in r.curve], [b / 2**20 for _, b in r.curve], label=label)
     ax.set_xlabel("progress through one training step (ops)")
     ax.set_ylabel("live tensor memory (MiB)")
     ax.set_title("memory over one step")

@@ -198,7 +198,11 @@ def gl005(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
     for e in events:
         if e.kind is EventKind.ZERO and e.facts.get("set_to_none") is False:
             found.append(
-                Violation("GL005", f"zero_grad(set_to_none=False) at line {e.site.line} kept the gradient buffers", frozenset({_site(e)}))
+                Violation(
+                    "GL005",
+                    f"zero_grad(set_to_none=False) at line {e.site.line} kept the gradient buffers",
+                    frozenset({_site(e)}),
+                )
             )
     for e in events:
         if e.kind is EventKind.BACKWARD:

@@ -43,7 +43,8 @@ def test_gl302_confirmed_without_no_sync_and_refuted_with_it(fixtures_dir):
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     for rank in ("0", "1"):
-        assert f"rank {rank} run_ddp_accumulation.py GL302 confirmed: step 1 of SGD#0 paid all-reduces on 4 of its 4 backwards" in out
+        confirmed = f"rank {rank} run_ddp_accumulation.py GL302 confirmed: step 1 of SGD#0 paid all-reduces on 4 of its 4"
+        assert confirmed in out
         assert f"rank {rank} run_ddp_no_sync.py synced=[0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1" in out
         assert f"rank {rank} run_ddp_no_sync.py synced=[0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1] violations={{}}" in out
 
