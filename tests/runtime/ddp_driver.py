@@ -1,4 +1,4 @@
-"""Launched by torchrun from test_distributed.py: judge DDP fixtures against their markers on every rank."""
+"""Launched by torchrun from test_distributed.py: judge a DDP fixture against its markers on every rank."""
 
 import os
 import sys

@@ -30,22 +30,33 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=180)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both workers
-        out, err = proc.communicate()
+        # SIGTERM lets torchrun stop its workers (they run in their own sessions)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
         pytest.fail(f"torchrun did not finish in 180 s:\n{out}\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def test_gl302_confirmed_without_no_sync_and_refuted_with_it(fixtures_dir):
-    acc = os.path.join(fixtures_dir, "run_ddp_accumulation.py")
-    nosync = os.path.join(fixtures_dir, "run_ddp_no_sync.py")
-    proc = _torchrun(os.path.join(HERE, "ddp_driver.py"), acc, nosync)
+def test_gl302_confirmed_without_no_sync(fixtures_dir):
+    # one script per launch: re-initialising a process group inside one torchrun launch can race
+    proc = _torchrun(os.path.join(HERE, "ddp_driver.py"), os.path.join(fixtures_dir, "run_ddp_accumulation.py"))
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     for rank in ("0", "1"):
         confirmed = f"rank {rank} run_ddp_accumulation.py GL302 confirmed: step 1 of SGD#0 paid all-reduces on 4 of its 4"
         assert confirmed in out
-        assert f"rank {rank} run_ddp_no_sync.py synced=[0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1" in out
+        assert f"rank {rank} run_ddp_accumulation.py synced=[1, 1, 1, 1," in out
+
+
+def test_no_sync_synchronises_once_per_step(fixtures_dir):
+    proc = _torchrun(os.path.join(HERE, "ddp_driver.py"), os.path.join(fixtures_dir, "run_ddp_no_sync.py"))
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    for rank in ("0", "1"):
         assert f"rank {rank} run_ddp_no_sync.py synced=[0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1] violations={{}}" in out
 
 
