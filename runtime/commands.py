@@ -13,6 +13,15 @@ import click
 _CONTEXT = {"ignore_unknown_options": True}
 
 
+def _require_torch(command: str) -> None:
+    """Stop with one clear line when torch (the runtime extra) is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        click.echo(f"gradlint {command}: needs torch: pip install torch, then pip install 'gradlint[runtime]'", err=True)
+        sys.exit(2)
+
+
 @click.command("run", context_settings=_CONTEXT)
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), help="Optimizer steps to run.")
@@ -23,6 +32,7 @@ def run_command(script: str, steps: int, script_args: tuple[str, ...]) -> None:
     Arguments after ``--`` go to the script. Exit 1 when a finding is confirmed,
     0 otherwise, 2 when the script could not be judged.
     """
+    _require_torch("run")
     from gradlint.runtime.run import RunError, format_report, run_and_judge, static_findings
 
     try:
@@ -51,6 +61,7 @@ def measure_command(script: str, steps: int, plot_path: str | None, fake: bool, 
     parameter difference from the as-written run. Arguments after ``--`` go
     to the script. Exit 2 when a mode could not be measured.
     """
+    _require_torch("measure")
     from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot
 
     def progress(text: str) -> None:

@@ -14,6 +14,8 @@ from gradlint.runtime.predicates import evaluate
 from gradlint.runtime.run import RunError, run_and_judge, trace_script
 from gradlint.runtime.verdicts import CONFIRMED, NOT_REACHED, REFUTED
 
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fixtures")
+
 BUGGY = {
     "run_missing_zero_grad.py": "GL001",
     "run_zero_between_backward_and_step.py": "GL002",
@@ -146,3 +148,15 @@ def test_real_static_linter_agrees_with_markers(fixtures_dir, markers):
         path = os.path.join(fixtures_dir, name)
         report = run_and_judge(path, linter.lint_file(path).findings)
         assert not report.confirmed, name
+
+
+FIXED_TWINS = sorted(name for name in BUGGY if os.path.exists(os.path.join(FIXTURES, "fixed", name)))
+
+
+@pytest.mark.parametrize("name", FIXED_TWINS)
+def test_fixed_twin_of_a_buggy_script_shows_no_violation(name):
+    """What ``gradlint --fix`` produces is right when it runs, not only when it is read."""
+    tracer, outcome = trace_script(os.path.join(FIXTURES, "fixed", name))
+    assert outcome.ok and tracer.steps == 5
+    for code, (violations, checked) in evaluate(tracer.events).items():
+        assert violations == [], (code, violations)
