@@ -30,11 +30,20 @@ class Outcome:
         return self.how in (FINISHED, STOPPED) or (self.how == EXITED and self.detail in ("0", "None"))
 
 
+def _one_line(exc: BaseException, script: str) -> str:
+    """``RuntimeError: message (at train.py:12)``: the exception and the script line it came through."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = next((f for f in reversed(frames) if f.filename == script), frames[-1] if frames else None)
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return f"{text} (at {os.path.basename(where.filename)}:{where.lineno})" if where else text
+
+
 def run_script(path: str, args: Sequence[str] = ()) -> Outcome:
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` and the script's folder on ``sys.path``.
 
     :class:`StopTraining` ends the run as ``stopped``; ``sys.exit`` as ``exited``;
-    any other exception as ``raised`` with its last traceback lines. ``sys.argv``
+    any other exception as ``raised``, summed up in one line. ``sys.argv``
     and ``sys.path`` are restored afterwards.
     """
     path = os.path.abspath(path)
@@ -49,7 +58,6 @@ def run_script(path: str, args: Sequence[str] = ()) -> Outcome:
     except SystemExit as exit_:
         return Outcome(EXITED, str(exit_.code))
     except Exception as exc:  # the user's script failed: report it, do not crash the tool
-        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
-        return Outcome(RAISED, "".join(tb[-3:]).rstrip(), exc)
+        return Outcome(RAISED, _one_line(exc, path), exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path

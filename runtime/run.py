@@ -52,7 +52,7 @@ def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = 
     tracer, outcome = trace_script(path, args, steps)
     if not outcome.ok:
         if outcome.how == RAISED:
-            raise RunError(f"the script raised before gradlint could judge it:\n{outcome.detail}")
+            raise RunError(f"the script raised {outcome.detail} after {tracer.steps} optimizer steps")
         raise RunError(f"the script called sys.exit({outcome.detail}) after {tracer.steps} optimizer steps")
     if tracer.steps == 0:
         backwards = sum(1 for e in tracer.events if e.kind is EventKind.BACKWARD)

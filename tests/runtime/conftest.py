@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 
 import pytest
 
@@ -13,6 +14,7 @@ if importlib.util.find_spec("torch") is None:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "fixtures")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # torch_state.py, shared by the tests here
 MARKER = re.compile(r"#\s*expect:\s*(GL\d{3})")
 
 
@@ -43,8 +45,8 @@ def fixtures_dir():
 
 
 def pytest_collection_modifyitems(config, items):
-    """``slow`` runtime tests run only when asked for: ``-m slow`` or ``GRADLINT_SLOW=1``."""
-    if "slow" in (config.getoption("-m") or "") or os.environ.get("GRADLINT_SLOW") == "1":
+    """``slow`` runtime tests run in CI (``CI=true``) and when asked for: ``-m slow`` or ``GRADLINT_SLOW=1``."""
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("GRADLINT_SLOW") == "1" or os.environ.get("CI") == "true":
         return
     here = os.path.dirname(os.path.abspath(__file__))
     skip = pytest.mark.skip(reason="slow: run with -m slow or GRADLINT_SLOW=1")

@@ -7,36 +7,13 @@ from torch import nn
 
 from gradlint.events import EventKind
 from gradlint.runtime.tracer import StopTraining, Tracer, loss_factor
-
-
-def _train(steps=6, accum=2, use_scaler=True):
-    """A loop that touches every traced entry point: clear, scaled backward, unscale, clip, step, update, schedule."""
-    torch.manual_seed(1)
-    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    opt2 = torch.optim.AdamW(model[2].parameters(), lr=1e-3, foreach=False)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    scaler = torch.amp.GradScaler("cpu", enabled=use_scaler)
-    data = torch.randn(steps * accum, 4, 6)
-    for i in range(steps * accum):
-        loss = model(data[i]).pow(2).mean() / accum
-        scaler.scale(loss).backward()
-        if (i + 1) % accum == 0:
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
-            scaler.step(opt)
-            scaler.update()
-            opt2.step()
-            sched.step()
-            opt.zero_grad(set_to_none=(i % 4 == 1))
-            model.zero_grad()
-    return [p.detach().clone() for p in model.parameters()]
+from torch_state import torch_patch_points, train_everything
 
 
 def test_tracing_leaves_parameters_bitwise_equal():
-    plain = _train()
+    plain = train_everything()
     with Tracer() as tracer:
-        traced = _train()
+        traced = train_everything()
     assert len(plain) == len(traced)
     for a, b in zip(plain, traced):
         assert torch.equal(a, b)
@@ -44,49 +21,25 @@ def test_tracing_leaves_parameters_bitwise_equal():
     assert kinds == set(EventKind)
 
 
-def _snapshot():
-    from torch.amp.grad_scaler import GradScaler
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.nn.utils import clip_grad
-    from torch.optim import lr_scheduler, optimizer
-
-    return {
-        "Tensor.backward": torch.Tensor.__dict__["backward"],
-        "autograd.backward": torch.autograd.backward,
-        "Optimizer.zero_grad": optimizer.Optimizer.__dict__["zero_grad"],
-        "Optimizer.__init__": optimizer.Optimizer.__dict__["__init__"],
-        "Module.zero_grad": nn.Module.__dict__["zero_grad"],
-        "clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
-        "clip_grad.clip_grad_norm_": clip_grad.clip_grad_norm_,
-        "clip_grad_value_": torch.nn.utils.clip_grad_value_,
-        "GradScaler": {k: GradScaler.__dict__[k] for k in ("scale", "unscale_", "step", "update")},
-        "LRScheduler.step": lr_scheduler.LRScheduler.__dict__["step"],
-        "ReduceLROnPlateau.step": lr_scheduler.ReduceLROnPlateau.__dict__["step"],
-        "DDP": (DDP.__dict__["forward"], DDP.__dict__["register_comm_hook"]),
-        "pre_hooks": dict(optimizer._global_optimizer_pre_hooks),
-        "post_hooks": dict(optimizer._global_optimizer_post_hooks),
-    }
-
-
 def test_every_patch_is_restored_and_torch_behaves_as_before():
-    before_state = _snapshot()
-    before = _train()
+    before_state = torch_patch_points()
+    before = train_everything()
     model = nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built before tracing: watched, then released
     with Tracer():
-        during_state = _snapshot()
+        during_state = torch_patch_points()
         model(torch.randn(2, 3)).sum().backward()
         opt.step()
     assert during_state != before_state
-    assert _snapshot() == before_state
+    assert torch_patch_points() == before_state
     assert not model.weight._post_accumulate_grad_hooks
-    after = _train()
+    after = train_everything()
     for a, b in zip(before, after):
         assert torch.equal(a, b)
 
 
 def test_restored_even_when_the_loop_is_stopped():
-    before_state = _snapshot()
+    before_state = torch_patch_points()
     tracer = Tracer(max_steps=2)
     steps = 0
     try:
@@ -101,7 +54,7 @@ def test_restored_even_when_the_loop_is_stopped():
     except StopTraining:
         pass
     assert steps == 2 and tracer.steps == 2
-    assert _snapshot() == before_state
+    assert torch_patch_points() == before_state
 
 
 def test_facts_stale_gradients_and_touched_optimizers():
