@@ -19,6 +19,7 @@ from gradlint.fixer import fix_paths, unified_diff
 from gradlint.linter import lint_paths
 from gradlint.output import all_findings, format_errors, format_json, format_text, summary
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
+from gradlint.runtime.commands import measure_command, run_command
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
@@ -135,6 +136,10 @@ def rules_command() -> None:
         default = "" if rule.enabled_by_default else " (off unless selected)"
         click.echo(f"{rule.code}  {rule.name:<40} {rule.severity.value:<8} fix: {fix:<7} {rule.summary}{default}")
 
+
+# The runtime commands import torch only when they run.
+main.add_command(run_command)
+main.add_command(measure_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

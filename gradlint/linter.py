@@ -73,16 +73,20 @@ def _run_rule(rule_class: type[Rule], model: LoopModel, path: str) -> list[Findi
 
 def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tuple[Finding, Report]]:
     """One rule's findings on a model, each with the report (and so the fix) it came from."""
-    results = []
-    seen: set[int] = set()
+    # An event inlined into several roots is reported once; the report whose fix
+    # applies wins (a copy inlined through a call cannot be edited in place).
+    chosen: dict[int, tuple[Report, bool]] = {}
     for report in rule_class().check(model):
-        if id(report.node) in seen:  # an event inlined into several loops is reported once
-            continue
-        seen.add(id(report.node))
+        applies = report.fix is not None and report.fix.edits() is not None
+        previous = chosen.get(id(report.node))
+        if previous is None or (applies and not previous[1]):
+            chosen[id(report.node)] = (report, applies)
+    results = []
+    for report, applies in chosen.values():
         line, column, end_line, end_column = model.position(report.node)
         finding = Finding(
-            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message, rule_class.severity,
-            rule_class.fix if report.fix is not None and report.fix.edits() is not None else None,
+            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message,
+            rule_class.severity, rule_class.fix if applies else None,
         )
         results.append((finding, report))
     return results

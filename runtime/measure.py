@@ -1,0 +1,300 @@
+"""``gradlint measure``: run a loop as written, with ``set_to_none=True`` and with gradient release.
+
+Each mode runs the user's script from the top under a :class:`TensorMemoryMeter`
+(or the CUDA allocator's peak on a GPU), stops it after the same number of
+optimizer steps, and keeps the peak with its split, the time between
+consecutive ``step()`` calls, the parameters at the end and the memory curve of
+the last step. The RNGs are seeded identically before every mode, so the
+parameter difference between modes measures the modes, not the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import random
+import statistics
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gradlint.runtime._patching import Patcher
+from gradlint.runtime.launch import Outcome, run_script
+from gradlint.runtime.memory import CATEGORIES, CudaPeakMeter, MemoryReport, TensorMemoryMeter
+from gradlint.runtime.release import GradientRelease, ReleaseUnsupported
+from gradlint.runtime.tracer import StopTraining
+
+AS_WRITTEN = "as written"
+SET_TO_NONE = "set_to_none=True"
+RELEASE = "gradient release"
+MODES = (AS_WRITTEN, SET_TO_NONE, RELEASE)
+SEED = 0
+
+
+class MeasureError(Exception):
+    """A mode could not be measured (the script failed or never stepped)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclasses.dataclass
+class ModeResult:
+    """What one mode measured."""
+
+    mode: str
+    steps: int
+    memory: MemoryReport
+    step_times: list[float]
+    params: list[torch.Tensor] | None
+    curve: list[tuple[int, int]]
+    outcome: Outcome
+    allocator_peak: int | None = None
+
+    @property
+    def median_step_time(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+def _seed() -> None:
+    torch.manual_seed(SEED)
+    random.seed(SEED)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(SEED)
+
+
+class _ModeRun:
+    """The patches that turn the user's script into one mode of the measurement."""
+
+    def __init__(self, mode: str, steps: int, meter: TensorMemoryMeter, on_step: Callable[[int], None]) -> None:
+        self.mode, self.steps, self.meter, self.on_step = mode, steps, meter, on_step
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.releases: list[GradientRelease] = []
+        self.times: list[float] = []
+        self.count = 0
+        self.patcher = Patcher()
+
+    def _user_step(self) -> None:
+        self.count += 1
+        self.times.append(time.perf_counter())
+        self.meter.mark(f"step {self.count}")
+        self.on_step(self.count)
+        if self.count >= self.steps:
+            raise StopTraining(f"stopped after {self.count} optimizer steps")
+
+    def _post_step_hook(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if any(opt is o for o in self.optimizers):
+            self._user_step()
+
+    def _wrap_init(self, original: Callable) -> Callable:
+        run = self
+
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            original(opt, *args, **kwargs)
+            run.optimizers.append(opt)
+            run.meter.watch_optimizer(opt)
+            if run.mode == RELEASE:
+                release = GradientRelease(opt)
+                release.step_callbacks.append(run._user_step)
+                run.releases.append(release)
+
+        return __init__
+
+    @staticmethod
+    def _force_set_to_none(original: Callable) -> Callable:
+        def zero_grad(obj: Any, set_to_none: bool = True) -> None:
+            return original(obj, set_to_none=True)
+
+        return zero_grad
+
+    def __enter__(self) -> "_ModeRun":
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
+
+        p = self.patcher
+        p.set(Optimizer, "__init__", self._wrap_init(Optimizer.__init__))
+        p.keep(register_optimizer_step_post_hook(self._post_step_hook))
+        if self.mode == SET_TO_NONE:
+            p.set(Optimizer, "zero_grad", self._force_set_to_none(Optimizer.zero_grad))
+            p.set(torch.nn.Module, "zero_grad", self._force_set_to_none(torch.nn.Module.zero_grad))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for release in self.releases:
+            release.remove()
+        self.patcher.restore()
+
+    def final_params(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
+
+
+def measure_mode(
+    path: str,
+    mode: str,
+    args: Sequence[str] = (),
+    steps: int = 5,
+    fake: bool = False,
+    on_step: Callable[[int], None] = lambda n: None,
+) -> ModeResult:
+    """Run the script once in ``mode`` and measure it."""
+    from gradlint.runtime.fake import fake_tensors
+
+    gc.collect()
+    _seed()
+    meter = TensorMemoryMeter(timeline=True)
+    outer = fake_tensors() if fake else contextlib.nullcontext()
+    cuda = None if fake or not torch.cuda.is_available() else CudaPeakMeter()
+    with outer:
+        run = _ModeRun(mode, steps, meter, on_step)
+        with run, (cuda or contextlib.nullcontext()), meter:
+            outcome = run_script(path, args)
+        params = None if fake else run.final_params()
+    if not outcome.ok:
+        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc)
+    if run.count == 0:
+        raise MeasureError(f"{mode}: no optimizer step ran: the script has no training loop gradlint can follow")
+    return ModeResult(
+        mode,
+        run.count,
+        meter.report(),
+        [b - a for a, b in zip(run.times, run.times[1:])],
+        params,
+        _last_step_curve(meter),
+        outcome,
+        cuda.peak if cuda else None,
+    )
+
+
+def _last_step_curve(meter: TensorMemoryMeter) -> list[tuple[int, int]]:
+    timeline = meter.timeline or []
+    if len(meter.marks) >= 2:
+        start, end = meter.marks[-2][0], meter.marks[-1][0]
+    elif meter.marks:
+        start, end = 0, meter.marks[-1][0]
+    else:
+        return timeline
+    return [(op - start, live) for op, live in timeline if start < op <= end]
+
+
+def measure_script(
+    path: str,
+    args: Sequence[str] = (),
+    steps: int = 5,
+    fake: bool = False,
+    progress: Callable[[str], None] = lambda s: None,
+) -> tuple[list[ModeResult], str | None]:
+    """All three modes, in order; see :func:`measure_mode`.
+
+    Returns the results and, when the loop cannot run with gradient release
+    (a GradScaler, clipping, accumulation), the reason instead of that mode.
+    """
+    results: list[ModeResult] = []
+    for i, mode in enumerate(MODES, 1):
+        label = f"mode {i}/{len(MODES)} ({mode})"
+        progress(f"{label}: starting")
+        try:
+            results.append(
+                measure_mode(path, mode, args, steps, fake, on_step=lambda n, label=label: progress(f"{label}: step {n}/{steps}"))
+            )
+        except MeasureError as err:
+            if mode == RELEASE and isinstance(err.cause, ReleaseUnsupported):
+                return results, str(err.cause)
+            raise
+    return results, None
+
+
+def max_param_difference(a: ModeResult, b: ModeResult) -> float | None:
+    """Largest absolute parameter difference between two modes (``None`` on fake tensors)."""
+    if a.params is None or b.params is None:
+        return None
+    if len(a.params) != len(b.params) or a.steps != b.steps:
+        return float("nan")
+    diffs = [float((x.double() - y.double()).abs().max()) if x.numel() else 0.0 for x, y in zip(a.params, b.params)]
+    return max(diffs, default=0.0)
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.50 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def format_table(results: list[ModeResult], fake: bool = False, release_refused: str | None = None) -> str:
+    """The table ``gradlint measure`` prints, with a plain verdict on gradient release."""
+    short = {"optimizer state": "opt state"}
+    headers = ["mode", "peak", *[short.get(c, c) for c in CATEGORIES], "step time", "max |Δparam|"]
+    cuda = any(r.allocator_peak is not None for r in results)
+    if cuda:
+        headers.insert(2, "CUDA allocator peak")
+    rows = []
+    base = results[0]
+    for r in results:
+        t = r.median_step_time
+        diff = max_param_difference(base, r)
+        row = [
+                r.mode,
+                human_bytes(r.memory.peak),
+                *[human_bytes(r.memory.split.get(c, 0)) for c in CATEGORIES],
+                "-" if fake or t is None else f"{t * 1000:.1f} ms",
+                "-" if diff is None else f"{diff:.3g}",
+        ]
+        if cuda:
+            row.insert(2, "-" if r.allocator_peak is None else human_bytes(r.allocator_peak))
+        rows.append(row)
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"peak split at the moment of the peak; {base.steps} optimizer steps per mode"
+                 + ("; fake tensors: nothing was allocated, no times or values" if fake
+                    else "; step time is the median between step() calls, measured under the memory meter"))
+    if release_refused:
+        lines.append(f"gradient release: not applicable to this loop: {release_refused}")
+    else:
+        lines.append(release_verdict(results))
+    return "\n".join(lines)
+
+
+def release_verdict(results: list[ModeResult]) -> str:
+    """One sentence on whether gradient release lowers the peak here."""
+    by_mode = {r.mode: r for r in results}
+    plain, release = by_mode.get(AS_WRITTEN), by_mode.get(RELEASE)
+    if plain is None or release is None:
+        return ""
+    delta = plain.memory.peak - release.memory.peak
+    if delta > 0:
+        return f"gradient release lowers the peak by {human_bytes(delta)} ({delta / plain.memory.peak:.0%}) in this loop."
+    return (
+        f"gradient release does NOT lower the peak in this loop ({human_bytes(-delta)} higher): the peak is set by "
+        f"{max(release.memory.split, key=lambda c: release.memory.split[c])}, not by gradients."
+    )
+
+
+def plot(results: list[ModeResult], path: str) -> None:
+    """Write a PNG of live memory over the last measured step of each mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in results:
+        if not r.curve:
+            continue
+        n = max(op for op, _ in r.curve) or 1
+        label = f"{r.mode} (peak {human_bytes(r.memory.peak)})"
+        ax.plot([op / n for op, _ in r.curve], [b / 2**20 for _, b in r.curve], label=label)
+    ax.set_xlabel("progress through one training step (ops)")
+    ax.set_ylabel("live tensor memory (MiB)")
+    ax.set_title("memory over one step")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

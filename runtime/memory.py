@@ -1,0 +1,272 @@
+"""Memory meters: the CUDA allocator's peak on a GPU, an exact tensor-level meter everywhere else.
+
+:class:`TensorMemoryMeter` is a ``TorchDispatchMode``: every storage an op
+returns is counted once (deduplicated by storage identity, so views and
+in-place results cost nothing) and subtracted when the storage dies (a weakref
+callback on the ``UntypedStorage``, which torch keeps alive exactly as long as
+the underlying memory). It works on real CPU tensors and under
+``FakeTensorMode`` alike, and it never reads process RSS.
+
+At the moment of the peak it splits the live bytes into parameters,
+gradients, optimizer state, activations (made outside backward and the
+optimizer step) and temporaries (made inside them). Categories are kept as
+running totals, so the split costs nothing per op; a storage becomes
+"optimizer state" when the optimizer step that made it returns, so when
+several moments reach the same peak the split of the latest one is kept
+(in a steady loop: a later step, whose state is already known).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries")
+
+PARAMS, GRADS, STATE, ACTS, TEMPS = CATEGORIES
+
+
+@dataclasses.dataclass
+class _Entry:
+    nbytes: int
+    category: str
+    ref: weakref.ref
+
+
+@dataclasses.dataclass
+class MemoryReport:
+    """Peak bytes and their split at the moment of the peak."""
+
+    peak: int
+    split: dict[str, int]
+    current: int
+
+    def share(self, category: str) -> float:
+        return self.split.get(category, 0) / self.peak if self.peak else 0.0
+
+
+def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    try:
+        return [t.untyped_storage()]
+    except (RuntimeError, NotImplementedError):  # sparse, nested, exotic subclasses
+        return []
+
+
+class TensorMemoryMeter(TorchDispatchMode):
+    """Exact live-tensor bytes over time, with the peak and its split.
+
+    Parameters and optimizer state are recognised through the modules and
+    optimizers given to :meth:`track` or :meth:`watch_optimizer` (optimizers
+    stepped while the meter is on are picked up by the global step hooks).
+    ``timeline=True`` keeps ``(op index, live bytes)`` after every op.
+    """
+
+    def __init__(self, timeline: bool = False) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self.peak_split: dict[str, int] = {}
+        self.ops = 0
+        self.timeline: list[tuple[int, int]] | None = [] if timeline else None
+        self.marks: list[tuple[int, str]] = []
+        self._live: dict[int, _Entry] = {}
+        self._totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self._optimizers: list[weakref.ref] = []
+        self._params: dict[int, weakref.ref] = {}
+        self._param_storages: set[int] = set()
+        self._in_step = 0
+        self._handles: list[Any] = []
+
+    # ------------------------------------------------------------------ what is what
+    def track(self, *objects: Any) -> None:
+        """Count tensors made before the meter started: modules (parameters, buffers, gradients), optimizers, tensors."""
+        flat, _ = tree_flatten(objects)
+        for obj in flat:
+            if isinstance(obj, torch.nn.Module):
+                for p in obj.parameters():
+                    self._watch_param(p)
+                    self._add(p)
+                    if p.grad is not None:
+                        self._add(p.grad, gradient=True)
+                for b in obj.buffers():
+                    self._add(b)
+            elif isinstance(obj, torch.optim.Optimizer):
+                self.watch_optimizer(obj)
+                for t in self._state_tensors(obj):
+                    self._add(t)
+                self._classify_state(obj)
+            elif isinstance(obj, torch.Tensor):
+                self._add(obj)
+        self._check_peak()
+
+    def watch_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        """Recognise ``opt``'s parameters, gradients and state from now on."""
+        if any(r() is opt for r in self._optimizers):
+            return
+        self._optimizers.append(weakref.ref(opt))
+        for group in opt.param_groups:
+            for p in group["params"]:
+                self._watch_param(p)
+
+    def _watch_param(self, p: torch.Tensor) -> None:
+        if id(p) in self._params and self._params[id(p)]() is p:
+            return
+        self._params[id(p)] = weakref.ref(p)
+        for st in _storages(p):
+            self._param_storages.add(id(st))
+            self._reclassify(id(st), PARAMS)
+        if p.requires_grad and p.is_leaf:
+            # the incoming gradient (before release hooks could free it) and the accumulated one
+            self._handles.append(p.register_hook(self._mark_gradient))
+            self._handles.append(p.register_post_accumulate_grad_hook(self._mark_accumulated))
+
+    def _mark_accumulated(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self._mark_gradient(p.grad)
+
+    def _mark_gradient(self, grad: torch.Tensor) -> None:
+        for st in _storages(grad):
+            self._reclassify(id(st), GRADS)
+
+    def _reclassify(self, key: int, category: str) -> None:
+        entry = self._live.get(key)
+        if entry is None or entry.category in (category, PARAMS):
+            return
+        self._totals[entry.category] -= entry.nbytes
+        self._totals[category] += entry.nbytes
+        entry.category = category
+
+    def _classify_state(self, opt: torch.optim.Optimizer) -> None:
+        # Only the state of this optimizer's own parameters: a per-parameter
+        # (gradient release) step looks at one entry, not the whole state.
+        for group in opt.param_groups:
+            for p in group["params"]:
+                for value in opt.state.get(p, {}).values():
+                    if isinstance(value, torch.Tensor):
+                        for st in _storages(value):
+                            self._reclassify(id(st), STATE)
+
+    @staticmethod
+    def _state_tensors(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+        for state in opt.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    yield value
+
+    # ------------------------------------------------------------------ counting
+    def _phase(self) -> str:
+        if self._in_step or torch._C._current_graph_task_id() != -1:
+            return TEMPS
+        return ACTS
+
+    def _add(self, t: torch.Tensor, gradient: bool = False) -> None:
+        for st in _storages(t):
+            key = id(st)
+            entry = self._live.get(key)
+            nbytes = st.nbytes()
+            if entry is not None:
+                if entry.nbytes != nbytes:  # resized in place
+                    self.current += nbytes - entry.nbytes
+                    self._totals[entry.category] += nbytes - entry.nbytes
+                    entry.nbytes = nbytes
+                if gradient:
+                    self._reclassify(key, GRADS)
+                continue
+            ref = weakref.ref(st, self._make_finalizer(key))
+            category = PARAMS if key in self._param_storages else GRADS if gradient else self._phase()
+            self._live[key] = _Entry(nbytes, category, ref)
+            self._totals[category] += nbytes
+            self.current += nbytes
+
+    def _make_finalizer(self, key: int):
+        def finalize(_ref: weakref.ref) -> None:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self.current -= entry.nbytes
+                self._totals[entry.category] -= entry.nbytes
+
+        return finalize
+
+    def _check_peak(self) -> None:
+        if self.timeline is not None:
+            self.timeline.append((self.ops, self.current))
+        if self.current >= self.peak:
+            self.peak = self.current
+            self.peak_split = dict(self._totals)
+
+    def split(self) -> dict[str, int]:
+        """The live bytes right now, by category."""
+        return dict(self._totals)
+
+    def mark(self, label: str) -> None:
+        """Remember an op index (a step boundary) for plots."""
+        self.marks.append((self.ops, label))
+
+    def report(self) -> MemoryReport:
+        """Peak, its split and the current live bytes."""
+        return MemoryReport(self.peak, dict(self.peak_split), self.current)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        self._check_peak()
+        return out
+
+    # ------------------------------------------------------------------ install
+    def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.watch_optimizer(opt)
+        self._in_step += 1
+
+    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._in_step -= 1
+        self._classify_state(opt)
+
+    def __enter__(self) -> "TensorMemoryMeter":
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._pre_step))
+        self._handles.append(register_optimizer_step_post_hook(self._post_step))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+
+
+class CudaPeakMeter:
+    """The CUDA caching allocator's peak over a block: ``max_memory_allocated`` after a reset.
+
+    Only meaningful on a GPU; the split into categories is not available from
+    the allocator, so :meth:`report` gives the total only.
+    """
+
+    def __init__(self, device: torch.device | int | None = None) -> None:
+        self.device = device
+        self.peak = 0
+        self.start = 0
+
+    def __enter__(self) -> "CudaPeakMeter":
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.start = torch.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.cuda.synchronize(self.device)
+        self.peak = torch.cuda.max_memory_allocated(self.device)
+
+    def report(self) -> MemoryReport:
+        return MemoryReport(self.peak, {}, torch.cuda.memory_allocated(self.device))

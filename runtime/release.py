@@ -1,0 +1,241 @@
+"""Fused gradient release for any ``torch.optim`` optimizer.
+
+Each parameter is stepped from its ``register_post_accumulate_grad_hook`` the
+moment its gradient is complete, and the gradient is freed right after, so at
+most one parameter's gradient is alive at a time instead of all of them.
+
+The user's optimizer object stays the one that matters: its ``step()`` and
+``zero_grad()`` become no-ops, its ``state`` holds the per-parameter state (so
+``state_dict``/``load_state_dict`` work unchanged), and every per-parameter
+step reads ``lr`` and the other hyper-parameters from its *live*
+``param_groups``, so an LR scheduler attached to it keeps working. (A wrapper
+that gave the scheduler its own copy of the groups would silently train at the
+initial learning rate.)
+
+What cannot work with gradients that no longer exist after backward is refused
+with :class:`ReleaseUnsupported`: a ``GradScaler`` (it must see every gradient
+before any step to skip steps on inf/NaN), gradient accumulation (each backward
+already stepped), and gradient clipping (there is no whole gradient to clip).
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from gradlint.runtime._patching import Patcher
+
+_MISSING = object()
+_ACTIVE: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer -> GradientRelease
+_RELEASED_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> GradientRelease
+_guards: Patcher | None = None
+
+
+class ReleaseUnsupported(RuntimeError):
+    """Gradient release cannot do what the training loop asks for."""
+
+
+class GradientRelease:
+    """Turn ``optimizer`` into per-parameter steps run during backward.
+
+    Use as a context manager or call :meth:`remove` to restore the optimizer.
+    Bitwise equal to the plain loop when the optimizer's per-tensor kernel is
+    used (``foreach=False``, the CPU default, or ``fused=True``).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ReleaseUnsupported("LBFGS re-evaluates the loss inside step(); it cannot step one parameter at a time")
+        if optimizer in _ACTIVE:
+            raise ReleaseUnsupported("gradient release is already enabled on this optimizer")
+        self.optimizer = optimizer
+        self.step_callbacks: list[Callable[[], None]] = []
+        self._subs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._stepped: collections.Counter[int] = collections.Counter()
+        self._step_calls = 0
+        self._group_index: dict[int, int] = {}
+        self._groups_key: tuple[int, int] | None = None
+        self._handles = []
+        self._saved_attrs = {name: optimizer.__dict__.get(name, _MISSING) for name in ("step", "zero_grad")}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p in _RELEASED_PARAMS:
+                    raise ReleaseUnsupported("a parameter is already released by another optimizer")
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._step_param))
+                    _RELEASED_PARAMS[p] = self
+        optimizer.step = types.MethodType(_released_step, optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = types.MethodType(_released_zero_grad, optimizer)  # type: ignore[method-assign]
+        if not _ACTIVE:
+            _install_guards()
+        _ACTIVE[optimizer] = self
+
+    # ------------------------------------------------------------------ per-parameter step
+    def _group_of(self, p: torch.Tensor) -> dict[str, Any]:
+        groups = self.optimizer.param_groups
+        key = (id(groups), len(groups))
+        if key != self._groups_key:  # load_state_dict or add_param_group replaced the groups
+            self._group_index = {id(q): i for i, g in enumerate(groups) for q in g["params"]}
+            self._groups_key = key
+        return groups[self._group_index[id(p)]]
+
+    def _sub_optimizer(self, p: torch.Tensor) -> torch.optim.Optimizer:
+        sub = self._subs.get(p)
+        if sub is None:
+            opt = self.optimizer
+            # A same-class optimizer over one parameter, sharing everything but the
+            # groups and the step hooks; built lazily, once the user's constructor
+            # has finished setting its attributes.
+            sub = object.__new__(type(opt))
+            skip = {"step", "zero_grad", "param_groups", "state"}
+            sub.__dict__.update({k: v for k, v in opt.__dict__.items() if k not in skip})
+            sub._optimizer_step_pre_hooks = collections.OrderedDict()
+            sub._optimizer_step_post_hooks = collections.OrderedDict()
+            sub.param_groups = [{"params": [p]}]
+            self._subs[p] = sub
+        return sub
+
+    def _step_param(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        if self._step_calls and self._stepped[id(p)]:
+            raise ReleaseUnsupported(
+                "gradient accumulation cannot be combined with gradient release: a second backward reached a "
+                "parameter before optimizer.step(); each backward already stepped and freed its gradient"
+            )
+        live = self._group_of(p)
+        sub = self._sub_optimizer(p)
+        group = sub.param_groups[0]
+        for k, v in live.items():
+            if k != "params":
+                group[k] = v
+        sub.state = self.optimizer.state  # re-read: load_state_dict replaces the dict
+        sub.step()
+        for k, v in group.items():
+            if k != "params" and live.get(k, _MISSING) is not v:
+                live[k] = v
+        p.grad = None
+        self._stepped[id(p)] += 1
+
+    def _on_user_step(self) -> None:
+        accumulated = bool(self._stepped) and max(self._stepped.values()) > 1
+        self._stepped.clear()
+        if accumulated:
+            raise ReleaseUnsupported(
+                "gradient accumulation cannot be combined with gradient release: several backwards ran before "
+                "optimizer.step(), and each of them already stepped the parameters"
+            )
+        self._step_calls += 1
+        for callback in self.step_callbacks:
+            callback()
+
+    # ------------------------------------------------------------------ undo
+    def remove(self) -> None:
+        """Give the optimizer its own ``step``/``zero_grad`` back and drop the hooks."""
+        if _ACTIVE.get(self.optimizer) is not self:
+            return
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for p in [p for p, r in _RELEASED_PARAMS.items() if r is self]:
+            del _RELEASED_PARAMS[p]
+        for name, value in self._saved_attrs.items():
+            if value is _MISSING:
+                self.optimizer.__dict__.pop(name, None)
+            else:
+                setattr(self.optimizer, name, value)
+        del _ACTIVE[self.optimizer]
+        if not _ACTIVE:
+            _remove_guards()
+
+    def __enter__(self) -> "GradientRelease":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def enable_gradient_release(optimizer: torch.optim.Optimizer) -> GradientRelease:
+    """Switch ``optimizer`` to fused gradient release; returns the handle whose ``remove()`` undoes it."""
+    return GradientRelease(optimizer)
+
+
+def _released_step(optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    """``step()`` of a released optimizer: the steps already ran during backward."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    optimizer._opt_called = True  # type: ignore[attr-defined]  # keeps LRScheduler's order check quiet
+    _ACTIVE[optimizer]._on_user_step()
+    return loss
+
+
+# LRScheduler warns when ``optimizer.step`` lacks this mark (it thinks the step
+# was overridden after the scheduler was built); the no-op step keeps the order
+# bookkeeping through ``_opt_called`` itself.
+_released_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+
+
+def _released_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    """``zero_grad()`` of a released optimizer: gradients are already freed."""
+
+
+# ---------------------------------------------------------------------- refusals
+def _refuse_scaler(original: Callable) -> Callable:
+    def guarded(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        if optimizer in _ACTIVE:
+            raise ReleaseUnsupported(
+                "a GradScaler cannot be used with gradient release: it must check every gradient for inf/NaN "
+                "before any parameter steps; use bf16 autocast without a scaler"
+            )
+        return original(scaler, optimizer, *args, **kwargs)
+
+    return guarded
+
+
+def _refuse_clip(original: Callable) -> Callable:
+    def guarded(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if any(p in _RELEASED_PARAMS for p in params):
+            raise ReleaseUnsupported(
+                "gradient clipping cannot be combined with gradient release: each gradient is stepped and freed "
+                "as soon as it exists, so there is no whole gradient to clip"
+            )
+        return original(params, *args, **kwargs)
+
+    return guarded
+
+
+def _install_guards() -> None:
+    global _guards
+    from torch.amp.grad_scaler import GradScaler
+    from torch.nn.utils import clip_grad
+
+    _guards = Patcher()
+    _guards.wrap(GradScaler, "unscale_", _refuse_scaler)
+    _guards.wrap(GradScaler, "step", _refuse_scaler)
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        guarded = _refuse_clip(getattr(clip_grad, name))
+        for owner in (clip_grad, torch.nn.utils):
+            _guards.set(owner, name, guarded)
+
+
+def _remove_guards() -> None:
+    global _guards
+    if _guards is not None:
+        _guards.restore()
+        _guards = None
+
+
+def released(params: Iterable[torch.Tensor]) -> bool:
+    """Whether any of ``params`` is stepped by gradient release right now."""
+    return any(p in _RELEASED_PARAMS for p in params)

@@ -1,0 +1,117 @@
+"""``gradlint run``: trace a script for a few steps and judge the static findings on what happened."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+from gradlint.events import EventKind
+from gradlint.findings import Finding
+from gradlint.runtime.launch import RAISED, Outcome, run_script
+from gradlint.runtime.predicates import Violation
+from gradlint.runtime.tracer import Event, Tracer
+from gradlint.runtime.verdicts import CONFIRMED, Verdict, judge, unreported
+
+
+class RunError(Exception):
+    """The script could not be judged (it raised, exited, or never stepped an optimizer)."""
+
+
+@dataclasses.dataclass
+class RunReport:
+    """Everything ``gradlint run`` prints."""
+
+    path: str
+    outcome: Outcome
+    events: list[Event]
+    executed: set[tuple[str, int]]
+    steps: int
+    verdicts: list[Verdict]
+    unreported: list[Violation]
+
+    @property
+    def confirmed(self) -> bool:
+        return any(v.status == CONFIRMED for v in self.verdicts)
+
+
+def trace_script(path: str, args: Sequence[str] = (), steps: int = 5) -> tuple[Tracer, Outcome]:
+    """Run ``path`` under a :class:`Tracer` that stops it after ``steps`` optimizer steps."""
+    path = os.path.abspath(path)
+    tracer = Tracer(max_steps=steps, line_files=[path])
+    with tracer:
+        outcome = run_script(path, args)
+    return tracer, outcome
+
+
+def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = (), steps: int = 5) -> RunReport:
+    """Trace the script and confront ``findings`` with the trace.
+
+    Raises :class:`RunError` when the script fails or no optimizer step ran.
+    """
+    tracer, outcome = trace_script(path, args, steps)
+    if not outcome.ok:
+        if outcome.how == RAISED:
+            raise RunError(f"the script raised {outcome.detail} after {tracer.steps} optimizer steps")
+        raise RunError(f"the script called sys.exit({outcome.detail}) after {tracer.steps} optimizer steps")
+    if tracer.steps == 0:
+        backwards = sum(1 for e in tracer.events if e.kind is EventKind.BACKWARD)
+        if backwards:
+            raise RunError(f"the script ran {backwards} backwards but never stepped a torch.optim optimizer")
+        raise RunError("no optimizer step ran: the script has no training loop gradlint can follow")
+    verdicts = judge(findings, tracer.events, tracer.executed)
+    return RunReport(
+        os.path.abspath(path),
+        outcome,
+        tracer.events,
+        tracer.executed,
+        tracer.steps,
+        verdicts,
+        unreported(findings, tracer.events),
+    )
+
+
+def format_events(events: list[Event], max_steps: int = 3) -> list[str]:
+    """The event sequence grouped by optimizer step, for the first ``max_steps`` steps."""
+    lines, current, step = [], [], 0
+    for e in events:
+        current.append(e)
+        if e.kind is EventKind.STEP:
+            step += 1
+            if step <= max_steps:
+                lines.append(f"  step {step}:")
+                lines.extend(f"    {x.describe()}" for x in current)
+            current = []
+    if current and step < max_steps:
+        lines.append(f"  after step {step}:")
+        lines.extend(f"    {x.describe()}" for x in current)
+    return lines
+
+
+def format_report(report: RunReport, show_steps: int = 3) -> str:
+    """The text ``gradlint run`` prints."""
+    name = os.path.basename(report.path)
+    out = [f"gradlint run {name}: {report.steps} optimizer steps ({report.outcome.how})", "observed events:"]
+    out += format_events(report.events, show_steps)
+    if report.verdicts:
+        out.append("static findings:")
+        for v in report.verdicts:
+            out.append(f"  {name}:{v.finding.line}: {v.finding.code} {v.status}: {v.evidence}")
+    else:
+        out.append("static findings: none")
+    if report.unreported:
+        out.append("observed at runtime without a static finding:")
+        out += [f"  {v.code}: {v.evidence}" for v in report.unreported]
+    return "\n".join(out)
+
+
+def static_findings(path: str) -> list[Finding] | None:
+    """The static linter's findings for ``path``; ``None`` when the linter is not installed."""
+    try:
+        from gradlint.linter import lint_file
+    except ImportError:
+        return None
+    result = lint_file(path)
+    if result.error:
+        raise RunError(f"the static linter could not check {path}: {result.error}")
+    return list(result.findings)

@@ -1,0 +1,471 @@
+"""Record, from a live run, the events the static loop model talks about.
+
+The tracer patches the few torch entry points that clear, backpropagate, step,
+unscale, clip or schedule, and registers PyTorch's own hooks where they exist
+(the global optimizer step pre-hook, ``register_post_accumulate_grad_hook``,
+DDP's communication hook). Each event carries the user's file and line and the
+facts that the source cannot show: whether the gradients were already non-zero
+when a backward started, which optimizers a backward reached, the constant the
+loss was multiplied by at the root of its autograd graph, how many all-reduces
+a backward paid.
+
+Tracing only reads: parameters, gradients and optimizer state evolve exactly
+as without it, and leaving the ``with`` block restores every patched function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import inspect
+import sys
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from gradlint.events import EventKind
+from gradlint.runtime._patching import Patcher
+from gradlint.runtime.sites import Site, user_site
+
+
+class StopTraining(BaseException):
+    """Raised from the optimizer step hook once the step budget is spent.
+
+    A ``BaseException`` so that a script's ``except Exception`` does not swallow it.
+    """
+
+
+@dataclasses.dataclass
+class Event:
+    """One observed event: what happened, where in the user's code, and what was seen."""
+
+    index: int
+    kind: EventKind
+    site: Site
+    target: str | None = None
+    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> str:
+        """A short human form, e.g. ``ZERO(SGD#0, set_to_none=False) @ train.py:12``."""
+        parts = [self.target] if self.target else []
+        for key, value in self.facts.items():
+            if key in _SHOWN_FACTS and value not in (None, False):
+                parts.append(f"{key}={_short(value)}")
+        inner = f"({', '.join(parts)})" if parts else ""
+        return f"{self.kind.value}{inner} @ {self.site}"
+
+
+_SHOWN_FACTS = {"set_to_none", "scaled", "factor", "via_scaler", "skipped", "synced", "fn"}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def grad_state(params: Iterable[torch.Tensor]) -> str:
+    """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``."""
+    allocated = False
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        allocated = True
+        values = g._values() if g.is_sparse else g
+        if bool(values.any()):
+            return "dirty"
+    return "zero" if allocated else "none"
+
+
+_SCALE_NODES = {"MulBackward0", "DivBackward0"}
+_PASS_THROUGH_NODES = {"CloneBackward0", "AliasBackward0"}
+
+
+def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
+    """The constant the loss was multiplied by at the root of its graph (``loss / 4`` gives 0.25).
+
+    Walks down a chain of ``Mul``/``Div`` nodes whose other operand is a constant
+    scalar (a Python number or a tensor that does not require grad). With
+    ``skip_first_scale`` the first such node (a GradScaler's multiplication) is
+    not counted.
+    """
+    factor = 1.0
+    node = loss.grad_fn
+    skipped = not skip_first_scale
+    while node is not None:
+        name = type(node).__name__
+        nexts = node.next_functions
+        if name in _PASS_THROUGH_NODES and nexts:
+            node = nexts[0][0]
+            continue
+        if name not in _SCALE_NODES or len(nexts) != 2:
+            break
+        if nexts[1][0] is None:
+            const, node_next = getattr(node, "_saved_other", None), nexts[0][0]
+        elif name == "MulBackward0" and nexts[0][0] is None:
+            const, node_next = getattr(node, "_saved_self", None), nexts[1][0]
+        else:
+            break
+        if not isinstance(const, torch.Tensor) or const.numel() != 1:
+            break
+        value = float(const)
+        if not skipped:
+            skipped = True
+        elif name == "MulBackward0":
+            factor *= value
+        else:
+            factor /= value
+        node = node_next
+    return factor
+
+
+def _set_to_none(function: Any, args: tuple, kwargs: dict) -> bool:
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:
+        return True
+    bound.apply_defaults()
+    return bool(bound.arguments.get("set_to_none", True))
+
+
+class Tracer:
+    """Context manager that records :class:`Event` s while a training loop runs.
+
+    ``max_steps``: raise :class:`StopTraining` when optimizer step number
+    ``max_steps + 1`` is about to run, so exactly ``max_steps`` steps happen and
+    everything between the last step and the next one is still seen.
+    ``line_files``: record which lines of these files executed (for "not reached").
+    """
+
+    def __init__(self, max_steps: int | None = None, line_files: Iterable[str] = ()) -> None:
+        self.max_steps = max_steps
+        self.events: list[Event] = []
+        self.steps = 0
+        self.executed: set[tuple[str, int]] = set()
+        self._line_files = frozenset(line_files)
+        self._patcher = Patcher()
+        self._labels: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._label_counts: dict[str, int] = {}
+        self._watched: dict[int, weakref.ref] = {}
+        self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._scaled: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._ddp_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._touched: set[int] = set()
+        self._allreduces = 0
+        self._depth = 0
+        self._scaler_in_step: str | None = None
+        self._previous_trace: Any = None
+        self.active = False
+
+    # ---------------------------------------------------------------- labels
+    def label(self, obj: Any) -> str:
+        """A stable short name for an optimizer, scaler or scheduler: ``SGD#0``."""
+        name = self._labels.get(obj)
+        if name is None:
+            kind = type(obj).__name__
+            n = self._label_counts.get(kind, 0)
+            self._label_counts[kind] = n + 1
+            name = f"{kind}#{n}"
+            self._labels[obj] = name
+        return name
+
+    def watch(self, optimizer: torch.optim.Optimizer) -> str:
+        """Start following an optimizer's parameters and return its label.
+
+        Optimizers created while tracing are watched automatically; labels are
+        handed out in order of first appearance in the trace.
+        """
+        self._follow(optimizer)
+        return self.label(optimizer)
+
+    def _follow(self, optimizer: torch.optim.Optimizer) -> None:
+        key = id(optimizer)
+        ref = self._watched.get(key)
+        if ref is not None and ref() is optimizer:
+            return
+        self._watched[key] = weakref.ref(optimizer)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                owners = self._param_owners.get(p)
+                if owners is None:
+                    owners = self._param_owners[p] = set()
+                    if p.requires_grad and p.is_leaf:
+                        self._patcher.keep(p.register_post_accumulate_grad_hook(self._on_grad_accumulated))
+                owners.add(key)
+
+    def _live_optimizers(self) -> dict[int, torch.optim.Optimizer]:
+        live = {}
+        for key, ref in self._watched.items():
+            opt = ref()
+            if opt is not None:
+                live[key] = opt
+        return live
+
+    @staticmethod
+    def _params(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+        for group in opt.param_groups:
+            yield from group["params"]
+
+    # ---------------------------------------------------------------- record
+    def _record(self, kind: EventKind, target: str | None = None, **facts: Any) -> Event:
+        event = Event(len(self.events), kind, user_site(), target, facts)
+        self.events.append(event)
+        return event
+
+    def _on_grad_accumulated(self, param: torch.Tensor) -> None:
+        owners = self._param_owners.get(param)
+        if owners:
+            self._touched.update(owners)
+
+    # ---------------------------------------------------------------- hooks and patches
+    def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        name = self.watch(opt)
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopTraining(f"stopped after {self.steps} optimizer steps")
+        self.steps += 1
+        self._record(
+            EventKind.STEP,
+            name,
+            via_scaler=self._scaler_in_step,
+            grads=grad_state(self._params(opt)),
+        )
+
+    def _wrap_backward(self, original: Any) -> Any:
+        tracer = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if tracer._depth:
+                return original(*args, **kwargs)
+            first = args[0] if args else next(iter(kwargs.values()), None)
+            loss = first[0] if isinstance(first, (list, tuple)) and first else first
+            scaler = tracer._scaled.get(loss) if isinstance(loss, torch.Tensor) else None
+            live = tracer._live_optimizers()
+            before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
+            factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
+            event = tracer._record(EventKind.BACKWARD, None, scaled=scaler, factor=factor)
+            tracer._touched = set()
+            tracer._allreduces = 0
+            tracer._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracer._depth -= 1
+                touched = [live[k] for k in tracer._touched if k in live]
+                event.facts["touched"] = sorted(tracer.label(opt) for opt in touched)
+                event.facts["before"] = {tracer.label(opt): before[id(opt)] for opt in touched}
+                event.facts["synced"] = tracer._allreduces
+
+        return backward
+
+    def _wrap_zero(self, original: Any, via: str) -> Any:
+        tracer = self
+
+        def zero_grad(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracer._depth:
+                set_to_none = _set_to_none(original, (obj, *args), kwargs)
+                if via == "optimizer":
+                    targets = [tracer.watch(obj)]
+                else:
+                    params = {id(p) for p in obj.parameters()}
+                    targets = sorted(
+                        tracer.label(opt)
+                        for opt in tracer._live_optimizers().values()
+                        if any(id(p) in params for p in tracer._params(opt))
+                    )
+                tracer._record(EventKind.ZERO, ",".join(targets) or None, set_to_none=set_to_none, via=via, targets=targets)
+            return original(obj, *args, **kwargs)
+
+        return zero_grad
+
+    def _wrap_plain(self, original: Any, kind: EventKind, target_of: Any = None, **static_facts: Any) -> Any:
+        """Record ``kind`` once per outermost call; nested calls (library internals) pass through."""
+        tracer = self
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if tracer._depth:
+                return original(*args, **kwargs)
+            target = target_of(*args) if target_of else None
+            if target is not False:
+                tracer._record(kind, target, **static_facts)
+            tracer._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracer._depth -= 1
+
+        return wrapper
+
+    def _wrap_scale(self, original: Any) -> Any:
+        tracer = self
+
+        def scale(scaler: Any, outputs: Any) -> Any:
+            result = original(scaler, outputs)
+            if isinstance(result, torch.Tensor) and result is not outputs:
+                tracer._scaled[result] = tracer.label(scaler)
+            return result
+
+        return scale
+
+    def _wrap_scaler_step(self, original: Any) -> Any:
+        tracer = self
+
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            name = tracer.label(scaler)
+            steps_before = tracer.steps
+            tracer._scaler_in_step = name
+            tracer._depth += 1
+            try:
+                result = original(scaler, optimizer, *args, **kwargs)
+            finally:
+                tracer._depth -= 1
+                tracer._scaler_in_step = None
+            if tracer.steps == steps_before:
+                # inf/NaN found: the scaler skipped the optimizer step.
+                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped")
+            return result
+
+        return step
+
+    def _wrap_sched_step(self, original: Any) -> Any:
+        tracer = self
+
+        def step(sched: Any, *args: Any, **kwargs: Any) -> Any:
+            if tracer._depth or getattr(sched, "_is_initial", False):
+                return original(sched, *args, **kwargs)
+            opt = getattr(sched, "optimizer", None)
+            tracer._record(
+                EventKind.SCHED_STEP,
+                tracer.label(sched),
+                optimizer=tracer.watch(opt) if isinstance(opt, torch.optim.Optimizer) else None,
+            )
+            tracer._depth += 1
+            try:
+                return original(sched, *args, **kwargs)
+            finally:
+                tracer._depth -= 1
+
+        return step
+
+    def _wrap_optimizer_init(self, original: Any) -> Any:
+        tracer = self
+
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            original(opt, *args, **kwargs)
+            tracer._follow(opt)
+
+        return __init__
+
+    def _count_allreduce(self, hook: Any) -> Any:
+        tracer = self
+
+        # No annotations: DDP checks a comm hook's signature and accepts only
+        # dist.GradBucket / Future[Tensor] or none at all.
+        def counting_hook(state, bucket):  # type: ignore[no-untyped-def]
+            tracer._allreduces += 1
+            return hook(state, bucket)
+
+        return counting_hook
+
+    def _patch_ddp(self) -> None:
+        if not torch.distributed.is_available():
+            return
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        tracer = self
+        register = DDP.register_comm_hook
+        forward = DDP.forward
+
+        def register_comm_hook(ddp: Any, state: Any, hook: Any) -> None:
+            tracer._ddp_hooked[ddp] = True
+            return register(ddp, state, tracer._count_allreduce(hook))
+
+        def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if ddp not in tracer._ddp_hooked:
+                # The stock all-reduce hook, wrapped to count: DDP documents it as
+                # behaving like no hook at all.
+                register_comm_hook(ddp, ddp.process_group, allreduce_hook)
+            return forward(ddp, *args, **kwargs)
+
+        self._patcher.set(DDP, "register_comm_hook", register_comm_hook)
+        self._patcher.set(DDP, "forward", ddp_forward)
+
+    def _line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename in self._line_files:
+            return self._local_line_tracer
+        return None
+
+    def _local_line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            self.executed.add((frame.f_code.co_filename, frame.f_lineno))
+        return self._local_line_tracer
+
+    # ---------------------------------------------------------------- install
+    def __enter__(self) -> "Tracer":
+        from torch.amp.grad_scaler import GradScaler
+        from torch.nn.utils import clip_grad as clip_module
+        from torch.optim import lr_scheduler
+        from torch.optim.optimizer import (
+            Optimizer,
+            register_optimizer_step_pre_hook,
+        )
+
+        if self.active:
+            raise RuntimeError("a Tracer cannot be entered twice")
+        p = self._patcher
+        p.set(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        p.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
+        p.set(Optimizer, "zero_grad", self._wrap_zero(Optimizer.zero_grad, "optimizer"))
+        p.set(torch.nn.Module, "zero_grad", self._wrap_zero(torch.nn.Module.zero_grad, "module"))
+        p.set(Optimizer, "__init__", self._wrap_optimizer_init(Optimizer.__init__))
+        p.keep(register_optimizer_step_pre_hook(self._on_step))
+
+        for fn_name in ("clip_grad_norm_", "clip_grad_value_"):
+            wrapped = self._wrap_plain(getattr(clip_module, fn_name), EventKind.CLIP, fn=fn_name)
+            for owner in (clip_module, torch.nn.utils):
+                p.set(owner, fn_name, wrapped)
+
+        p.set(GradScaler, "scale", self._wrap_scale(GradScaler.scale))
+        p.set(
+            GradScaler,
+            "unscale_",
+            self._wrap_plain(GradScaler.unscale_, EventKind.UNSCALE, target_of=lambda s, o, *a: self.watch(o)),
+        )
+        p.set(GradScaler, "step", self._wrap_scaler_step(GradScaler.step))
+        p.set(
+            GradScaler,
+            "update",
+            self._wrap_plain(GradScaler.update, EventKind.SCALER_UPDATE, target_of=lambda s, *a: self.label(s)),
+        )
+        for cls in _scheduler_classes(lr_scheduler.LRScheduler):
+            p.set(cls, "step", self._wrap_sched_step(cls.__dict__["step"]))
+        self._patch_ddp()
+
+        for obj in gc.get_objects():  # optimizers built before tracing started
+            if issubclass(type(obj), Optimizer):
+                self._follow(obj)
+        if self._line_files:
+            self._previous_trace = sys.gettrace()
+            sys.settrace(self._line_tracer)
+        self.active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._line_files:
+            sys.settrace(self._previous_trace)
+        self._patcher.restore()
+        self.active = False
+
+
+def _scheduler_classes(base: type) -> list[type]:
+    """``base`` and every loaded subclass that defines its own ``step``."""
+    found, todo = [], [base]
+    while todo:
+        cls = todo.pop()
+        if "step" in cls.__dict__ and cls not in found:
+            found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found

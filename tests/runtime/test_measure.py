@@ -1,0 +1,86 @@
+"""`gradlint measure`: three modes, exact fake estimates, plain verdicts."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from gradlint.runtime.commands import measure_command
+from gradlint.runtime.measure import AS_WRITTEN, MODES, RELEASE, SET_TO_NONE, max_param_difference, measure_script
+
+TINY_LM = ["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "64", "--vocab", "64", "--seq", "8", "--batch", "2"]
+
+
+def _by_mode(results):
+    return {r.mode: r for r in results}
+
+
+def test_three_modes_on_a_small_transformer_and_fake_reproduces_them_to_the_byte(fixtures_dir):
+    script = os.path.join(fixtures_dir, "run_llm_shaped.py")
+    real, refused = measure_script(script, TINY_LM, steps=3)
+    fake, refused_fake = measure_script(script, TINY_LM, steps=3, fake=True)
+    assert refused is None and refused_fake is None
+    assert [r.mode for r in real] == list(MODES) == [r.mode for r in fake]
+    for r, f in zip(real, fake):
+        assert r.steps == f.steps == 3
+        assert f.memory.peak == r.memory.peak, r.mode
+        assert f.memory.split == r.memory.split, r.mode
+        assert f.params is None
+    base = real[0]
+    for r in real:
+        assert max_param_difference(base, r) == 0.0  # AdamW's per-tensor kernel: release is bitwise equal
+        assert len(r.step_times) == 2 and all(t > 0 for t in r.step_times)
+        assert r.curve and max(b for _, b in r.curve) <= r.memory.peak
+
+
+def test_release_lowers_the_peak_of_a_parameter_heavy_loop(fixtures_dir):
+    results, refused = measure_script(os.path.join(fixtures_dir, "run_wide_mlp.py"), steps=3)
+    modes = _by_mode(results)
+    plain, release = modes[AS_WRITTEN].memory, modes[RELEASE].memory
+    assert refused is None
+    assert release.peak < plain.peak
+    assert release.split["gradients"] < plain.split["gradients"]
+    # at most the largest gradient (512 x 512 floats) is alive at release's peak
+    assert release.split["gradients"] <= 512 * 512 * 4
+    assert modes[SET_TO_NONE].memory.peak <= plain.peak
+    assert max_param_difference(modes[AS_WRITTEN], modes[RELEASE]) == 0.0
+
+
+def test_cli_prints_the_table_and_writes_the_plot(fixtures_dir, tmp_path):
+    png = tmp_path / "mem.png"
+    result = CliRunner().invoke(
+        measure_command, [os.path.join(fixtures_dir, "run_llm_shaped.py"), "--steps", "2", "--plot", str(png), "--", *TINY_LM]
+    )
+    assert result.exit_code == 0, result.output
+    assert "peak" in result.output and "gradient release" in result.output and "set_to_none=True" in result.output
+    assert "does NOT lower the peak" in result.output or "lowers the peak by" in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_release_refusal_is_reported_not_fatal(fixtures_dir):
+    results, refused = measure_script(os.path.join(fixtures_dir, "run_clean_accumulation.py"), steps=2)
+    assert [r.mode for r in results] == [AS_WRITTEN, SET_TO_NONE]
+    assert "gradient release" in refused or "accumulation" in refused or "clipping" in refused
+
+
+def test_cli_exit_2_on_a_failing_script(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import torch\nraise RuntimeError('no data')\n")
+    result = CliRunner().invoke(measure_command, [str(script)])
+    assert result.exit_code == 2
+    assert "no data" in result.output
+
+
+@pytest.mark.slow
+def test_fake_7b_shaped_model_completes_with_a_plausible_size(fixtures_dir):
+    args = ["--blocks", "32", "--width", "4096", "--heads", "32", "--vocab", "32000", "--seq", "256", "--batch", "1"]
+    results, refused = measure_script(os.path.join(fixtures_dir, "run_llm_shaped.py"), args, steps=2, fake=True)
+    assert refused is None
+    plain = _by_mode(results)[AS_WRITTEN].memory
+    n_params = plain.split["parameters"] / 4
+    assert 6.5e9 < n_params < 7.0e9
+    # fp32 AdamW: parameters + gradients + two moments is 16 bytes per parameter, before activations
+    assert plain.peak >= 16 * n_params
+    assert _by_mode(results)[RELEASE].memory.split["gradients"] < plain.split["gradients"]

@@ -1,0 +1,97 @@
+"""The CPU tensor meter agrees to the byte with PyTorch's MemTracker and with itself on fake tensors."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from gradlint.runtime.fake import fake_tensors
+from gradlint.runtime.memory import CATEGORIES, TensorMemoryMeter
+
+
+def _setup(kind):
+    torch.manual_seed(0)
+    if kind == "mlp-adamw":
+        model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    else:
+        model = nn.Sequential(nn.Linear(64, 128), nn.LayerNorm(128), nn.Dropout(0.1), nn.ReLU(), nn.Linear(128, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    return model, opt, x, y
+
+
+def _loop(model, opt, x, y, steps=3, before_step=lambda: None):
+    for _ in range(steps):
+        before_step()
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("kind", ["mlp-adamw", "norm-dropout-sgd"])
+def test_peak_agrees_to_the_byte_with_memtracker(kind):
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model, opt, x, y = _setup(kind)
+    tracker = MemTracker()
+    tracker.track_external(model, opt, x, y)
+    with tracker:
+        _loop(model, opt, x, y, before_step=tracker.reset_mod_stats)
+    expected = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    model, opt, x, y = _setup(kind)
+    meter = TensorMemoryMeter()
+    meter.track(model, opt, x, y)
+    with meter:
+        _loop(model, opt, x, y)
+    report = meter.report()
+    assert report.peak == expected
+    assert sum(report.split.values()) == report.peak
+    n_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert report.split["parameters"] == n_param_bytes
+
+
+def test_split_at_the_peak_is_what_the_optimizer_holds():
+    model, opt, x, y = _setup("mlp-adamw")
+    meter = TensorMemoryMeter()
+    meter.track(model, opt, x, y)
+    with meter:
+        _loop(model, opt, x, y)
+    split = meter.report().split
+    param_bytes = sum(p.numel() * 4 for p in model.parameters())
+    assert set(split) == set(CATEGORIES)
+    assert split["gradients"] == param_bytes  # AdamW peaks inside step(): all gradients alive
+    assert split["optimizer state"] == 2 * param_bytes + 4 * len(list(model.parameters()))  # exp_avg, exp_avg_sq, step
+    assert split["temporaries"] > 0
+
+
+def test_freed_tensors_are_subtracted():
+    meter = TensorMemoryMeter()
+    with meter:
+        a = torch.ones(1000)
+        b = a[10:20]  # a view: no new storage
+        c = torch.ones(500)
+        assert meter.current == 6000
+        del a, b
+        assert meter.current == 2000
+        del c
+    assert meter.current == 0 and meter.peak == 6000
+
+
+@pytest.mark.parametrize("kind", ["mlp-adamw", "norm-dropout-sgd"])
+def test_fake_tensors_reproduce_the_real_peak(kind):
+    peaks = []
+    for fake in (False, True):
+        with fake_tensors() if fake else contextlib.nullcontext():
+            meter = TensorMemoryMeter()
+            with meter:
+                model, opt, x, y = _setup(kind)
+                _loop(model, opt, x, y)
+        peaks.append(meter.report())
+    real, fake = peaks
+    assert fake.peak == real.peak
+    assert fake.split == real.split

@@ -1,0 +1,159 @@
+"""Fused gradient release: bitwise equal to the plain loop, schedulers work, unsupported set-ups are refused."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from gradlint.runtime.release import GradientRelease, ReleaseUnsupported, enable_gradient_release
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+    "adam-default": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+}
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 2))
+
+
+def _train(make_opt, release, steps=7, scheduler=False, model=None, opt=None, start=0):
+    model = model or _model()
+    opt = opt or make_opt(model.parameters())
+    handle = enable_gradient_release(opt) if release else None
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3) if scheduler else None
+    gen = torch.Generator().manual_seed(1)
+    data = torch.randn(20, 8, 5, generator=gen)
+    for i in range(start, start + steps):
+        opt.zero_grad()
+        loss = model(data[i]).square().mean()
+        loss.backward()
+        if release:
+            assert all(p.grad is None for p in model.parameters())
+        opt.step()
+        if sched:
+            sched.step()
+    if handle:
+        handle.remove()
+    return model, opt
+
+
+@pytest.mark.parametrize("scheduler", [False, True], ids=["no-sched", "steplr"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_release_is_bitwise_equal_to_the_plain_loop(name, scheduler):
+    plain, _ = _train(OPTIMIZERS[name], release=False, scheduler=scheduler)
+    fused, _ = _train(OPTIMIZERS[name], release=True, scheduler=scheduler)
+    for a, b in zip(plain.parameters(), fused.parameters()):
+        assert torch.equal(a, b)
+    untrained = _model()
+    assert not torch.equal(next(untrained.parameters()), next(fused.parameters()))
+
+
+def test_steplr_really_changes_the_step_size():
+    # loss = w . x has the constant gradient x: each update is exactly -lr * x.
+    w = nn.Parameter(torch.zeros(3))
+    x = torch.tensor([1.0, 2.0, 4.0])
+    opt = torch.optim.SGD([w], lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    deltas = []
+    with GradientRelease(opt):
+        for _ in range(3):
+            before = w.detach().clone()
+            (w * x).sum().backward()
+            opt.step()
+            sched.step()
+            deltas.append(before - w.detach())
+    assert torch.equal(deltas[0], x)
+    assert torch.equal(deltas[1], 0.5 * x)
+    assert torch.equal(deltas[2], 0.25 * x)
+
+
+def test_state_dict_round_trip_continues_bitwise():
+    make = OPTIMIZERS["adamw"]
+    whole, _ = _train(make, release=True, steps=6)
+    model, opt = _train(make, release=True, steps=3)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    assert len(opt.state_dict()["state"]) == len(list(model.parameters()))
+    buf.seek(0)
+    saved = torch.load(buf)
+    model2 = _model()
+    opt2 = make(model2.parameters())
+    with GradientRelease(opt2):
+        model2.load_state_dict(saved["model"])
+        opt2.load_state_dict(saved["opt"])
+    resumed, _ = _train(make, release=True, steps=3, model=model2, opt=opt2, start=3)
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_step_and_zero_grad_are_no_ops_and_remove_restores_them():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = GradientRelease(opt)
+    model(torch.randn(2, 5)).sum().backward()
+    snapshot = [p.detach().clone() for p in model.parameters()]
+    opt.step()
+    opt.zero_grad()
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, model.parameters()))
+    handle.remove()
+    assert "step" not in opt.__dict__ and "zero_grad" not in opt.__dict__
+    model(torch.randn(2, 5)).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(snapshot, model.parameters()))
+
+
+def test_gradscaler_is_refused():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with GradientRelease(opt):
+        scaler.scale(model(torch.randn(2, 5)).sum()).backward()
+        with pytest.raises(ReleaseUnsupported, match="GradScaler"):
+            scaler.step(opt)
+    # once released, the same scaler and optimizer work together again
+    opt.zero_grad()
+    scaler2 = torch.amp.GradScaler("cpu")
+    scaler2.scale(model(torch.randn(2, 5)).sum()).backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler2.step(opt)
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_clipping_is_refused():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientRelease(opt):
+        model(torch.randn(2, 5)).sum().backward()
+        with pytest.raises(ReleaseUnsupported, match="clipping"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    # guards are gone once no optimizer is released
+    model(torch.randn(2, 5)).sum().backward()
+    assert torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) > 0
+
+
+def test_accumulation_is_refused():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientRelease(opt):
+        for _ in range(2):
+            model(torch.randn(2, 5)).sum().backward()
+        with pytest.raises(ReleaseUnsupported, match="accumulation"):
+            opt.step()
+        model(torch.randn(2, 5)).sum().backward()
+        opt.step()
+        model(torch.randn(2, 5)).sum().backward()
+        with pytest.raises(ReleaseUnsupported, match="accumulation"):
+            model(torch.randn(2, 5)).sum().backward()
+
+
+def test_lbfgs_is_refused():
+    with pytest.raises(ReleaseUnsupported, match="LBFGS"):
+        GradientRelease(torch.optim.LBFGS(_model().parameters()))
