@@ -55,3 +55,25 @@ class Rule:
     def documentation(cls) -> str:
         """The rule's documentation: its docstring, dedented."""
         return inspect.cleandoc(cls.__doc__ or "")
+
+
+class Settled:
+    """The nodes that already have a report whose fix applies.
+
+    The linter keeps one report per node: the first one whose fix applies,
+    or else the first one. A rule that would report the same node once per
+    step of a loop can skip the node once it is settled, without changing
+    what is reported, and stays linear in the size of the loop.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: set[int] = set()
+
+    def __contains__(self, node: cst.CSTNode) -> bool:
+        return id(node) in self._nodes
+
+    def note(self, report: Report) -> Report:
+        """Remember ``report``'s node if its fix applies; return the report."""
+        if report.fix is not None and report.fix.edits() is not None:
+            self._nodes.add(id(report.node))
+        return report

@@ -12,7 +12,7 @@ from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
 from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
-from gradlint.rule import Report, Rule
+from gradlint.rule import Report, Rule, Settled
 from gradlint.syntax import dotted_name, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
@@ -61,25 +61,32 @@ class BackwardWithoutScaler(Rule):
     fix = FixKind.SAFE
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        settled = Settled()
         for root in model.roots:
-            seen_regions: set[int] = set()
+            done: set[int] = set()  # regions whose every unscaled backward is settled
             for user in (e for e in root.events if _uses_scaler(e)):
                 loop = innermost_loop(user)
-                if id(loop) in seen_regions:
-                    continue  # every user of one region sees the same backwards; the first one reports them
-                seen_regions.add(id(loop))
+                if id(loop) in done:
+                    continue
                 events = region(root, user)
                 backwards = [e for e in events if e.kind is EventKind.BACKWARD and e.framework is None]
                 if any(b.scaled for b in backwards):
+                    done.add(id(loop))
                     continue
                 scaler = _scaler_name(user)
                 for backward in backwards:
-                    yield Report(
-                        backward.node,
-                        f"`{scaler}` is used at line {model.line(user.node)} but this backward is not scaled: "
-                        f"use `{scaler}.scale({model.code(backward.loss) if backward.loss is not None else 'loss'}).backward()`",
-                        fix=fixes.scale_backward(model, backward, user),
+                    if backward.node in settled:
+                        continue
+                    yield settled.note(
+                        Report(
+                            backward.node,
+                            f"`{scaler}` is used at line {model.line(user.node)} but this backward is not scaled: "
+                            f"use `{scaler}.scale({model.code(backward.loss) if backward.loss is not None else 'loss'}).backward()`",
+                            fix=fixes.scale_backward(model, backward, user),
+                        )
                     )
+                if all(b.node in settled for b in backwards):
+                    done.add(id(loop))
 
 
 class StepBypassesScaler(Rule):

@@ -22,7 +22,7 @@ from gradlint.queries import (
     same_object,
     steps_with_loops,
 )
-from gradlint.rule import Report, Rule
+from gradlint.rule import Report, Rule, Settled
 
 
 class MissingZeroGrad(Rule):
@@ -153,7 +153,7 @@ class ZeroGradInAccumulation(Rule):
     fix = FixKind.SAFE
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        reported: set[int] = set()  # a clear is reported once, for the first step it starves
+        settled = Settled()
         for root in model.roots:
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
@@ -169,16 +169,17 @@ class ZeroGradInAccumulation(Rule):
                 else:
                     candidates = root.events_of(EventKind.ZERO, acc.frame)
                 for zero in candidates:
-                    if id(zero.node) in reported or id(zero) in between or not clears(model, zero, step.target):
+                    if zero.node in settled or id(zero) in between or not clears(model, zero, step.target):
                         continue
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
-                    reported.add(id(zero.node))
-                    yield Report(
-                        zero.node,
-                        f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                        f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
-                        fix=fixes.move_after_step(model, zero, step),
+                    yield settled.note(
+                        Report(
+                            zero.node,
+                            f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
+                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                            fix=fixes.move_after_step(model, zero, step),
+                        )
                     )
 
 

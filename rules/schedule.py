@@ -9,7 +9,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.model import Event, LoopModel
 from gradlint.queries import Accumulation, accumulation, frames_inside, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
-from gradlint.rule import Report, Rule
+from gradlint.rule import Report, Rule, Settled
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -52,7 +52,7 @@ class SchedulerStepsPerMicroBatch(Rule):
     fix = FixKind.SAFE
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        reported: set[int] = set()  # a scheduler step is reported once, for the first optimizer step it outpaces
+        settled = Settled()
         for root in model.roots:
             accelerated: dict[int, bool] = {}
             for step, loop in steps_with_loops(root):
@@ -69,16 +69,17 @@ class SchedulerStepsPerMicroBatch(Rule):
                 if accelerated[id(loop)]:
                     continue
                 for sched in scheds:
-                    if id(sched.node) in reported:
+                    if sched.node in settled:
                         continue
                     if not sched.has_args and _every_micro_batch(sched, loop, acc):
-                        reported.add(id(sched.node))
-                        yield Report(
-                            sched.node,
-                            f"`{sched.target}.step()` runs on every micro-batch but `{step.target}` only steps "
-                            f"{_where(model, acc)}: the schedule advances once per micro-batch and runs that many "
-                            f"times too fast; step it right after `{step.target}.step()`",
-                            fix=move_scheduler_step(model, sched, step),
+                        yield settled.note(
+                            Report(
+                                sched.node,
+                                f"`{sched.target}.step()` runs on every micro-batch but `{step.target}` only steps "
+                                f"{_where(model, acc)}: the schedule advances once per micro-batch and runs that many "
+                                f"times too fast; step it right after `{step.target}.step()`",
+                                fix=move_scheduler_step(model, sched, step),
+                            )
                         )
 
 
