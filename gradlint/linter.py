@@ -29,8 +29,34 @@ def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
     return any(token in text for token in needed_tokens(rules))
 
 
+# LibCST's native parser recurses on the machine stack: code nested deeply
+# enough crashes the whole process. Python's own parser refuses such code with
+# an error, and is several times faster, so it reads the text first. It keeps
+# ``a and b and c ...`` flat where LibCST nests it: long chains are counted.
+_TOO_DEEP = "cannot parse: code nested too deeply"
+_MAX_BOOLEAN_CHAIN = 2000
+
+
+def _refuse_deep_nesting(text: str) -> None:
+    """Raise :class:`SourceError` for code nested too deeply for LibCST; let everything else through."""
+    try:
+        tree = ast.parse(text)
+    except (RecursionError, MemoryError) as error:
+        raise SourceError(_TOO_DEEP) from error
+    except SyntaxError as error:
+        if "too many nested" in str(error.msg):
+            raise SourceError(_TOO_DEEP) from error
+        return  # LibCST decides, and says where (it also reads syntax newer than this Python's)
+    except ValueError:
+        return
+    if text.count(" and ") + text.count(" or ") > _MAX_BOOLEAN_CHAIN:
+        if any(isinstance(node, ast.BoolOp) and len(node.values) > _MAX_BOOLEAN_CHAIN for node in ast.walk(tree)):
+            raise SourceError(_TOO_DEEP)
+
+
 def parse(text: str) -> cst.Module:
     """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s."""
+    _refuse_deep_nesting(text)
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
@@ -46,19 +72,25 @@ def parse(text: str) -> cst.Module:
         message = str(error.message).strip().splitlines()[0] if error.message else "invalid syntax"
         raise SourceError(f"cannot parse: {message} (line {error.raw_line}, column {error.raw_column + 1})") from error
     except RecursionError as error:
-        raise SourceError("cannot parse: code nested too deeply") from error
+        raise SourceError(_TOO_DEEP) from error
+    except Exception as error:  # noqa: BLE001 - LibCST refuses some code Python accepts (b"x" "y")
+        raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
 
 
 def check_module(module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None) -> FileResult:
     """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule."""
     try:
         model = build_model(module)
+    except RecursionError:  # LibCST writes code back out recursively
+        return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
         return FileResult(path, error=f"internal error in the loop model: {type(error).__name__}: {error}")
     findings: list[Finding] = []
     for rule_class in rules:
         try:
             findings.extend(_run_rule(rule_class, model, path))
+        except RecursionError:
+            return FileResult(path, findings=findings, error="cannot check: code nested too deeply")
         except Exception as error:  # noqa: BLE001
             return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
     if findings:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 
 import pytest
@@ -245,3 +246,35 @@ def test_read_only_file_can_still_be_checked_and_diffed(tmp_path):
         assert locked.read_text() == TRAINING
     finally:
         locked.chmod(0o644)
+
+
+DEEP = {
+    "sum.py": "loss = a" + " + a" * 20000 + "\nloss.backward()\n",  # crashed LibCST's parser (stack overflow)
+    "flags.py": "ok = a" + " and a" * 20000 + "\nloss.backward()\n",  # flat for Python, nested for LibCST
+    "negations.py": "x = " + "-" * 20000 + "a\nloss.backward()\n",
+    "brackets.py": "x = " + "[" * 5000 + "]" * 5000 + "\nloss.backward()\n",
+    "chain.py": "x = a" + ".b" * 20000 + "\nloss.backward()\n",
+    "bytes_and_text.py": "x = b'\\xff' 'text'\nloss.backward()\n",  # Python reads it; LibCST refuses it
+}
+
+
+def test_code_too_deep_for_libcst_is_one_line_not_a_crash(good):
+    for name, text in DEEP.items():
+        (good / name).write_text(text)
+    # In a child process: a crash of the parser must fail this test, not end the test run.
+    completed = subprocess.run(
+        [sys.executable, "-m", "gradlint", "--isolated", "."], cwd=good, capture_output=True, text=True, timeout=600
+    )
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    errors = dict(line.split(": ", 1) for line in completed.stderr.splitlines())
+    assert set(errors) == set(DEEP)
+    assert all(reason.endswith("code nested too deeply") for name, reason in errors.items() if name != "bytes_and_text.py")
+    assert errors["bytes_and_text.py"] == "cannot parse: Cannot concatenate string and bytes."
+    assert "good.py:6:5: GL001" in completed.stdout
+
+
+def test_long_but_ordinary_chains_are_checked(tmp_path):
+    text = TRAINING.replace("for x in data:", "if a" + " and a" * 150 + " or b" * 150 + ":\n    pass\nfor x in data:")
+    result = lint_text(text, "flags.py")
+    assert result.error is None
+    assert [f.code for f in result.findings] == ["GL001"]
