@@ -25,7 +25,7 @@ def full_run(config=None) -> bool:
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 settings.register_profile("ci", max_examples=500, deadline=None, suppress_health_check=_QUIET, print_blob=True)
-settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile("dev", max_examples=25, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile("ci" if full_run() else "dev")
 
 
