@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import re
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
@@ -79,6 +81,52 @@ def bool_literal(node: cst.BaseExpression) -> bool | None:
     if isinstance(node, cst.Name) and node.value in ("True", "False"):
         return node.value == "True"
     return None
+
+
+_VISITED_FIELD = re.compile(r"visit_\w+\(\s*self,\s*[\"'](\w+)[\"']")
+# Per node class: the fields LibCST visits, in visiting (= source) order, and
+# the other dataclass fields, which must hold no node for the fast path to apply.
+_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def children(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
+    """``node.children``, read from the node's fields instead of rebuilding the node.
+
+    LibCST's ``children`` reconstructs the node through its visitor, which
+    costs more than parsing it did. The fields a class visits, and their order,
+    are read once from its ``_visit_and_replace_children``; a node whose class
+    cannot be read that way, or that holds a node elsewhere, falls back to
+    ``node.children``.
+    """
+    fields = _FIELDS.get(type(node))
+    if fields is None:
+        fields = _FIELDS[type(node)] = _child_fields(type(node))
+    visited, others = fields
+    for name in others:
+        value = getattr(node, name, None)
+        if isinstance(value, cst.CSTNode) or (isinstance(value, (tuple, list)) and any(isinstance(v, cst.CSTNode) for v in value)):
+            return node.children
+    result: list[cst.CSTNode] = []
+    for name in visited:
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            result.append(value)
+        elif isinstance(value, (tuple, list)):
+            result.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return result
+
+
+def _child_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    try:
+        source = inspect.getsource(cls._visit_and_replace_children)
+    except (OSError, TypeError):
+        source = ""
+    visited = tuple(dict.fromkeys(_VISITED_FIELD.findall(source)))
+    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    if not visited and names:
+        # Unreadable: declare every field "other" so that any node in it takes the slow path.
+        return (), tuple(names)
+    return visited, tuple(n for n in names if n not in visited)
 
 
 def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
