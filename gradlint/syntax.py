@@ -98,22 +98,37 @@ def children(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
     cannot be read that way, or that holds a node elsewhere, falls back to
     ``node.children``.
     """
-    fields = _FIELDS.get(type(node))
+    cls = type(node)
+    fields = _FIELDS.get(cls)
     if fields is None:
-        fields = _FIELDS[type(node)] = _child_fields(type(node))
+        fields = _FIELDS[cls] = _child_fields(cls)
     visited, others = fields
     for name in others:
         value = getattr(node, name, None)
-        if isinstance(value, cst.CSTNode) or (isinstance(value, (tuple, list)) and any(isinstance(v, cst.CSTNode) for v in value)):
+        kind = type(value)
+        if (kind is tuple or kind is list) and any(_is_node(v) for v in value) or _is_node(value):
             return node.children
     result: list[cst.CSTNode] = []
     for name in visited:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = type(value)
+        if kind is tuple or kind is list:
+            result.extend([v for v in value if _is_node(v)])
+        elif _is_node(value):
             result.append(value)
-        elif isinstance(value, (tuple, list)):
-            result.extend(v for v in value if isinstance(v, cst.CSTNode))
     return result
+
+
+# isinstance() against LibCST's abstract node classes is slow; the answer per type is cached.
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _NODE_TYPES.get(kind)
+    if known is None:
+        known = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return known
 
 
 def _child_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -131,18 +146,39 @@ def _child_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), parents before children, never entering nested defs or classes."""
+    stop = _DEFS if into_lambdas else _DEFS_AND_LAMBDAS
     stack = [node]
     while stack:
         current = stack.pop()
         yield current
-        if current is not node and isinstance(current, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        if not into_lambdas and current is not node and isinstance(current, cst.Lambda):
+        kind = type(current)
+        if kind in TRIVIA or (current is not node and kind in stop):
             continue
         stack.extend(reversed(children(current)))
 
 
-_DEFERRED = (cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# LibCST's concrete node classes are never subclassed: exact type tests are safe and fast.
+_DEFS = frozenset({cst.FunctionDef, cst.ClassDef})
+_DEFS_AND_LAMBDAS = _DEFS | {cst.Lambda}
+
+
+def _trivia() -> frozenset[type]:
+    """Node classes below which there is only whitespace and punctuation: walks yield them but do not enter them."""
+    operators = (cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp)
+    names = (
+        "SimpleWhitespace ParenthesizedWhitespace TrailingWhitespace Newline EmptyLine Comment Comma Dot Colon "
+        "Semicolon AssignEqual LeftParen RightParen LeftSquareBracket RightSquareBracket LeftCurlyBrace "
+        "RightCurlyBrace ImportStar Name Integer Float Imaginary SimpleString Ellipsis"
+    ).split()
+    found = {getattr(cst, name) for name in names}
+    found.update(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, operators) and c not in operators)
+    return frozenset(found)
+
+
+TRIVIA = _trivia()
+
+
+_DEFERRED = frozenset({cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp})
 
 
 def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
@@ -156,10 +192,10 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
     while stack:
         current, children_done = stack.pop()
         if children_done:
-            if isinstance(current, cst.Call):
+            if type(current) is cst.Call:
                 result.append(current)
             continue
-        if current is not node and isinstance(current, _DEFERRED):
+        if type(current) in TRIVIA or (current is not node and type(current) in _DEFERRED):
             continue
         stack.append((current, True))
         stack.extend((child, False) for child in reversed(children(current)))
