@@ -23,6 +23,10 @@ from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
 
+# Below this much source text to parse, starting worker processes costs more than it saves.
+MIN_PARALLEL_CHARS = 200_000
+
+
 def default_jobs() -> int:
     """The number of cores this process may run on."""
     try:
@@ -89,7 +93,7 @@ def _check_one(task: tuple[str, str, tuple[str, ...], str | None]) -> FileResult
 def _check_all(tasks: list[tuple[str, str, tuple[str, ...], str | None]], jobs: int) -> list[FileResult]:
     """Results in the order of ``tasks``: in this process for one job or one file, else in a process pool."""
     jobs = min(jobs, len(tasks))
-    if jobs <= 1:
+    if jobs <= 1 or sum(len(task[1]) for task in tasks) < MIN_PARALLEL_CHARS:
         return [_check_one(task) for task in tasks]
     # Largest first, so that no worker is left with a big file at the end.
     order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i][1]))
