@@ -8,6 +8,13 @@ installed source files of gradlint itself, so a changed rule never reads an
 old answer. Entries live in one JSON file under ``.gradlint_cache/``, read
 once per run and replaced atomically at the end; a cache that cannot be read
 or written is treated as empty and the run goes on.
+
+So that an unchanged tree is not even read again, the cache also remembers
+each file's size and modification time with the key of its content; a file
+whose size and time still match is taken to hold that content. A file
+modified within the last two seconds is never remembered that way (as git
+does with its index), so two writes within one tick of the file system's
+clock cannot hide a change.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from gradlint import __version__
 from gradlint.findings import FileResult, Finding, FixKind, Severity
 
 CACHE_DIR_NAME = ".gradlint_cache"
+_RACY_NS = 2_000_000_000  # files younger than this are always read
 _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This file marks a cache folder made by gradlint.\n"
 
 
@@ -47,9 +56,24 @@ class Cache:
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self._file = self.folder / f"results-{code_fingerprint()}.json"
-        self._old: dict[str, list] = self._load()
+        loaded = self._load()
+        self._old: dict[str, list] = loaded.get("results", {})
+        self._old_files: dict[str, list] = loaded.get("files", {})
         self._used: dict[str, list] = {}
+        self._files: dict[str, list] = {}
         self.hits = 0
+
+    def known_key(self, path: str, stat: os.stat_result, codes: tuple[str, ...], prefilter: bool) -> str | None:
+        """The key of ``path``'s content, when its size and modification time say it has not changed."""
+        known = self._old_files.get(os.path.abspath(path))
+        if known is None or known[:2] != [stat.st_size, stat.st_mtime_ns] or known[3:] != [",".join(codes), prefilter]:
+            return None
+        return known[2]
+
+    def remember_file(self, path: str, stat: os.stat_result, key: str, codes: tuple[str, ...], prefilter: bool) -> None:
+        """Note that ``path``, at this size and time, holds the content of ``key``."""
+        if time.time_ns() - stat.st_mtime_ns > _RACY_NS:
+            self._files[os.path.abspath(path)] = [stat.st_size, stat.st_mtime_ns, key, ",".join(codes), prefilter]
 
     def key(self, data: bytes, codes: tuple[str, ...], prefilter: bool) -> str:
         """The entry key of one file's bytes checked under ``codes`` (the path only names the findings)."""
@@ -78,15 +102,17 @@ class Cache:
         """Write the entries of this run (and older ones, while the file stays small) atomically."""
         entries = dict(self._old)
         entries.update(self._used)
+        files = dict(self._old_files)
+        files.update(self._files)
         if len(entries) > 2 * len(self._used) + 1000:  # mostly stale: keep what this run used
-            entries = dict(self._used)
-        if entries == self._old:
+            entries, files = dict(self._used), dict(self._files)
+        if entries == self._old and files == self._old_files:
             return
         try:
             self._prepare_folder()
             handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".results-", suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(entries, out, separators=(",", ":"))
+                json.dump({"results": entries, "files": files}, out, separators=(",", ":"))
             os.replace(temporary, self._file)
             for stale in self.folder.glob("results-*.json"):  # other gradlint versions
                 if stale != self._file:
@@ -94,13 +120,15 @@ class Cache:
         except OSError:
             pass  # a read-only tree: the run still succeeds, it is only not cached
 
-    def _load(self) -> dict[str, list]:
+    def _load(self) -> dict[str, dict]:
         try:
             with open(self._file, encoding="utf-8") as handle:
                 data = json.load(handle)
         except (OSError, ValueError):
             return {}
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict) or not all(isinstance(data.get(k, {}), dict) for k in ("results", "files")):
+            return {}
+        return data
 
     def _prepare_folder(self) -> None:
         if self.folder.is_dir():

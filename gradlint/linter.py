@@ -70,7 +70,7 @@ def check_module(
     ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
     """
     try:
-        model = build_model(module)
+        model = build_model(module, text)
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
         return FileResult(path, error=f"internal error in the loop model: {type(error).__name__}: {error}")
     findings: list[Finding] = []

@@ -229,9 +229,10 @@ class LoopModel:
 # --------------------------------------------------------------------------- building
 
 
-def build_model(module: cst.Module) -> LoopModel:
-    """Build the loop model of one parsed module."""
+def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
+    """Build the loop model of one parsed module; ``text``, its source when the caller has it, saves regenerating it."""
     index = _ModuleIndex(module)
+    index.text = text
     builder = _EventBuilder(index)
     roots = [Root("<module>", module, builder.root_events(None))]
     for function in index.functions:
@@ -269,6 +270,7 @@ class _ModuleIndex:
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
+        self.text: str | None = None  # the source, when the caller has it
         self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}

@@ -44,13 +44,23 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
             results.append(FileResult(item.path, error=item.reason))
             continue
         rules = config.rules_for(item, ALL_RULES)
+        codes = tuple(rule.code for rule in rules)
+        stat = _stat(item) if cache is not None else None
+        if stat is not None:  # an unchanged file is answered without reading it
+            known = cache.known_key(item, stat, codes, prefilter)
+            cached = cache.get(known, item) if known is not None else None
+            if cached is not None:
+                cache.remember_file(item, stat, known, codes, prefilter)
+                results.append(cached)
+                continue
         try:
             data = read_bytes(item)
         except SourceError as error:
             results.append(FileResult(item, error=str(error)))
             continue
-        codes = tuple(rule.code for rule in rules)
         key = cache.key(data, codes, prefilter) if cache is not None else None
+        if stat is not None:
+            cache.remember_file(item, stat, key, codes, prefilter)
         cached = cache.get(key, item) if cache is not None else None
         if cached is not None:
             results.append(cached)
@@ -74,6 +84,13 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
     if cache is not None:
         cache.save()
     return sorted(results, key=lambda r: r.path)
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def check_text(path: str, text: str, codes: tuple[str, ...]) -> FileResult:

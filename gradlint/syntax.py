@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
-import re
 import textwrap
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import libcst as cst
 
@@ -83,42 +81,6 @@ def bool_literal(node: cst.BaseExpression) -> bool | None:
     return None
 
 
-_VISITED_FIELD = re.compile(r"visit_\w+\(\s*self,\s*[\"'](\w+)[\"']")
-# Per node class: the fields LibCST visits, in visiting (= source) order, and
-# the other dataclass fields, which must hold no node for the fast path to apply.
-_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
-
-
-def children(node: cst.CSTNode) -> Sequence[cst.CSTNode]:
-    """``node.children``, read from the node's fields instead of rebuilding the node.
-
-    LibCST's ``children`` reconstructs the node through its visitor, which
-    costs more than parsing it did. The fields a class visits, and their order,
-    are read once from its ``_visit_and_replace_children``; a node whose class
-    cannot be read that way, or that holds a node elsewhere, falls back to
-    ``node.children``.
-    """
-    cls = type(node)
-    fields = _FIELDS.get(cls)
-    if fields is None:
-        fields = _FIELDS[cls] = _child_fields(cls)
-    visited, others = fields
-    for name in others:
-        value = getattr(node, name, None)
-        kind = type(value)
-        if (kind is tuple or kind is list) and any(_is_node(v) for v in value) or _is_node(value):
-            return node.children
-    result: list[cst.CSTNode] = []
-    for name in visited:
-        value = getattr(node, name)
-        kind = type(value)
-        if kind is tuple or kind is list:
-            result.extend([v for v in value if _is_node(v)])
-        elif _is_node(value):
-            result.append(value)
-    return result
-
-
 # isinstance() against LibCST's abstract node classes is slow; the answer per type is cached.
 _NODE_TYPES: dict[type, bool] = {}
 
@@ -129,19 +91,6 @@ def _is_node(value: object) -> bool:
     if known is None:
         known = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
     return known
-
-
-def _child_fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    try:
-        source = inspect.getsource(cls._visit_and_replace_children)
-    except (OSError, TypeError):
-        source = ""
-    visited = tuple(dict.fromkeys(_VISITED_FIELD.findall(source)))
-    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-    if not visited and names:
-        # Unreadable: declare every field "other" so that any node in it takes the slow path.
-        return (), tuple(names)
-    return visited, tuple(n for n in names if n not in visited)
 
 
 def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
@@ -280,8 +229,9 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     result: list[cst.CSTNode] = []
     for name in order:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = type(value)
+        if kind is tuple or kind is list:
+            result.extend([item for item in value if _is_node(item)])
+        elif _is_node(value):
             result.append(value)
-        elif isinstance(value, (tuple, list)):
-            result.extend(item for item in value if isinstance(item, cst.CSTNode))
     return result

@@ -150,3 +150,42 @@ def test_parallel_checking_really_uses_worker_processes(tree, monkeypatch):
     results = runner.run([str(tree)], Config(root=tree), jobs=2)
     assert sum(len(r.findings) for r in results) == 5
     assert pids == []  # recorded in the workers, not here
+
+
+def age(tree, seconds=60):
+    """Make every file look written ``seconds`` ago, as on a tree nobody is editing."""
+    for path in tree.glob("*.py"):
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns - seconds * 1_000_000_000))
+
+
+def test_unchanged_old_files_are_not_even_read(tree, monkeypatch):
+    age(tree)
+    runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    read = []
+    real = runner.read_bytes
+    monkeypatch.setattr(runner, "read_bytes", lambda path: read.append(path) or real(path))
+    results = runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    assert read == []
+    assert sum(len(r.findings) for r in results) == 5
+
+
+def test_a_file_changed_at_the_same_size_is_read_again(tree, monkeypatch, parses):
+    age(tree)
+    runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    path = tree / "train2.py"
+    fixed = path.read_text().replace("lr=0.3", "lr=1.0")  # same size, new time
+    path.write_text(fixed)
+    parses.clear()
+    runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    assert parses == [len(fixed)]
+
+
+def test_a_young_file_is_always_read(tree, monkeypatch):
+    """Two writes within one tick of the file system's clock must not hide a change: young files are never trusted by time."""
+    runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    read = []
+    real = runner.read_bytes
+    monkeypatch.setattr(runner, "read_bytes", lambda path: read.append(path) or real(path))
+    runner.run([str(tree)], Config(root=tree), jobs=1, cache=Cache(tree / ".gradlint_cache"))
+    assert len(read) == 6
