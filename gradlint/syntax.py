@@ -9,14 +9,17 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+# LibCST's concrete node classes are final: ``type(x) is cst.Name`` answers what
+# ``isinstance`` does, without the cost of an abstract-base-class check.
+
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:
     """``self.opt_d`` for an ``Attribute`` chain of names, ``loss`` for a ``Name``, else None."""
     parts: list[str] = []
-    while isinstance(node, cst.Attribute):
+    while type(node) is cst.Attribute:
         parts.append(node.attr.value)
         node = node.value
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         parts.append(node.value)
         return ".".join(reversed(parts))
     return None
@@ -25,13 +28,13 @@ def dotted_name(node: cst.CSTNode | None) -> str | None:
 def root_name(node: cst.CSTNode | None) -> str | None:
     """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
     while True:
-        if isinstance(node, cst.Name):
+        if type(node) is cst.Name:
             return node.value
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             node = node.value
-        elif isinstance(node, cst.Subscript):
+        elif type(node) is cst.Subscript:
             node = node.value
-        elif isinstance(node, cst.Call):
+        elif type(node) is cst.Call:
             node = node.func
         else:
             return None
@@ -39,14 +42,14 @@ def root_name(node: cst.CSTNode | None) -> str | None:
 
 def method_name(call: cst.Call) -> str | None:
     """``step`` for ``opt.step()``; None when the callee is not an attribute."""
-    if isinstance(call.func, cst.Attribute):
+    if type(call.func) is cst.Attribute:
         return call.func.attr.value
     return None
 
 
 def receiver(call: cst.Call) -> cst.BaseExpression | None:
     """``opt`` for ``opt.step()``; None when the callee is not an attribute."""
-    if isinstance(call.func, cst.Attribute):
+    if type(call.func) is cst.Attribute:
         return call.func.value
     return None
 
@@ -54,9 +57,9 @@ def receiver(call: cst.Call) -> cst.BaseExpression | None:
 def callee_name(call: cst.Call) -> str | None:
     """The last name of the callee: ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(...)``."""
     func = call.func
-    if isinstance(func, cst.Attribute):
+    if type(func) is cst.Attribute:
         return func.attr.value
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value
     return None
 

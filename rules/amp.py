@@ -12,7 +12,7 @@ from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
 from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
-from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled
+from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import dotted_name, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
@@ -59,7 +59,8 @@ class BackwardWithoutScaler(Rule):
     summary = "a GradScaler is in use but the loss is backpropagated without scaler.scale()"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ((BACKWARD, SCALER),)
+    # A scaler in use: scaler.step(), scaler.update() or scaler.unscale_().
+    needs = ((BACKWARD, STEP, SCALER), (BACKWARD, call_of("update"), SCALER), (BACKWARD, call_of("unscale_"), SCALER))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
