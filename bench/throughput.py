@@ -83,6 +83,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
 
     parse_all = record("libcst.parse_module, every file", parse_seconds(files), lines)
     parse_must = record("libcst.parse_module, files the prefilter passes", parse_seconds(must_parse), must_lines)
+    checked = record("gradlint parse + model + rules, same files, in-process", check_seconds(must_parse), must_lines)
 
     gradlint = [sys.executable, "-m", "gradlint", "check", "--isolated", "--exit-zero", "--output-format", "json"]
     cold = record("gradlint cold, 1 job", timed([*gradlint, "--no-cache", "-j", "1", str(corpus)]), lines)
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
     print()
     print("ratios (time / time; below 1 is faster):")
     print(f"  gradlint cold, 1 job / bare parse of the files it must parse: {cold / parse_must:.2f}  (target <= 1.5)")
+    print(f"  ... of which per parsed file (parse + model + rules / parse):  {checked / parse_must:.2f}")
     print(f"  gradlint cold, 1 job / bare parse of every file:              {cold / parse_all:.3f}  (target <= 0.1)")
     print(f"  with prefilter / without prefilter:                           {cold / no_prefilter:.3f}")
     print(f"  {cores} jobs / 1 job:                                           {parallel / cold:.2f}")
@@ -176,6 +178,24 @@ def parse_seconds(paths: list[Path]) -> float:
         "        libcst.parse_module(text)\n"
         "    except Exception:\n"
         "        pass\n"
+        "print(time.perf_counter() - start)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], input=listing, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip())
+
+
+def check_seconds(paths: list[Path]) -> float:
+    """Seconds for gradlint to parse and check these files (default rules) in a fresh process, reading outside the timing."""
+    listing = "\n".join(str(p) for p in paths)
+    code = (
+        "import sys, time\n"
+        "from gradlint.runner import check_text\n"
+        "from gradlint.rules import ALL_RULES\n"
+        "codes = tuple(r.code for r in ALL_RULES if r.enabled_by_default)\n"
+        "items = [(p, open(p, encoding='utf-8', errors='replace').read()) for p in sys.stdin.read().splitlines()]\n"
+        "start = time.perf_counter()\n"
+        "for path, text in items:\n"
+        "    check_text(path, text, codes)\n"
         "print(time.perf_counter() - start)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], input=listing, capture_output=True, text=True, check=True)
