@@ -29,6 +29,7 @@ from gradlint.syntax import (
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
+    TRIVIA,
     children,
     dotted_name,
     keyword_arg,
@@ -228,9 +229,10 @@ class LoopModel:
 # --------------------------------------------------------------------------- building
 
 
-def build_model(module: cst.Module) -> LoopModel:
-    """Build the loop model of one parsed module."""
+def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
+    """Build the loop model of one parsed module; ``text``, its source when the caller has it, saves regenerating it."""
     index = _ModuleIndex(module)
+    index.text = text
     builder = _EventBuilder(index)
     roots = [Root("<module>", module, builder.root_events(None))]
     for function in index.functions:
@@ -257,11 +259,18 @@ _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 _CUDA_GRAPH_MARKERS = ("CUDAGraph", "cuda.graph", "make_graphed_callables", "capturable=True")
 
 
+# The node types ``_ModuleIndex._note`` looks at; the scan skips the call for all others.
+_NOTED = frozenset(
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg}
+)
+
+
 class _ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
+        self.text: str | None = None  # the source, when the caller has it
         self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}
@@ -339,8 +348,10 @@ class _ModuleIndex:
                     self.class_methods.setdefault(name, {})
                     stack.append((child, function, name, f"{prefix}{name}."))
                 else:
-                    self._note(child, function)
-                    stack.append((child, function, class_name, prefix))
+                    if type(child) in _NOTED:
+                        self._note(child, function)
+                    if type(child) not in TRIVIA:
+                        stack.append((child, function, class_name, prefix))
 
     def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
         self.functions.append(node)
