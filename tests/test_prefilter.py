@@ -134,7 +134,7 @@ def package_sources(tmp_path_factory):
 @pytest.mark.slow
 def test_prefilter_changes_nothing_on_real_packages(package_sources):
     files = sorted(package_sources.rglob("*.py"))
-    assert len(files) > 100
+    assert len(files) > 50  # accelerate alone (CI) has about 80
     rejected = 0
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
