@@ -36,6 +36,7 @@ from gradlint.syntax import (
     method_name,
     positional_args,
     receiver,
+    number,
     root_name,
     scales_down,
     walk,
@@ -483,7 +484,8 @@ class _Unpacked:
 
 
 def _is_fraction(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Float) and float(node.value) < 1
+    value = number(node)
+    return value is not None and value < 1
 
 
 def _parameter_sources(call: cst.Call) -> frozenset[str]:
@@ -739,7 +741,10 @@ class _EventBuilder:
             if helper is not None:
                 self._inline(helper, call, scope, out)
                 return
-        if method == "backward" or method == "manual_backward" or "torch.autograd.backward" in qualified:
+        if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
+            emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
+            return
+        if method == "backward" or method == "manual_backward":
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
         if method == "zero_grad":
@@ -942,7 +947,7 @@ def _switches_off_grad_sync(assign: cst.Assign) -> bool:
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:
-    return bool(args) and isinstance(args[0].value, (cst.Integer, cst.Float)) and float(args[0].value.value) == 0
+    return bool(args) and number(args[0].value) == 0
 
 
 def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
@@ -955,7 +960,7 @@ def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
 def _is_zeroing_value(value: cst.BaseExpression) -> bool:
     """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``: the old gradient's shape, all zeros."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
-        return any(isinstance(side, (cst.Integer, cst.Float)) and float(side.value) == 0 for side in (value.left, value.right))
+        return any(number(side) == 0 for side in (value.left, value.right))
     if isinstance(value, cst.Call) and callee_name(value) == "zeros_like":
         args = positional_args(value)
         return bool(args) and _is_grad(args[0].value)

@@ -176,12 +176,10 @@ def scales_down(node: cst.CSTNode) -> bool:
         if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Multiply):
             for side in (sub.left, sub.right):
                 if isinstance(side, (cst.Integer, cst.Float)):
-                    try:
-                        if float(side.value) < 1:
-                            return True
-                    except ValueError:
-                        pass
-                elif not isinstance(side, (cst.Integer, cst.Float, cst.Imaginary)):
+                    value = number(side)
+                    if value is not None and value < 1:
+                        return True
+                elif not isinstance(side, cst.Imaginary):
                     if _is_factor(side):
                         return True
         if isinstance(sub, cst.Call) and callee_name(sub) in ("mul", "mul_"):
@@ -238,3 +236,13 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
         elif _is_node(value):
             result.append(value)
     return result
+
+
+def number(node: cst.CSTNode) -> float | None:
+    """The value of an int or float literal in any spelling (``0x0``, ``1_000``, ``1e-3``), else None."""
+    if not isinstance(node, (cst.Integer, cst.Float)):
+        return None
+    try:
+        return float(ast.literal_eval(node.value))
+    except (ValueError, SyntaxError):
+        return None
