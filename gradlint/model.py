@@ -837,6 +837,7 @@ class _EventBuilder:
             framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
             return {"framework": framework, "normalised": True, "loss": args[0].value}
         scaled = False
+        recv = _uncast(recv)
         loss = recv
         if isinstance(recv, cst.Call) and method_name(recv) == "scale" and self._kind(dotted_name(receiver(recv))) is ObjKind.SCALER:
             scaled = True
@@ -909,6 +910,15 @@ def _leaves(block: cst.BaseSuite) -> bool:
         return False
     last = block.body[-1]
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
+
+
+def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``x`` for ``cast(T, x)`` / ``typing.cast(T, x)``: a type cast changes nothing at run time."""
+    if isinstance(node, cst.Call) and callee_name(node) == "cast":
+        args = positional_args(node)
+        if len(args) == 2:
+            return args[1].value
+    return node
 
 
 def _within(scope: _Scope, frame: Frame) -> _Scope:

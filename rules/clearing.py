@@ -19,6 +19,8 @@ from gradlint.queries import (
     clears_between_backward_and_step,
     frames_inside,
     leaves_before,
+    param_sources,
+    rebuilt_in,
     same_object,
     steps_with_loops,
 )
@@ -72,6 +74,8 @@ class MissingZeroGrad(Rule):
                     continue
                 if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
                     continue
+                if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
+                    continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
                     step.node,
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
