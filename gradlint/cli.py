@@ -16,8 +16,18 @@ import click
 from gradlint import __version__
 from gradlint.config import Config, ConfigError, find_pyproject, load_config, validate_codes
 from gradlint.fixer import fix_paths, unified_diff
-from gradlint.linter import lint_paths
-from gradlint.output import all_findings, format_errors, format_json, format_text, summary
+from gradlint.cache import CACHE_DIR_NAME, Cache
+from gradlint.output import (
+    all_findings,
+    format_errors,
+    format_github,
+    format_json,
+    format_sarif,
+    format_statistics,
+    format_text,
+    summary,
+)
+from gradlint.runner import run
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
 from gradlint.runtime.commands import measure_command, run_command
 
@@ -51,7 +61,21 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--select", multiple=True, metavar="CODES", help="Only these rule codes or prefixes (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rule codes or prefixes (comma-separated).")
-@click.option("--output-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--output-format",
+    type=click.Choice(["text", "json", "sarif", "github"]),
+    default="text",
+    show_default=True,
+    help="json: a list of findings; sarif: SARIF 2.1.0 for code scanning; github: GitHub Actions annotations.",
+)
+@click.option("--statistics", is_flag=True, help="Also print how many findings each rule code has.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), metavar="N", help="Check files in N processes (default: one per core).")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache.")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help=f"Where the result cache lives (default: {CACHE_DIR_NAME} beside the configuration, or in the current folder).",
+)
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
@@ -59,7 +83,10 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
 @click.option("--fix", is_flag=True, help="Apply the safe fixes, then report what is left.")
 @click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also apply the fixes that change numbers.")
 @click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing (exit 1 if there is any).")
-def check(paths, select, ignore, output_format, exit_zero, config_path, isolated, no_prefilter, fix, unsafe_fixes, diff) -> None:
+def check(
+    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, config_path, isolated, no_prefilter, fix,
+    unsafe_fixes, diff,
+) -> None:
     """Lint PATHS (files or folders; default: the current folder)."""
     config = _effective_config(select, ignore, config_path, isolated)
     fixed = None
@@ -70,15 +97,23 @@ def check(paths, select, ignore, output_format, exit_zero, config_path, isolated
         results = [o.result for o in outcomes]
         fixed = sum(o.fixed for o in outcomes)
     else:
-        results = lint_paths(paths or (".",), config, prefilter=not no_prefilter)
+        cache = None if no_cache else Cache(Path(cache_dir) if cache_dir else config.root / CACHE_DIR_NAME)
+        results = run(paths or (".",), config, jobs=jobs, cache=cache, prefilter=not no_prefilter)
     findings = all_findings(results)
     errors = format_errors(results)
     if errors:
         click.echo(errors, nl=False, err=True)
     if output_format == "json":
         click.echo(format_json(findings), nl=False)
+    elif output_format == "sarif":
+        click.echo(format_sarif(findings, results, ALL_RULES, Path.cwd()), nl=False)
+    elif output_format == "github":
+        click.echo(format_github(findings), nl=False)
     else:
         click.echo(format_text(findings), nl=False)
+    if statistics:  # beside a machine-readable format, on stderr
+        click.echo(format_statistics(findings), nl=False, err=output_format != "text")
+    if output_format == "text":
         click.echo(summary(results, fixed), nl=False)
     if errors:
         sys.exit(EXIT_ERROR)

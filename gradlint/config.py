@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -65,30 +67,22 @@ class Config:
     def rules_for(self, path: str, all_rules: Iterable[type[Rule]]) -> list[type[Rule]]:
         """The rules that apply to ``path``: selected, not ignored, not ignored for this file."""
         ignored = list(self.ignore)
-        relative = self.relative(path)
-        for pattern, codes in self.per_file_ignores:
-            if _glob_match(relative, pattern):
-                ignored.extend(codes)
-        chosen = []
-        for rule in all_rules:
-            if self.select is None:
-                if not rule.enabled_by_default:
-                    continue
-            elif not _matches(rule.code, self.select):
-                continue
-            if _matches(rule.code, ignored):
-                continue
-            chosen.append(rule)
-        return chosen
+        if self.per_file_ignores:
+            relative = self.relative(path)
+            for pattern, codes in self.per_file_ignores:
+                if _glob_match(relative, pattern):
+                    ignored.extend(codes)
+        return list(_choose(self.select, tuple(ignored), tuple(all_rules)))
 
     def is_excluded(self, path: Path) -> bool:
         """Whether a path met while walking a folder is skipped (by any of its parts or its relative path)."""
         relative = self.relative(str(path))
-        parts = PurePosixPath(relative).parts
-        for pattern in self.exclude:
-            if any(fnmatch.fnmatchcase(part, pattern) for part in parts) or _glob_match(relative, pattern):
-                return True
-        return False
+        parts, globs, bases = _exclusion(self.exclude)
+        if "/" in relative.lstrip("/") or relative.startswith("/"):
+            names = PurePosixPath(relative).parts
+        else:
+            names = (relative,)
+        return any(parts(name) for name in names) or globs(relative) is not None or relative.startswith(bases)
 
     def relative(self, path: str) -> str:
         """``path`` relative to the configuration's folder, in forward slashes, when it lies below it."""
@@ -101,6 +95,39 @@ class Config:
     def fingerprint(self) -> str:
         """A stable text of everything that changes what a file's findings are (for caches)."""
         return repr((self.select, self.ignore, self.per_file_ignores))
+
+
+@functools.lru_cache(maxsize=64)
+def _choose(select: tuple[str, ...] | None, ignored: tuple[str, ...], all_rules: tuple[type[Rule], ...]) -> tuple[type[Rule], ...]:
+    chosen = []
+    for rule in all_rules:
+        if select is None:
+            if not rule.enabled_by_default:
+                continue
+        elif not _matches(rule.code, select):
+            continue
+        if _matches(rule.code, ignored):
+            continue
+        chosen.append(rule)
+    return tuple(chosen)
+
+
+@functools.lru_cache(maxsize=16)
+def _exclusion(patterns: tuple[str, ...]):
+    """Exclude patterns compiled once: a cached test of one path part, a glob test of a relative path, folder prefixes.
+
+    The same answers as ``fnmatchcase`` on each part and ``_glob_match`` on the relative path, pattern by pattern.
+    """
+    part_regex = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)) if patterns else None
+    stripped = [p.rstrip("/") for p in patterns]
+    globs = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in stripped)).match if patterns else (lambda _: None)
+    bases = tuple((p[:-3] if p.endswith("/**") else p) + "/" for p in stripped)
+
+    @functools.lru_cache(maxsize=4096)
+    def part(name: str) -> bool:
+        return part_regex is not None and part_regex.match(name) is not None
+
+    return part, globs, bases
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:

@@ -11,22 +11,35 @@ from gradlint.config import Config
 from gradlint.findings import FileResult, Finding
 from gradlint.model import LoopModel, build_model
 from gradlint.noqa import is_suppressed, noqa_lines
-from gradlint.rule import Report, Rule
+from gradlint.rule import Need, Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
 
 
-def needed_tokens(rules: Iterable[type[Rule]]) -> tuple[str, ...]:
-    """The substrings of which a file must contain at least one for any of ``rules`` to fire."""
-    tokens: list[str] = []
+def needed_tokens(rules: Iterable[type[Rule]]) -> tuple[Need, ...]:
+    """The prefilter tokens of ``rules``: a file must contain at least one for any of them to fire."""
+    tokens: list[Need] = []
     for rule in rules:
         tokens.extend(t for t in rule.needs if t not in tokens)
     return tuple(tokens)
 
 
 def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
-    """The cheap prefilter: whether ``text`` contains any token the rules need."""
-    return any(token in text for token in needed_tokens(rules))
+    """The cheap prefilter: whether ``text`` contains the tokens of at least one of ``rules``.
+
+    Each token is searched for at most once per text, and the tokens of a
+    tuple in order, stopping at the first one that is absent.
+    """
+    found: dict[object, bool] = {}
+
+    def present(token: Need) -> bool:
+        if isinstance(token, tuple):
+            return all(present(t) for t in token)
+        if token not in found:
+            found[token] = token in text if isinstance(token, str) else token.search(text) is not None
+        return found[token]
+
+    return any(present(token) for token in needed_tokens(rules))
 
 
 # LibCST's native parser recurses on the machine stack: code nested deeply
@@ -77,10 +90,15 @@ def parse(text: str) -> cst.Module:
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
 
 
-def check_module(module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None) -> FileResult:
-    """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule."""
+def check_module(
+    module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None, *, noqa: bool = True
+) -> FileResult:
+    """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule.
+
+    ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
+    """
     try:
-        model = build_model(module)
+        model = build_model(module, text)
     except RecursionError:  # LibCST writes code back out recursively
         return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
@@ -93,9 +111,9 @@ def check_module(module: cst.Module, path: str, rules: Sequence[type[Rule]], tex
             return FileResult(path, findings=findings, error="cannot check: code nested too deeply")
         except Exception as error:  # noqa: BLE001
             return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
-    if findings:
-        noqa = noqa_lines(text if text is not None else module.code)
-        findings = [f for f in findings if not is_suppressed(f.code, f.line, noqa)]
+    if findings and noqa:
+        suppressed = noqa_lines(text if text is not None else module.code)
+        findings = [f for f in findings if not is_suppressed(f.code, f.line, suppressed)]
     return FileResult(path, sorted(set(findings)))
 
 

@@ -29,12 +29,14 @@ from gradlint.syntax import (
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
+    TRIVIA,
     children,
     dotted_name,
     keyword_arg,
     method_name,
     positional_args,
     receiver,
+    number,
     root_name,
     scales_down,
     walk,
@@ -228,9 +230,10 @@ class LoopModel:
 # --------------------------------------------------------------------------- building
 
 
-def build_model(module: cst.Module) -> LoopModel:
-    """Build the loop model of one parsed module."""
+def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
+    """Build the loop model of one parsed module; ``text``, its source when the caller has it, saves regenerating it."""
     index = _ModuleIndex(module)
+    index.text = text
     builder = _EventBuilder(index)
     roots = [Root("<module>", module, builder.root_events(None))]
     for function in index.functions:
@@ -257,11 +260,18 @@ _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 _CUDA_GRAPH_MARKERS = ("CUDAGraph", "cuda.graph", "make_graphed_callables", "capturable=True")
 
 
+# The node types ``_ModuleIndex._note`` looks at; the scan skips the call for all others.
+_NOTED = frozenset(
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg}
+)
+
+
 class _ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
+        self.text: str | None = None  # the source, when the caller has it
         self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}
@@ -339,8 +349,10 @@ class _ModuleIndex:
                     self.class_methods.setdefault(name, {})
                     stack.append((child, function, name, f"{prefix}{name}."))
                 else:
-                    self._note(child, function)
-                    stack.append((child, function, class_name, prefix))
+                    if type(child) in _NOTED:
+                        self._note(child, function)
+                    if type(child) not in TRIVIA:
+                        stack.append((child, function, class_name, prefix))
 
     def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
         self.functions.append(node)
@@ -472,7 +484,8 @@ class _Unpacked:
 
 
 def _is_fraction(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Float) and float(node.value) < 1
+    value = number(node)
+    return value is not None and value < 1
 
 
 def _parameter_sources(call: cst.Call) -> frozenset[str]:
@@ -728,7 +741,10 @@ class _EventBuilder:
             if helper is not None:
                 self._inline(helper, call, scope, out)
                 return
-        if method == "backward" or method == "manual_backward" or "torch.autograd.backward" in qualified:
+        if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
+            emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
+            return
+        if method == "backward" or method == "manual_backward":
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
         if method == "zero_grad":
@@ -821,6 +837,7 @@ class _EventBuilder:
             framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
             return {"framework": framework, "normalised": True, "loss": args[0].value}
         scaled = False
+        recv = _uncast(recv)
         loss = recv
         if isinstance(recv, cst.Call) and method_name(recv) == "scale" and self._kind(dotted_name(receiver(recv))) is ObjKind.SCALER:
             scaled = True
@@ -895,6 +912,15 @@ def _leaves(block: cst.BaseSuite) -> bool:
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
 
 
+def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``x`` for ``cast(T, x)`` / ``typing.cast(T, x)``: a type cast changes nothing at run time."""
+    if isinstance(node, cst.Call) and callee_name(node) == "cast":
+        args = positional_args(node)
+        if len(args) == 2:
+            return args[1].value
+    return node
+
+
 def _within(scope: _Scope, frame: Frame) -> _Scope:
     return dataclasses.replace(scope, frames=scope.frames + (frame,))
 
@@ -931,7 +957,7 @@ def _switches_off_grad_sync(assign: cst.Assign) -> bool:
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:
-    return bool(args) and isinstance(args[0].value, (cst.Integer, cst.Float)) and float(args[0].value.value) == 0
+    return bool(args) and number(args[0].value) == 0
 
 
 def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
@@ -944,7 +970,7 @@ def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
 def _is_zeroing_value(value: cst.BaseExpression) -> bool:
     """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``: the old gradient's shape, all zeros."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
-        return any(isinstance(side, (cst.Integer, cst.Float)) and float(side.value) == 0 for side in (value.left, value.right))
+        return any(number(side) == 0 for side in (value.left, value.right))
     if isinstance(value, cst.Call) and callee_name(value) == "zeros_like":
         args = positional_args(value)
         return bool(args) and _is_grad(args[0].value)

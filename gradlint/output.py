@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import quote
 
-from gradlint.findings import FileResult, Finding
+from gradlint import __version__
+from gradlint.findings import FileResult, Finding, Severity
+from gradlint.rule import Rule
 
 
 def all_findings(results: Sequence[FileResult]) -> list[Finding]:
@@ -52,3 +58,126 @@ def summary(results: Sequence[FileResult], fixed: int | None = None) -> str:
     if fixed is not None:
         text += f" Fixed {fixed} problem{'s' if fixed != 1 else ''}."
     return text + "\n"
+
+
+def format_statistics(findings: Sequence[Finding]) -> str:
+    """``--statistics``: one line per code, most frequent first: count, code, rule name."""
+    counts = Counter(f.code for f in findings)
+    names = {f.code: f.name for f in findings}
+    return "".join(f"{count:>6}  {code}  {names[code]}\n" for code, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+# GitHub workflow commands: the level of each severity, and the characters
+# that must be escaped in a property value and in the message.
+_GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
+def _github_escape(text: str, *, property_value: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if property_value:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def format_github(findings: Sequence[Finding]) -> str:
+    """GitHub Actions workflow commands: ``::error file=…,line=…,col=…,endLine=…,endColumn=…,title=GL003::message``."""
+    lines = []
+    for f in findings:
+        properties = {
+            "file": f.path,
+            "line": f.line,
+            "col": f.column,
+            "endLine": f.end_line,
+            "endColumn": f.end_column,
+            "title": f.code,
+        }
+        joined = ",".join(f"{key}={_github_escape(str(value), property_value=True)}" for key, value in properties.items())
+        lines.append(f"::{_GITHUB_LEVEL[f.severity]} {joined}::{_github_escape(f'{f.code} {f.name}: {f.message}')}\n")
+    return "".join(lines)
+
+
+SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+
+
+def docs_url() -> str | None:
+    """Where the rule documentation lives: the package's ``Documentation`` (or ``Homepage``) project URL, if it has one."""
+    try:
+        urls = metadata.metadata("gradlint").get_all("Project-URL") or []
+    except metadata.PackageNotFoundError:
+        return None
+    by_label = dict(tuple(part.strip() for part in url.split(",", 1)) for url in urls if "," in url)
+    return by_label.get("Documentation") or by_label.get("Homepage")
+
+
+def format_sarif(findings: Sequence[Finding], results: Sequence[FileResult], rules: Sequence[type[Rule]], root: Path) -> str:
+    """A SARIF 2.1.0 log (for GitHub code scanning): every rule with its documentation, every finding with its place.
+
+    Paths are written relative to ``root`` (given as ``%SRCROOT%``) when they lie below it.
+    Files that could not be checked become tool execution notifications.
+    """
+    base = docs_url()
+    index = {rule.code: i for i, rule in enumerate(rules)}
+    sarif_rules = []
+    for rule in rules:
+        documentation = rule.documentation()
+        entry: dict = {
+            "id": rule.code,
+            "name": rule.name,
+            "shortDescription": {"text": rule.summary},
+            "fullDescription": {"text": documentation.split("\n\n", 1)[0]},
+            "help": {"text": documentation, "markdown": documentation},
+            "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity], "enabled": rule.enabled_by_default},
+            "properties": {"tags": ["pytorch", "training-loop"], "fix": rule.fix.value if rule.fix else "none"},
+        }
+        if base:
+            entry["helpUri"] = f"{base}#{rule.code.lower()}"
+        sarif_rules.append(entry)
+    sarif_results = []
+    for f in findings:
+        result: dict = {
+            "ruleId": f.code,
+            "level": _SARIF_LEVEL[f.severity],
+            "message": {"text": f.message},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": _artifact(f.path, root),
+                        "region": {"startLine": f.line, "startColumn": f.column, "endLine": f.end_line, "endColumn": f.end_column},
+                    }
+                }
+            ],
+        }
+        if f.code in index:
+            result["ruleIndex"] = index[f.code]
+        sarif_results.append(result)
+    notifications = [
+        {"level": "error", "message": {"text": r.error}, "locations": [{"physicalLocation": {"artifactLocation": _artifact(r.path, root)}}]}
+        for r in results
+        if r.error
+    ]
+    log = {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": {"name": "gradlint", "version": __version__, "semanticVersion": __version__, "rules": sarif_rules}},
+                "originalUriBaseIds": {"%SRCROOT%": {"uri": root.absolute().as_uri() + "/"}},
+                "invocations": [{"executionSuccessful": not notifications, "toolExecutionNotifications": notifications}],
+                "results": sarif_results,
+            }
+        ],
+    }
+    if base:
+        log["runs"][0]["tool"]["driver"]["informationUri"] = base
+    return json.dumps(log, indent=2) + "\n"
+
+
+def _artifact(path: str, root: Path) -> dict:
+    """A SARIF artifact location: relative to ``%SRCROOT%`` when below it, else an absolute file URI."""
+    absolute = Path(path).absolute()
+    try:
+        relative = absolute.relative_to(root.absolute())
+    except ValueError:
+        return {"uri": absolute.as_uri()}
+    return {"uri": quote(relative.as_posix()), "uriBaseId": "%SRCROOT%"}

@@ -15,6 +15,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.syntax import dotted_name, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -224,3 +225,15 @@ def leaves_before(event: Event, later: Event) -> bool:
     ``if not finite: opt.zero_grad(); continue`` clears only on the batches that never step.
     """
     return any(f.kind is FrameKind.BRANCH and f.exits and not later.inside(f) for f in event.frames)
+
+
+def rebuilt_in(loop: Frame, name: str | None) -> bool:
+    """Whether ``name`` is assigned anew inside ``loop``: an optimizer built per iteration starts clean each time."""
+    if name is None:
+        return False
+    for node in walk(loop.node.body):
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            return True
+        if isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
+            return True
+    return False

@@ -4,14 +4,46 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import ClassVar, Union
 
 import libcst as cst
 
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.edits import Fix
 from gradlint.model import LoopModel
+
+
+# One prefilter token: a substring, a compiled pattern the text must match, or a
+# tuple of tokens that must all be present.
+Need = Union[str, "re.Pattern[str]", tuple]
+
+
+def call_of(name: str) -> "re.Pattern[str]":
+    """A prefilter token for a call of ``name``: the name, then ``(`` after blanks, ``)``, ``\\`` or comments.
+
+    It matches every way a call can be written (``opt.step()``, ``opt.step (``,
+    ``(loss.backward)()``) and skips the word in prose (``backward compatible``).
+    """
+    return re.compile(re.escape(name) + r"(?:[\s\\)]|#[^\n]*)*\(")
+
+
+def word(name: str) -> "re.Pattern[str]":
+    """A prefilter token for ``name`` as a whole identifier (``p.grad``, not ``requires_grad``)."""
+    escaped = re.escape(name)
+    # The look-behind comes after the literal so that the search can scan for the literal quickly.
+    return re.compile(rf"{escaped}(?<!\w{escaped})(?!\w)")
+
+
+# Tokens for what the loop model recognises. A BACKWARD event is a call of
+# ``backward``/``manual_backward`` or of ``torch.autograd.backward`` imported
+# under another name (``backward as bw``); a STEP is a call of ``step`` or
+# ``optimizer_step``. A scaler is known by a name or constructor containing
+# "scaler" in any case; that search is slow, so it goes last in a tuple.
+BACKWARD = re.compile(r"backward(?:[\s\\)]|#[^\n]*)*(?:\(|as(?!\w))")
+STEP = call_of("step")
+SCALER = re.compile("caler", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +75,12 @@ class Rule:
     fix: ClassVar[FixKind | None] = None
     # Opportunities (severity info) are off unless selected explicitly.
     enabled_by_default: ClassVar[bool] = True
-    # Substrings of which a file must contain at least one for this rule to fire:
-    # files with none of them are never parsed. Err on the side of too many.
-    needs: ClassVar[tuple[str, ...]] = ("backward",)
+    # The prefilter: a file must contain at least one of these tokens for this
+    # rule to fire, or it is never parsed. A token is a substring, a pattern
+    # (``call_of("step")``, ``word("grad")``) or a tuple of tokens that must all
+    # be present. Every way of writing code the rule fires on must match: err
+    # on the side of too many.
+    needs: ClassVar[tuple[Need, ...]] = ("backward",)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         """Yield one report per problem found in ``model``."""

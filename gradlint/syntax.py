@@ -9,14 +9,17 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+# LibCST's concrete node classes are final: ``type(x) is cst.Name`` answers what
+# ``isinstance`` does, without the cost of an abstract-base-class check.
+
 
 def dotted_name(node: cst.CSTNode | None) -> str | None:
     """``self.opt_d`` for an ``Attribute`` chain of names, ``loss`` for a ``Name``, else None."""
     parts: list[str] = []
-    while isinstance(node, cst.Attribute):
+    while type(node) is cst.Attribute:
         parts.append(node.attr.value)
         node = node.value
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         parts.append(node.value)
         return ".".join(reversed(parts))
     return None
@@ -25,13 +28,13 @@ def dotted_name(node: cst.CSTNode | None) -> str | None:
 def root_name(node: cst.CSTNode | None) -> str | None:
     """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
     while True:
-        if isinstance(node, cst.Name):
+        if type(node) is cst.Name:
             return node.value
-        if isinstance(node, cst.Attribute):
+        if type(node) is cst.Attribute:
             node = node.value
-        elif isinstance(node, cst.Subscript):
+        elif type(node) is cst.Subscript:
             node = node.value
-        elif isinstance(node, cst.Call):
+        elif type(node) is cst.Call:
             node = node.func
         else:
             return None
@@ -39,14 +42,14 @@ def root_name(node: cst.CSTNode | None) -> str | None:
 
 def method_name(call: cst.Call) -> str | None:
     """``step`` for ``opt.step()``; None when the callee is not an attribute."""
-    if isinstance(call.func, cst.Attribute):
+    if type(call.func) is cst.Attribute:
         return call.func.attr.value
     return None
 
 
 def receiver(call: cst.Call) -> cst.BaseExpression | None:
     """``opt`` for ``opt.step()``; None when the callee is not an attribute."""
-    if isinstance(call.func, cst.Attribute):
+    if type(call.func) is cst.Attribute:
         return call.func.value
     return None
 
@@ -54,9 +57,9 @@ def receiver(call: cst.Call) -> cst.BaseExpression | None:
 def callee_name(call: cst.Call) -> str | None:
     """The last name of the callee: ``clip_grad_norm_`` for ``torch.nn.utils.clip_grad_norm_(...)``."""
     func = call.func
-    if isinstance(func, cst.Attribute):
+    if type(func) is cst.Attribute:
         return func.attr.value
-    if isinstance(func, cst.Name):
+    if type(func) is cst.Name:
         return func.value
     return None
 
@@ -81,20 +84,53 @@ def bool_literal(node: cst.BaseExpression) -> bool | None:
     return None
 
 
+# isinstance() against LibCST's abstract node classes is slow; the answer per type is cached.
+_NODE_TYPES: dict[type, bool] = {}
+
+
+def _is_node(value: object) -> bool:
+    kind = type(value)
+    known = _NODE_TYPES.get(kind)
+    if known is None:
+        known = _NODE_TYPES[kind] = issubclass(kind, cst.CSTNode)
+    return known
+
+
 def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), parents before children, never entering nested defs or classes."""
+    stop = _DEFS if into_lambdas else _DEFS_AND_LAMBDAS
     stack = [node]
     while stack:
         current = stack.pop()
         yield current
-        if current is not node and isinstance(current, (cst.FunctionDef, cst.ClassDef)):
-            continue
-        if not into_lambdas and current is not node and isinstance(current, cst.Lambda):
+        kind = type(current)
+        if kind in TRIVIA or (current is not node and kind in stop):
             continue
         stack.extend(reversed(children(current)))
 
 
-_DEFERRED = (cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+# LibCST's concrete node classes are never subclassed: exact type tests are safe and fast.
+_DEFS = frozenset({cst.FunctionDef, cst.ClassDef})
+_DEFS_AND_LAMBDAS = _DEFS | {cst.Lambda}
+
+
+def _trivia() -> frozenset[type]:
+    """Node classes below which there is only whitespace and punctuation: walks yield them but do not enter them."""
+    operators = (cst.BaseBinaryOp, cst.BaseUnaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseAugOp)
+    names = (
+        "SimpleWhitespace ParenthesizedWhitespace TrailingWhitespace Newline EmptyLine Comment Comma Dot Colon "
+        "Semicolon AssignEqual LeftParen RightParen LeftSquareBracket RightSquareBracket LeftCurlyBrace "
+        "RightCurlyBrace ImportStar Name Integer Float Imaginary SimpleString Ellipsis"
+    ).split()
+    found = {getattr(cst, name) for name in names}
+    found.update(c for c in vars(cst).values() if isinstance(c, type) and issubclass(c, operators) and c not in operators)
+    return frozenset(found)
+
+
+TRIVIA = _trivia()
+
+
+_DEFERRED = frozenset({cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp})
 
 
 def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
@@ -108,10 +144,10 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
     while stack:
         current, children_done = stack.pop()
         if children_done:
-            if isinstance(current, cst.Call):
+            if type(current) is cst.Call:
                 result.append(current)
             continue
-        if current is not node and isinstance(current, _DEFERRED):
+        if type(current) in TRIVIA or (current is not node and type(current) in _DEFERRED):
             continue
         stack.append((current, True))
         stack.extend((child, False) for child in reversed(children(current)))
@@ -140,12 +176,10 @@ def scales_down(node: cst.CSTNode) -> bool:
         if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Multiply):
             for side in (sub.left, sub.right):
                 if isinstance(side, (cst.Integer, cst.Float)):
-                    try:
-                        if float(side.value) < 1:
-                            return True
-                    except ValueError:
-                        pass
-                elif not isinstance(side, (cst.Integer, cst.Float, cst.Imaginary)):
+                    value = number(side)
+                    if value is not None and value < 1:
+                        return True
+                elif not isinstance(side, cst.Imaginary):
                     if _is_factor(side):
                         return True
         if isinstance(sub, cst.Call) and callee_name(sub) in ("mul", "mul_"):
@@ -196,8 +230,19 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     result: list[cst.CSTNode] = []
     for name in order:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
+        kind = type(value)
+        if kind is tuple or kind is list:
+            result.extend([item for item in value if _is_node(item)])
+        elif _is_node(value):
             result.append(value)
-        elif isinstance(value, (tuple, list)):
-            result.extend(item for item in value if isinstance(item, cst.CSTNode))
     return result
+
+
+def number(node: cst.CSTNode) -> float | None:
+    """The value of an int or float literal in any spelling (``0x0``, ``1_000``, ``1e-3``), else None."""
+    if not isinstance(node, (cst.Integer, cst.Float)):
+        return None
+    try:
+        return float(ast.literal_eval(node.value))
+    except (ValueError, SyntaxError):
+        return None

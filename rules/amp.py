@@ -12,7 +12,7 @@ from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
 from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
-from gradlint.rule import Report, Rule, Settled
+from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import dotted_name, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
@@ -59,6 +59,8 @@ class BackwardWithoutScaler(Rule):
     summary = "a GradScaler is in use but the loss is backpropagated without scaler.scale()"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    # A scaler in use: scaler.step(), scaler.update() or scaler.unscale_().
+    needs = ((BACKWARD, STEP, SCALER), (BACKWARD, call_of("update"), SCALER), (BACKWARD, call_of("unscale_"), SCALER))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
@@ -115,6 +117,7 @@ class StepBypassesScaler(Rule):
     summary = "a scaled backward is followed by optimizer.step() instead of scaler.step(optimizer)"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP, SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -183,6 +186,7 @@ class ClipBeforeUnscale(Rule):
     summary = "gradients are clipped before scaler.unscale_(optimizer)"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, "clip", SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -227,7 +231,7 @@ class ScalerWithoutUpdate(Rule):
     summary = "scaler.step() with no scaler.update()"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ("caler",)  # scaler, GradScaler
+    needs = ((STEP, SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:

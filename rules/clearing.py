@@ -19,10 +19,12 @@ from gradlint.queries import (
     clears_between_backward_and_step,
     frames_inside,
     leaves_before,
+    param_sources,
+    rebuilt_in,
     same_object,
     steps_with_loops,
 )
-from gradlint.rule import Report, Rule, Settled
+from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
 
 
 class MissingZeroGrad(Rule):
@@ -58,6 +60,7 @@ class MissingZeroGrad(Rule):
     summary = "a loop backpropagates and steps an optimizer but never clears its gradients"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -71,6 +74,8 @@ class MissingZeroGrad(Rule):
                     continue
                 if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
                     continue
+                if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
+                    continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
                     step.node,
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
@@ -106,6 +111,7 @@ class ZeroGradBetweenBackwardAndStep(Rule):
     summary = "gradients are cleared between backward() and the step that should use them"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -151,6 +157,7 @@ class ZeroGradInAccumulation(Rule):
     summary = "the step is under an accumulation guard but the clear runs every micro-batch"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
@@ -223,6 +230,7 @@ class UnscaledAccumulatedLoss(Rule):
     summary = "gradients are accumulated over N micro-batches but the loss is not divided by N"
     severity = Severity.WARNING
     fix = FixKind.UNSAFE
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -258,6 +266,16 @@ def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
     return bool(_MICRO_LOOP_WORDS.search(header))
 
 
+# GL005's prefilter: ``p.grad`` or ``p.grad.data`` followed by ``.zero_``,
+# ``.fill_``, ``.mul_`` or an assignment, with any blanks, ``)``, line
+# continuations or comments between; every form the model counts as zeroing
+# gradients in place.
+_GAP = r"(?:[\s\\)]|#[^\n]*)*"
+GRAD_ZEROED_IN_PLACE = re.compile(
+    rf"grad(?<!\wgrad)(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?(?:\.{_GAP}(?:zero_|fill_|mul_)(?!\w)|=(?!=))"
+)
+
+
 class GradsKeptAllocated(Rule):
     """Gradients are cleared by zeroing them in place, which keeps every gradient buffer allocated.
 
@@ -285,7 +303,7 @@ class GradsKeptAllocated(Rule):
     summary = "gradients are zeroed in place where set_to_none=True would free them"
     severity = Severity.WARNING
     fix = FixKind.SAFE
-    needs = ("grad",)
+    needs = ((call_of("zero_grad"), "False"), GRAD_ZEROED_IN_PLACE)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.uses_cuda_graphs:

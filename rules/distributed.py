@@ -8,7 +8,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.model import NO_SYNC, Event, LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import accumulation, steps_with_loops
-from gradlint.rule import Report, Rule
+from gradlint.rule import BACKWARD, STEP, Report, Rule
 
 
 class AccumulationWithoutNoSync(Rule):
@@ -51,7 +51,7 @@ class AccumulationWithoutNoSync(Rule):
     summary = "a DDP model accumulates gradients without no_sync() on the micro-batches that do not step"
     severity = Severity.WARNING
     fix = None  # wrapping the non-stepping micro-batches in no_sync() restructures the loop: left to the author
-    needs = ("DistributedDataParallel",)
+    needs = ((BACKWARD, STEP, "DistributedDataParallel"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         ddp = [name for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL]

@@ -19,7 +19,7 @@ from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
 from gradlint.release import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
 from gradlint.fixes.release import release_fix
-from gradlint.rule import Report, Rule
+from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
 
 
@@ -371,6 +371,7 @@ class GradientReleaseCandidate(Rule):
     severity = Severity.INFO
     fix = FixKind.UNSAFE
     enabled_by_default = False
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.release.setups or not _plain_module(model):

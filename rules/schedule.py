@@ -9,7 +9,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.model import Event, LoopModel
 from gradlint.queries import Accumulation, accumulation, frames_inside, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
-from gradlint.rule import Report, Rule, Settled
+from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -50,6 +50,7 @@ class SchedulerStepsPerMicroBatch(Rule):
     summary = "an LR scheduler is stepped every micro-batch while the optimizer steps under an accumulation guard"
     severity = Severity.ERROR
     fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()

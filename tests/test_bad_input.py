@@ -50,7 +50,8 @@ def assert_one_error_and_good_still_checked(tmp_path, name, expected_reason):
 
 
 def test_syntax_error_says_where(good):
-    (good / "bad.py").write_text("x = 1\nloss.backward(\n")
+    # A file the prefilter lets through (it backpropagates and steps): only those are parsed.
+    (good / "bad.py").write_text("x = 1\nloss.backward(\nopt.step()\n")
     assert_one_error_and_good_still_checked(good, "bad.py", "cannot parse: '(' was never closed (line 2")
 
 
@@ -154,7 +155,7 @@ def test_symlink_loop_is_walked_once(good):
 
 
 def test_python2_code(good):
-    (good / "old.py").write_text("print 'training'\nloss.backward()\n")
+    (good / "old.py").write_text("print 'training'\nloss.backward()\nopt.step()\n")
     assert_one_error_and_good_still_checked(good, "old.py", "cannot parse: Missing parentheses in call to 'print'")
 
 

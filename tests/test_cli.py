@@ -28,7 +28,7 @@ BUGGY = textwrap.dedent(
     """
 )
 CLEAN = BUGGY + "    optimizer.zero_grad()\n"
-BROKEN = "def broken(:\n    loss.backward()\n"
+BROKEN = "def broken(:\n    loss.backward()\n    opt.step()\n"  # passes the prefilter: it backpropagates and steps
 
 
 @pytest.fixture()

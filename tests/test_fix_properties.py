@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import textwrap
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -191,58 +192,11 @@ def _check(code, text):
     assert again.text == fixed.text and again.fixed == 0
 
 
-_settings = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FIXED_CODES = ["GL001", "GL002", "GL003", "GL004", "GL005", "GL101", "GL102", "GL103", "GL104"]
 
 
-@_settings
-@given(variants("GL001"))
-def test_gl001_fix(text):
-    _check("GL001", text)
-
-
-@_settings
-@given(variants("GL002"))
-def test_gl002_fix(text):
-    _check("GL002", text)
-
-
-@_settings
-@given(variants("GL003"))
-def test_gl003_fix(text):
-    _check("GL003", text)
-
-
-@_settings
-@given(variants("GL004"))
-def test_gl004_fix(text):
-    _check("GL004", text)
-
-
-@_settings
-@given(variants("GL005"))
-def test_gl005_fix(text):
-    _check("GL005", text)
-
-
-@_settings
-@given(variants("GL101"))
-def test_gl101_fix(text):
-    _check("GL101", text)
-
-
-@_settings
-@given(variants("GL102"))
-def test_gl102_fix(text):
-    _check("GL102", text)
-
-
-@_settings
-@given(variants("GL103"))
-def test_gl103_fix(text):
-    _check("GL103", text)
-
-
-@_settings
-@given(variants("GL104"))
-def test_gl104_fix(text):
-    _check("GL104", text)
+@pytest.mark.parametrize("code", FIXED_CODES)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fix_of_generated_loop(code, data):
+    _check(code, data.draw(variants(code), label="loop"))

@@ -268,3 +268,29 @@ def test_a_branch_that_ends_in_continue_leaves_before_the_step():
     # The else of an elif does not leave: its own block ends in a plain call.
     assert not any(f.exits for f in else_clear.frames)
     assert not leaves_before(else_clear, step)
+
+
+def test_autograd_backward_backpropagates_its_first_argument():
+    import libcst as cst
+    from gradlint.events import EventKind
+    from gradlint.model import build_model
+
+    model = build_model(
+        cst.parse_module("import torch\nfor x in data:\n    loss = f(x) / 4\n    torch.autograd.backward(loss)\n")
+    )
+    [backward] = [e for root in model.roots for e in root.events if e.kind is EventKind.BACKWARD]
+    assert model.code(backward.loss) == "loss"
+    assert backward.normalised
+
+
+def test_literals_in_any_spelling_are_read_without_crashing():
+    from gradlint.linter import lint_text
+
+    text = (
+        "import torch\nopt = torch.optim.SGD(params, lr=0.1)\n"
+        "for x in data:\n    loss(x).backward()\n    opt.step()\n"
+        "    for p in params:\n        p.grad.fill_(0x0)\n"
+    )
+    result = lint_text(text, "hex.py")
+    assert result.error is None
+    assert [f.code for f in result.findings] == ["GL005"]

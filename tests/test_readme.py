@@ -40,3 +40,12 @@ def test_readme_starts_with_install_and_lint_of_the_shipped_example():
     first = re.search(r"```sh\n(.*?)\n```", README, re.DOTALL).group(1)
     assert "pip install ." in first and "gradlint examples/train.py" in first
     assert (ROOT / "examples" / "train.py").is_file()
+
+
+def test_readme_example_output_is_what_gradlint_prints(monkeypatch):
+    from gradlint.linter import lint_paths
+    from gradlint.output import all_findings, format_text
+
+    monkeypatch.chdir(ROOT)
+    shown = re.search(r"```console\n\$ gradlint examples/train.py\n(.*?)```", README, re.DOTALL).group(1)
+    assert format_text(all_findings(lint_paths(["examples/train.py"]))) == shown

@@ -11,6 +11,7 @@ from fixture_markers import FIXTURES
 from gradlint.config import Config
 from gradlint.linter import lint_text, needed_tokens
 from gradlint.model import NO_SYNC, build_model
+from gradlint.rule import BACKWARD, STEP
 from gradlint.release import RELEASE_TOKENS, release_polarity, runs_without_release
 from gradlint.rules import RULES_BY_CODE
 
@@ -151,7 +152,8 @@ def test_each_style_carries_a_release_token(source):
 def test_release_rules_prefilter_on_the_release_tokens():
     for code in ("GL201", "GL202", "GL203"):
         assert needed_tokens([RULES_BY_CODE[code]]) == RELEASE_TOKENS
-    assert needed_tokens([RULES_BY_CODE["GL302"]]) == ("DistributedDataParallel",)
+    # GL302 also needs what every accumulation needs: a backward and a step.
+    assert needed_tokens([RULES_BY_CODE["GL302"]]) == ((BACKWARD, STEP, "DistributedDataParallel"),)
 
 
 def test_modules_without_release_tokens_skip_the_search_but_keep_grad_use():

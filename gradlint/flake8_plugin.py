@@ -1,0 +1,63 @@
+"""gradlint as a flake8 plugin: ``flake8 --select GL`` reports what ``gradlint`` reports.
+
+The plugin reads the file once, through the lines flake8 has already read,
+runs the same prefilter and rules as the command line, and leaves ``# noqa``
+to flake8 (so ``--disable-noqa`` and flake8's own noqa rules apply). The
+rules that are off unless selected in gradlint run only when a code longer
+than the ``GL`` prefix selects them (``--select GL204`` or ``--extend-select
+GL2``): ``--select GL`` means gradlint's default rules, as plain ``gradlint``
+does. Columns are 0-based here: flake8 adds one.
+
+A file gradlint cannot check (LibCST cannot parse it, or a rule fails) is
+reported as ``GL000`` on line 1, so that a silent plugin never means an
+unchecked file.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from typing import Any
+
+from gradlint import __version__
+from gradlint.linter import check_module, might_fire, parse
+from gradlint.rules import ALL_RULES
+from gradlint.source import SourceError
+
+
+class GradlintChecker:
+    """The flake8 entry point (``flake8.extension``, prefix ``GL``)."""
+
+    name = "gradlint"
+    version = __version__
+
+    def __init__(self, tree: ast.AST, lines: list[str], filename: str) -> None:
+        # flake8 hands every plugin of this kind its AST; gradlint reads the lines with LibCST instead.
+        self.lines = lines
+        self.filename = filename
+
+    rules = tuple(rule for rule in ALL_RULES if rule.enabled_by_default)
+
+    @classmethod
+    def parse_options(cls, options: Any) -> None:
+        """Add the off-by-default rules that ``--select``/``--extend-select`` name more precisely than ``GL``."""
+        chosen = [code.upper() for code in (options.select or []) + (options.extend_select or []) if len(code) > len("GL")]
+        cls.rules = tuple(
+            rule for rule in ALL_RULES if rule.enabled_by_default or any(rule.code.startswith(code) for code in chosen)
+        )
+
+    def run(self) -> Iterator[tuple[int, int, str, type]]:
+        """Yield ``(line, column, "GL003 message", type)`` for each finding."""
+        text = "".join(self.lines)
+        if not might_fire(text, self.rules):
+            return
+        try:
+            module = parse(text)
+        except SourceError as error:
+            yield 1, 0, f"GL000 gradlint could not check this file: {error}", type(self)
+            return
+        result = check_module(module, self.filename, self.rules, text, noqa=False)
+        if result.error:
+            yield 1, 0, f"GL000 gradlint could not check this file: {result.error}", type(self)
+        for finding in result.findings:
+            yield finding.line, finding.column - 1, f"{finding.code} {finding.message}", type(self)

@@ -1,0 +1,145 @@
+"""The prefilter never hides a finding: results with and without it are identical.
+
+It is checked on every fixture, token by token, and (marked slow) on the
+sources of real packages downloaded with pip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from fixture_markers import FIXTURES, expected_findings, marker_fixtures
+from gradlint import runner
+from gradlint.config import Config
+from gradlint.linter import lint_text, might_fire, needed_tokens
+from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
+from gradlint.rules import ALL_RULES
+from gradlint.rules.clearing import GRAD_ZEROED_IN_PLACE
+
+EVERY_RULE = dataclasses.replace(Config(), select=("GL",))
+ALL_FIXTURES = sorted(FIXTURES.rglob("*.py"))
+
+
+def outcome(result):
+    return result.error, [dataclasses.astuple(f) for f in result.findings]
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_prefilter_changes_nothing_on_fixtures(path):
+    text = path.read_text(encoding="utf-8")
+    for config in (Config(), EVERY_RULE):
+        with_filter = lint_text(text, str(path), config, prefilter=True)
+        without = lint_text(text, str(path), config, prefilter=False)
+        assert outcome(with_filter) == outcome(without)
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda r: r.code)
+def test_each_rule_lets_through_every_fixture_it_fires_on(rule):
+    firing = [p for p in marker_fixtures() if any(code == rule.code for _, code in expected_findings(p.read_text(encoding="utf-8")))]
+    assert firing, f"no fixture expects {rule.code}"
+    assert rule.needs, f"{rule.code} has no prefilter tokens"
+    for path in firing:
+        assert might_fire(path.read_text(encoding="utf-8"), [rule]), f"{rule.code}'s tokens hide {path.name}"
+
+
+def test_the_prefilter_skips_most_fixtures_without_findings_for_no_rule():
+    """Not vacuous: plain code without a training loop is rejected by every rule."""
+    assert not might_fire("import torch\n\ndef forward(x):\n    return x.requires_grad_()  # backward compatible\n", ALL_RULES)
+
+
+@pytest.mark.parametrize(
+    "token, text, present",
+    [
+        (STEP, "opt.step()", True),
+        (STEP, "opt . step (closure)", True),
+        (STEP, "xm.optimizer_step(opt)", True),
+        (STEP, "(opt.step\n)()", True),
+        (STEP, "(opt.step  # why\n)()", True),
+        (STEP, "max_steps = 10\nstep_size = 2\nstep = 0", False),
+        (BACKWARD, "loss.backward()", True),
+        (BACKWARD, "self.manual_backward(loss)", True),
+        (BACKWARD, "from torch.autograd import backward as bw", True),
+        (BACKWARD, "(loss.backward)()", True),
+        (BACKWARD, "# kept for backward compatibility", False),
+        (word("grad"), "p.grad.zero_()", True),
+        (GRAD_ZEROED_IN_PLACE, "p.grad.zero_()", True),
+        (GRAD_ZEROED_IN_PLACE, "p.grad.data.zero_()", True),
+        (GRAD_ZEROED_IN_PLACE, "(p.grad).fill_(0)", True),
+        (GRAD_ZEROED_IN_PLACE, "p.grad \\\n    .mul_(0)", True),
+        (GRAD_ZEROED_IN_PLACE, "p.grad = 0 * p.grad", True),
+        (GRAD_ZEROED_IN_PLACE, "p.grad.data=torch.zeros_like(p)", True),
+        (GRAD_ZEROED_IN_PLACE, "g = p.grad; torch.autograd.grad(y, x); p.grad is None; p.grad == g", False),
+        (GRAD_ZEROED_IN_PLACE, "x.requires_grad = True; p.grad.data.norm()", False),
+        (word("grad"), "p. grad = None", True),
+        (word("grad"), "x.requires_grad_(); torch.no_grad(); y.grad_fn", False),
+        (call_of("zero_grad"), "model.zero_grad(set_to_none=False)", True),
+        (call_of("zero_grad"), "zero_grad = True", False),
+        (SCALER, "self.SCALER.step(opt)", True),
+        (SCALER, "amp.GradScaler()", True),
+    ],
+)
+def test_tokens(token, text, present):
+    assert might_fire(text, [type("R", (), {"needs": (token,)})]) is present
+
+
+def test_tuple_tokens_need_all_their_parts():
+    rule = type("R", (), {"needs": ((BACKWARD, STEP),)})
+    assert not might_fire("loss.backward()\n", [rule])
+    assert might_fire("loss.backward()\nopt.step()\n", [rule])
+    assert needed_tokens([rule, rule]) == ((BACKWARD, STEP),)
+
+
+def test_files_the_prefilter_rejects_are_never_parsed(tmp_path, monkeypatch):
+    parsed = []
+    real = runner.parse
+    monkeypatch.setattr(runner, "parse", lambda text: parsed.append(text) or real(text))
+    for i in range(30):
+        (tmp_path / f"model{i}.py").write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    (tmp_path / "train.py").write_text("for x in data:\n    loss(x).backward()\n    opt.step()\n")
+    results = runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)
+    assert len(parsed) == 1 and "opt.step()" in parsed[0]
+    assert [f.code for r in results for f in r.findings] == ["GL001"]
+
+
+# --------------------------------------------------------------------------- real packages
+
+# Pure-Python packages with training code, optimizers and schedulers in them;
+# CI sweeps a smaller set.
+SWEEP_PACKAGES = ["accelerate==1.15.0"] if os.environ.get("CI") else ["accelerate==1.15.0", "timm==1.0.31", "torchtune==0.6.1"]
+
+
+@pytest.fixture(scope="module")
+def package_sources(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("wheels")
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", str(folder), *SWEEP_PACKAGES],
+        capture_output=True,
+        text=True,
+    )
+    if download.returncode != 0:
+        pytest.skip(f"cannot download {SWEEP_PACKAGES}: {download.stderr.strip().splitlines()[-1:]}")
+    sources = tmp_path_factory.mktemp("sources")
+    for wheel in folder.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(sources)
+    return sources
+
+
+@pytest.mark.slow
+def test_prefilter_changes_nothing_on_real_packages(package_sources):
+    files = sorted(package_sources.rglob("*.py"))
+    assert len(files) > 50  # accelerate alone (CI) has about 80
+    rejected = 0
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if might_fire(text, ALL_RULES):
+            continue  # checked the same way with and without the prefilter
+        rejected += 1
+        assert outcome(lint_text(text, str(path), EVERY_RULE, prefilter=False)) == (None, []), path
+    assert rejected > len(files) // 2
