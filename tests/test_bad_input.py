@@ -250,12 +250,12 @@ def test_read_only_file_can_still_be_checked_and_diffed(tmp_path):
 
 
 DEEP = {
-    "sum.py": "loss = a" + " + a" * 20000 + "\nloss.backward()\n",  # crashed LibCST's parser (stack overflow)
-    "flags.py": "ok = a" + " and a" * 20000 + "\nloss.backward()\n",  # flat for Python, nested for LibCST
-    "negations.py": "x = " + "-" * 20000 + "a\nloss.backward()\n",
-    "brackets.py": "x = " + "[" * 5000 + "]" * 5000 + "\nloss.backward()\n",
-    "chain.py": "x = a" + ".b" * 20000 + "\nloss.backward()\n",
-    "bytes_and_text.py": "x = b'\\xff' 'text'\nloss.backward()\n",  # Python reads it; LibCST refuses it
+    "sum.py": "loss = a" + " + a" * 20000 + "\nloss.backward()\nopt.step()\n",  # crashed LibCST's parser (stack overflow)
+    "flags.py": "ok = a" + " and a" * 20000 + "\nloss.backward()\nopt.step()\n",  # flat for Python, nested for LibCST
+    "negations.py": "x = " + "-" * 20000 + "a\nloss.backward()\nopt.step()\n",
+    "brackets.py": "x = " + "[" * 5000 + "]" * 5000 + "\nloss.backward()\nopt.step()\n",
+    "chain.py": "x = a" + ".b" * 20000 + "\nloss.backward()\nopt.step()\n",
+    "bytes_and_text.py": "x = b'\\xff' 'text'\nloss.backward()\nopt.step()\n",  # Python reads it; LibCST refuses it
 }
 
 

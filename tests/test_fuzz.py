@@ -30,8 +30,8 @@ import libcst as cst
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from run_size import full_run
 
-from conftest import full_run
 from fixture_markers import extra_selected, marker_fixtures
 from gradlint import runner
 from gradlint.config import Config
