@@ -7,7 +7,6 @@ hypothesis profile ``ci`` (500 examples each) there, and ``dev`` (fewer)
 otherwise.
 """
 
-import os
 import sys
 from pathlib import Path
 
@@ -16,11 +15,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def full_run(config=None) -> bool:
-    """Whether this run is CI's (or asked to be as thorough)."""
-    asked = config is not None and "slow" in (config.getoption("-m") or "")
-    return asked or os.environ.get("GRADLINT_SLOW") == "1" or os.environ.get("CI") == "true"
+from run_size import full_run  # noqa: E402
 
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]

@@ -10,8 +10,8 @@ Two sources of input:
   guards inverted (training loops in every broken shape).
 
 Properties: linting never raises and never reports an internal error; the
-same input gives the same findings, file by file or as part of a run over a
-folder; ``--fix --unsafe-fixes`` gives code that parses, leaves no finding
+same input gives the same findings, file by file, as part of a run over a
+folder, and with worker processes (``-j``); ``--fix --unsafe-fixes`` gives code that parses, leaves no finding
 that still has a fix, and a second ``--fix`` changes nothing.
 
 The example count comes from the hypothesis profile (``tests/conftest.py``):
@@ -28,10 +28,12 @@ import tempfile
 import hypothesmith
 import libcst as cst
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from run_size import full_run
 
 from fixture_markers import extra_selected, marker_fixtures
+from gradlint import runner
 from gradlint.config import Config
 from gradlint.fixer import fix_text
 from gradlint.linter import lint_paths, lint_text
@@ -212,3 +214,21 @@ def _where_and_what(finding):
 @given(mutated_loops())
 def test_fixing_mutated_loops_is_sound(text):
     _fix_is_sound(text, _config(text))
+
+
+@settings(max_examples=60 if full_run() else 5)  # each example is a folder of 10 programs, checked twice with processes
+@given(st.lists(mutated_loops(), min_size=10, max_size=10))
+def test_parallel_runs_give_the_same_findings(texts):
+    with tempfile.TemporaryDirectory() as folder:
+        for number, text in enumerate(texts):
+            with open(os.path.join(folder, f"m{number:02d}.py"), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        serial = runner.run([folder], ALL, jobs=1)
+        original = runner.MIN_PARALLEL_CHARS
+        runner.MIN_PARALLEL_CHARS = 0  # small files too go to the worker processes
+        try:
+            parallel = runner.run([folder], ALL, jobs=2)
+        finally:
+            runner.MIN_PARALLEL_CHARS = original
+    assert parallel == serial
+    assert [r.findings for r in serial] == [lint_text(t, os.path.join(folder, f"m{n:02d}.py"), ALL).findings for n, t in enumerate(texts)]
