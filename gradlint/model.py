@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Union
 
 import libcst as cst
@@ -257,7 +257,6 @@ _ACCUMULATION_WORDS = re.compile(
 _FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
-_CUDA_GRAPH_MARKERS = ("CUDAGraph", "cuda.graph", "make_graphed_callables", "capturable=True")
 
 
 # The node types ``_ModuleIndex._note`` looks at; the scan skips the call for all others.
@@ -984,8 +983,3 @@ def _set_to_none(call: cst.Call) -> bool | None:
         args = positional_args(call)
         arg = args[0] if args else None
     return bool_literal(arg.value) if arg is not None else None
-
-
-def step_events(events: Iterable[Event]) -> list[Event]:
-    """The optimizer steps among ``events``."""
-    return [e for e in events if e.kind is EventKind.STEP]

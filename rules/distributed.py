@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from gradlint.findings import FixKind, Severity
+from gradlint.findings import Severity
 from gradlint.model import NO_SYNC, Event, LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import accumulation, steps_with_loops
