@@ -23,7 +23,8 @@ from gradlint.config import Config
 from gradlint.findings import FileResult, Finding, FixKind
 from gradlint.fixes.edits import AddImport, CannotApply, Edit, anchors, apply_edits
 from gradlint.linter import lint_text, might_fire, parse, rule_reports
-from gradlint.model import LoopModel, build_model
+from gradlint.build import build_model
+from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.rule import Rule
 from gradlint.rules import ALL_RULES

@@ -9,7 +9,8 @@ import libcst as cst
 
 from gradlint.config import Config
 from gradlint.findings import FileResult, Finding
-from gradlint.model import LoopModel, build_model
+from gradlint.build import build_model
+from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.rule import Need, Report, Rule
 from gradlint.rules import ALL_RULES

@@ -2,7 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL104)
-- ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
+- ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
 - ``distributed``: distributed data-parallel training (GL302)
 """
@@ -19,7 +19,7 @@ from gradlint.rules.clearing import (
     ZeroGradInAccumulation,
 )
 from gradlint.rules.distributed import AccumulationWithoutNoSync
-from gradlint.rules.release import (
+from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
     GradientReleaseCandidate,

@@ -7,9 +7,9 @@ import pytest
 
 from gradlint.events import EventKind
 from gradlint.fixes.edits import apply_edits
-from gradlint.fixes.release import find_construction, gradient_release, release_fix, release_note
+from gradlint.fixes.fuse_into_backward import find_construction, gradient_release, release_fix, release_note
 from gradlint.fixes.schedule import move_scheduler_step
-from gradlint.model import build_model
+from gradlint.build import build_model
 
 
 def _model(text):

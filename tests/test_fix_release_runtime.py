@@ -17,8 +17,8 @@ from fix_harness import FIXED
 from fixture_markers import FIXTURES
 from gradlint.events import EventKind
 from gradlint.fixes.edits import apply_edits
-from gradlint.fixes.release import find_construction, gradient_release
-from gradlint.model import build_model
+from gradlint.fixes.fuse_into_backward import find_construction, gradient_release
+from gradlint.build import build_model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("optimi")

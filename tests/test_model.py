@@ -7,7 +7,8 @@ import textwrap
 import libcst as cst
 
 from gradlint.events import EventKind
-from gradlint.model import FrameKind, LoopModel, Root, build_model
+from gradlint.build import build_model
+from gradlint.model import FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind
 from gradlint.queries import backwards_reaching, clears, exclusive, leaves_before, stepping_loop
 
@@ -273,7 +274,7 @@ def test_a_branch_that_ends_in_continue_leaves_before_the_step():
 def test_autograd_backward_backpropagates_its_first_argument():
     import libcst as cst
     from gradlint.events import EventKind
-    from gradlint.model import build_model
+    from gradlint.build import build_model
 
     model = build_model(
         cst.parse_module("import torch\nfor x in data:\n    loss = f(x) / 4\n    torch.autograd.backward(loss)\n")

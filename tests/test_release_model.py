@@ -10,9 +10,10 @@ import pytest
 from fixture_markers import FIXTURES
 from gradlint.config import Config
 from gradlint.linter import lint_text, needed_tokens
-from gradlint.model import NO_SYNC, build_model
+from gradlint.build import build_model
+from gradlint.model import NO_SYNC
 from gradlint.rule import BACKWARD, STEP
-from gradlint.release import RELEASE_TOKENS, release_polarity, runs_without_release
+from gradlint.release_setups import RELEASE_TOKENS, release_polarity, runs_without_release
 from gradlint.rules import RULES_BY_CODE
 
 

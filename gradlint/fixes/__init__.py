@@ -7,7 +7,7 @@ and writes the file.
 - ``clearing``: GL001–GL005
 - ``amp``: GL101–GL104
 - ``schedule``: GL301
-- ``release``: GL204, the rewrite to gradient release with torch-optimi
+- ``fuse_into_backward``: GL204, the rewrite to gradient release with torch-optimi
 """
 
 from gradlint.fixes.edits import CannotApply, Edit, Fix, apply_edits

@@ -17,8 +17,8 @@ from gradlint.findings import FixKind, Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
-from gradlint.release import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
-from gradlint.fixes.release import release_fix
+from gradlint.release_setups import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
+from gradlint.fixes.fuse_into_backward import release_fix
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
 

@@ -1,0 +1,530 @@
+"""The event builder: statements of a module turned into the ordered events of each root, helpers inlined."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.model import GRAD_DIVIDE, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
+from gradlint.module_index import ModuleIndex, Unpacked
+from gradlint.objects import ObjKind, kind_from_name, last_name
+from gradlint.syntax import (
+    bool_literal,
+    callee_name,
+    calls_in_evaluation_order,
+    dotted_name,
+    keyword_arg,
+    method_name,
+    number,
+    positional_args,
+    receiver,
+    root_name,
+    scales_down,
+    walk,
+)
+
+
+# How deep helper calls are followed, and how many events one root may hold.
+MAX_INLINE_DEPTH = 4
+MAX_ROOT_EVENTS = 5000
+
+
+# Words that mark a branch test as "this micro-batch steps": accumulation guards.
+_ACCUMULATION_WORDS = re.compile(
+    r"accum|sync_grad|grad(ient)?_?step|boundary|should_step|do_step|is_last_micro|optimi[sz]er_step|update_step|"
+    r"take_step|step_now|is_accumulating",
+    re.IGNORECASE,
+)
+_FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
+_CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+_CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
+
+
+@dataclasses.dataclass
+class _Scope:
+    """Where the builder is: which function, inside which frames, through which helper calls."""
+
+    function: cst.FunctionDef | None
+    frames: tuple[Frame, ...]
+    depth: int
+    stack: tuple[cst.FunctionDef, ...]
+    chain: tuple[cst.Call, ...]
+
+
+class EventBuilder:
+    """Turns statements into events, inlining helpers of the same module."""
+
+    def __init__(self, index: ModuleIndex) -> None:
+        self.index = index
+        self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
+
+    def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
+        """The events of the module body (``None``) or of one function, helpers inlined."""
+        if function is None:
+            scope = _Scope(None, (), 0, (), ())
+            events: list[Event] = []
+            self._block(self.index.module.body, scope, events)
+            return events
+        return self._summary(function, depth=0, stack=())
+
+    def _summary(self, function: cst.FunctionDef, depth: int, stack: tuple[cst.FunctionDef, ...]) -> list[Event]:
+        """A function's events, computed once per inlining depth (deeper copies see fewer nested helpers)."""
+        key = (function, depth)
+        if key in self._summaries:
+            return self._summaries[key]
+        events: list[Event] = []
+        scope = _Scope(function, (), depth, stack + (function,), ())
+        body = function.body.body if isinstance(function.body, cst.IndentedBlock) else [function.body]
+        self._block(body, scope, events)
+        self._summaries[key] = events
+        return events
+
+    # -- statements
+
+    def _block(self, statements: Sequence[cst.CSTNode], scope: _Scope, out: list[Event]) -> None:
+        frames = scope.frames
+        for statement in statements:
+            inner = dataclasses.replace(scope, frames=frames)
+            self._statement(statement, inner, out)
+            if len(out) > MAX_ROOT_EVENTS:
+                return
+            guard = self._continue_guard(statement, scope.function)
+            if guard is not None:
+                frames = frames + (guard,)
+
+    def _statement(self, statement: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                self._simple(small, scope, out)
+        elif isinstance(statement, cst.If):
+            self._if(statement, scope, out)
+        elif isinstance(statement, (cst.For, cst.While)):
+            head = statement.iter if isinstance(statement, cst.For) else statement.test
+            self._expression(head, scope, out)
+            loop = Frame(FrameKind.LOOP, statement)
+            self._block(statement.body.body, _within(scope, loop), out)
+            if statement.orelse is not None:
+                self._block(statement.orelse.body.body, scope, out)
+        elif isinstance(statement, cst.With):
+            frames = scope.frames
+            for item in statement.items:
+                self._expression(item.item, scope, out)
+                context = self._with_context(item.item)
+                if context is not None:
+                    frames = frames + (Frame(FrameKind.WITH, statement, context=context),)
+            self._block(statement.body.body, dataclasses.replace(scope, frames=frames), out)
+        elif isinstance(statement, cst.Try) or type(statement).__name__ == "TryStar":
+            self._block(statement.body.body, scope, out)
+            for handler in statement.handlers:
+                self._block(handler.body.body, scope, out)
+            if statement.orelse is not None:
+                self._block(statement.orelse.body.body, scope, out)
+            if statement.finalbody is not None:
+                self._block(statement.finalbody.body.body, scope, out)
+        elif isinstance(statement, cst.Match):
+            self._expression(statement.subject, scope, out)
+            for case in statement.cases:
+                self._block(case.body.body, scope, out)
+        # Function and class definitions are roots of their own; nothing runs here.
+
+    def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
+        self._expression(statement.test, scope, out)
+        accumulation, count = self._guard(statement.test, scope.function)
+        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
+        self._block(statement.body.body, _within(scope, body_frame), out)
+        orelse = statement.orelse
+        if orelse is None:
+            return
+        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count, exits=not isinstance(orelse, cst.If) and _leaves(orelse.body))
+        if isinstance(orelse, cst.If):
+            self._if(orelse, _within(scope, else_frame), out)
+        else:
+            self._block(orelse.body.body, _within(scope, else_frame), out)
+
+    def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
+        """``if not boundary: continue`` puts the rest of the block under an accumulation guard."""
+        if not isinstance(statement, cst.If) or statement.orelse is not None:
+            return None
+        body = statement.body.body
+        if not (len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine)):
+            return None
+        if not all(isinstance(s, cst.Continue) for s in body[0].body):
+            return None
+        accumulation, count = self._guard(statement.test, function)
+        if not accumulation:
+            return None
+        return Frame(FrameKind.BRANCH, statement, "after", True, count)
+
+    def _guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int = 0) -> tuple[bool, cst.BaseExpression | None]:
+        """Whether a branch test is an accumulation guard, and the micro-batch count it uses."""
+        for node in walk(test):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+                return True, node.right
+        for node in walk(test):
+            name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            if name is None:
+                continue
+            if _ACCUMULATION_WORDS.search(name):
+                return True, None
+            if depth < 2 and isinstance(node, cst.Name):
+                for value in self._assigned(name, function):
+                    if not isinstance(value, Unpacked):
+                        found, count = self._guard(value, function, depth + 1)
+                        if found:
+                            return True, count
+        return False, None
+
+    def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
+        values = list(self.index.assignments.get(function, {}).get(name, []))
+        if function is not None:
+            values += self.index.assignments.get(None, {}).get(name, [])
+        return values
+
+    def _with_context(self, item: cst.BaseExpression) -> str | None:
+        for node in walk(item):
+            if isinstance(node, cst.Call):
+                name = callee_name(node)
+                if name in ("no_sync", "no_backward_sync"):
+                    return "no_sync"
+                if name == "accumulate":
+                    return "accumulate"
+                if name == "autocast":
+                    return "autocast"
+        return None
+
+    # -- simple statements and expressions
+
+    def _simple(self, small: cst.BaseSmallStatement, scope: _Scope, out: list[Event]) -> None:
+        self._expression(small, scope, out)
+        if isinstance(small, cst.Assign):
+            for target in small.targets:
+                self._grad_assignment(target.target, small.value, small, scope, out)
+            if _switches_off_grad_sync(small):
+                owner = small.targets[-1].target.value
+                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
+        elif isinstance(small, cst.AugAssign) and _is_grad(small.target):
+            if isinstance(small.operator, (cst.DivideAssign, cst.MultiplyAssign)):
+                out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
+
+    def _grad_assignment(self, target: cst.BaseExpression, value: cst.BaseExpression, small: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
+        """``p.grad = None`` clears and frees; ``p.grad = 0 * p.grad`` clears and keeps the buffer."""
+        if not _is_grad(target):
+            return
+        if isinstance(value, cst.Name) and value.value == "None":
+            set_to_none = True
+        elif _is_zeroing_value(value):
+            set_to_none = False
+        elif isinstance(value, cst.Call) and callee_name(value) in ("zeros_like", "zeros"):
+            set_to_none = None  # p.grad = torch.zeros_like(p): a fresh buffer, often made on purpose for a step
+        else:
+            if scales_down(value):
+                out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
+            return
+        owner, kind = self._grad_owner(target, scope)
+        out.append(Event(EventKind.ZERO, small, scope.frames, owner, kind, set_to_none=set_to_none, manual=True, call_chain=scope.chain))
+
+    def _grad_owner(self, grad: cst.BaseExpression, scope: _Scope) -> tuple[str | None, ObjKind]:
+        """Whose gradients ``p.grad`` belongs to, read from the loops that bind ``p``.
+
+        A ``.grad`` of one named tensor that no loop binds (``delta.grad``,
+        ``self.fc.weight.grad``) is that tensor's own: target kind TENSOR.
+        """
+        name = root_name(grad)
+        loop_bound = False
+        for frame in reversed(scope.frames):
+            if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
+                continue
+            bound = {n.value for n in walk(frame.node.target) if isinstance(n, cst.Name)}
+            if name not in bound:
+                continue
+            loop_bound = True
+            for node in walk(frame.node.iter):
+                if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+                    owner = dotted_name(receiver(node))
+                    if owner:
+                        return owner, ObjKind.MODEL
+                if isinstance(node, cst.Attribute) and node.attr.value == "param_groups":
+                    return dotted_name(node.value), ObjKind.OPTIMIZER
+            name = root_name(frame.node.iter)
+        tensor = dotted_name(_grad_holder(grad))
+        if not loop_bound and tensor is not None and not self._is_argument(root_name(grad), scope.function):
+            return tensor, ObjKind.TENSOR
+        return None, ObjKind.UNKNOWN
+
+    @staticmethod
+    def _is_argument(name: str | None, function: cst.FunctionDef | None) -> bool:
+        """Whether ``name`` is a parameter of ``function`` other than ``self``/``cls``: the caller may pass each parameter in turn."""
+        if function is None or name in ("self", "cls"):
+            return False
+        params = function.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params]
+        return any(p.name.value == name for p in every)
+
+    def _expression(self, node: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
+        for call in calls_in_evaluation_order(node):
+            self._call(call, scope, out)
+
+    def _call(self, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
+        index = self.index
+        method = method_name(call)
+        recv = receiver(call)
+        recv_name = dotted_name(recv)
+        qualified = index.qualified_names(call.func)
+        frames, chain = scope.frames, scope.chain
+
+        def emit(kind: Kind, **fields) -> None:
+            out.append(Event(kind, call, frames, call_chain=chain, **fields))
+
+        # ``self.backward(loss)`` or ``self.step()`` defined by the class itself: judge what the method does.
+        if isinstance(recv, cst.Name) and recv.value in ("self", "cls"):
+            helper = index.resolve_function(call, scope.function)
+            if helper is not None:
+                self._inline(helper, call, scope, out)
+                return
+        if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
+            emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
+            return
+        if method == "backward" or method == "manual_backward":
+            emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
+            return
+        if method == "zero_grad":
+            kind = self._kind(recv_name)
+            target_kind = ObjKind.OPTIMIZER if kind is ObjKind.OPTIMIZER else ObjKind.MODEL
+            emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
+            return
+        if method in ("zero_", "fill_", "mul_") and _is_grad(recv):
+            if method == "zero_" or _is_zero_literal(positional_args(call)):
+                owner, kind = self._grad_owner(recv, scope)
+                emit(EventKind.ZERO, target=owner, target_kind=kind, set_to_none=False, manual=True)
+            return
+        if method in ("div_",) and _is_grad(recv):
+            emit(GRAD_DIVIDE)
+            return
+        recv_kind = self._kind(recv_name)
+        if method == "step":
+            args = positional_args(call)
+            if recv_kind is ObjKind.SCALER and args:
+                emit(EventKind.STEP, target=dotted_name(args[0].value), target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+                return
+            if recv_kind is ObjKind.OPTIMIZER:
+                closure = args[0].value if args else (keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None)
+                if closure is not None:
+                    self._inline_closure(closure, scope, out)
+                emit(EventKind.STEP, target=recv_name, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
+                return
+            if recv_kind is ObjKind.SCHEDULER:
+                emit(EventKind.SCHED_STEP, target=recv_name, target_kind=ObjKind.SCHEDULER, has_args=bool(call.args))
+                return
+        if method == "unscale_" and recv_kind is ObjKind.SCALER:
+            args = positional_args(call)
+            emit(EventKind.UNSCALE, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+            return
+        if method == "update" and recv_kind is ObjKind.SCALER:
+            emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
+            return
+        if method in ("no_sync", "no_backward_sync"):
+            args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
+            owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
+            emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
+            return
+        name = callee_name(call)
+        if name in _CLIP_FUNCTIONS or name == "clip_gradients":
+            emit(EventKind.CLIP, framework=self._clip_framework(recv_name, qualified))
+            return
+        if name == "optimizer_step" and any(q.startswith("torch_xla") for q in qualified):
+            args = positional_args(call)
+            emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
+            return
+        helper = index.resolve_function(call, scope.function)
+        if helper is not None:
+            self._inline(helper, call, scope, out)
+            return
+        if name and _CLEAR_HELPER.search(name):
+            emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
+            return
+        for arg in call.args:
+            arg_name = dotted_name(arg.value)
+            if arg_name and self._kind(arg_name) is ObjKind.OPTIMIZER:
+                emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+
+    def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
+        """None for torch's own clipping; otherwise who clips (accelerate unscales first, FSDP shards)."""
+        if any(q.startswith("torch.") for q in qualified) or recv_name is None:
+            return None
+        if self._kind(recv_name) is ObjKind.ACCELERATOR:
+            return "accelerate"
+        if recv_name.split(".")[0] in ("torch", "nn", "utils", "clip_grad"):
+            return None
+        return "module"
+
+    def _kind(self, name: str | None) -> ObjKind:
+        if name is None:
+            return ObjKind.UNKNOWN
+        known = self.index.objects.get(name)
+        if known is not None and known.kind is not ObjKind.UNKNOWN:
+            return known.kind
+        return kind_from_name(name)
+
+    def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
+        args = positional_args(call)
+        if method == "manual_backward":
+            return {"framework": "lightning", "normalised": True, "loss": args[0].value if args else None}
+        if method is None:  # torch.autograd.backward(loss)
+            loss = args[0].value if args else None
+            return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
+        recv_last = last_name(recv_name or "")
+        if args and (recv_last in _FRAMEWORK_BACKWARD or self._kind(recv_name) is ObjKind.ACCELERATOR):
+            framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
+            return {"framework": framework, "normalised": True, "loss": args[0].value}
+        scaled = False
+        recv = _uncast(recv)
+        loss = recv
+        if isinstance(recv, cst.Call) and method_name(recv) == "scale" and self._kind(dotted_name(receiver(recv))) is ObjKind.SCALER:
+            scaled = True
+            inner = positional_args(recv)
+            loss = inner[0].value if inner else recv
+        elif recv_name is not None:
+            for value in self._assigned(recv_name, scope.function):
+                if isinstance(value, cst.Call) and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
+                    scaled = True
+        return {"scaled": scaled, "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
+
+    def _normalised(self, loss: cst.BaseExpression, scope: _Scope) -> bool:
+        """Whether the loss handed to backward was divided (or scaled down) on its way there."""
+        if scales_down(loss):
+            return True
+        name = dotted_name(loss)
+        if name is None:
+            return False
+        if name in self.index.divided_names.get(scope.function, set()):
+            return True
+        for value in self._assigned(name, scope.function):
+            if isinstance(value, cst.Call):
+                helper = self.index.resolve_function(value, scope.function)
+                if helper is not None and helper in self.index.returns_divided:
+                    return True
+        return False
+
+    # -- helpers
+
+    def _inline(self, helper: cst.FunctionDef, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
+        """Append a helper's events as if its body were written at the call site."""
+        if helper in scope.stack or scope.depth >= MAX_INLINE_DEPTH:
+            return
+        events = self._summary(helper, scope.depth + 1, scope.stack)
+        bindings = _bind_arguments(helper, call)
+        for event in events:
+            out.append(self._rebind(event, bindings, scope, call))
+
+    def _inline_closure(self, closure: cst.BaseExpression, scope: _Scope, out: list[Event]) -> None:
+        """``optimizer.step(closure)`` runs the closure first: its events belong before the step."""
+        if isinstance(closure, cst.Name):
+            helper = self.index.resolve_function(cst.Call(func=closure), scope.function)
+            if helper is not None and helper not in scope.stack and scope.depth < MAX_INLINE_DEPTH:
+                for event in self._summary(helper, scope.depth + 1, scope.stack):
+                    out.append(dataclasses.replace(event, frames=scope.frames + event.frames, framework=event.framework or "closure", call_chain=scope.chain + event.call_chain))
+        elif isinstance(closure, cst.Lambda):
+            self._expression(closure.body, scope, out)
+
+    def _rebind(self, event: Event, bindings: dict[str, cst.BaseExpression], scope: _Scope, call: cst.Call) -> Event:
+        changes: dict = {"frames": scope.frames + event.frames, "call_chain": scope.chain + (call,) + event.call_chain}
+        if event.target is not None:
+            head, _, rest = event.target.partition(".")
+            if head in bindings:
+                bound = dotted_name(bindings[head])
+                if bound is not None:
+                    new_target = f"{bound}.{rest}" if rest else bound
+                    changes["target"] = new_target
+                    if event.target_kind is ObjKind.UNKNOWN:
+                        changes["target_kind"] = self._kind(new_target)
+        if event.kind is EventKind.BACKWARD and not event.normalised and isinstance(event.loss, cst.Name):
+            bound_loss = bindings.get(event.loss.value)
+            if bound_loss is not None and self._normalised(bound_loss, scope):
+                changes["normalised"] = True
+        return dataclasses.replace(event, **changes)
+
+
+def _leaves(block: cst.BaseSuite) -> bool:
+    """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``."""
+    if not isinstance(block, cst.IndentedBlock) or not block.body:
+        return False
+    last = block.body[-1]
+    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
+
+
+def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``x`` for ``cast(T, x)`` / ``typing.cast(T, x)``: a type cast changes nothing at run time."""
+    if isinstance(node, cst.Call) and callee_name(node) == "cast":
+        args = positional_args(node)
+        if len(args) == 2:
+            return args[1].value
+    return node
+
+
+def _within(scope: _Scope, frame: Frame) -> _Scope:
+    return dataclasses.replace(scope, frames=scope.frames + (frame,))
+
+
+def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """Which caller expression each helper parameter receives (positional and keyword, no ``*args``)."""
+    params = [p.name.value for p in helper.params.posonly_params] + [p.name.value for p in helper.params.params]
+    if params and params[0] in ("self", "cls") and isinstance(call.func, cst.Attribute):
+        params = params[1:]
+    bindings: dict[str, cst.BaseExpression] = {}
+    for name, arg in zip(params, positional_args(call)):
+        bindings[name] = arg.value
+    for arg in call.args:
+        if arg.keyword is not None:
+            bindings[arg.keyword.value] = arg.value
+    return bindings
+
+
+def _is_grad(node: cst.BaseExpression | None) -> bool:
+    """``p.grad`` or ``p.grad.data``."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+        node = node.value
+    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+
+
+def _switches_off_grad_sync(assign: cst.Assign) -> bool:
+    """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
+    target = assign.targets[-1].target
+    return (
+        isinstance(target, cst.Attribute)
+        and target.attr.value == "require_backward_grad_sync"
+        and bool_literal(assign.value) is not True
+    )
+
+
+def _is_zero_literal(args: list[cst.Arg]) -> bool:
+    return bool(args) and number(args[0].value) == 0
+
+
+def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
+    """``p`` for ``p.grad`` or ``p.grad.data``."""
+    if isinstance(grad, cst.Attribute) and grad.attr.value == "data":
+        grad = grad.value
+    return grad.value if isinstance(grad, cst.Attribute) else grad
+
+
+def _is_zeroing_value(value: cst.BaseExpression) -> bool:
+    """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``: the old gradient's shape, all zeros."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+        return any(number(side) == 0 for side in (value.left, value.right))
+    if isinstance(value, cst.Call) and callee_name(value) == "zeros_like":
+        args = positional_args(value)
+        return bool(args) and _is_grad(args[0].value)
+    return False
+
+
+def _set_to_none(call: cst.Call) -> bool | None:
+    """The literal ``set_to_none`` given to ``zero_grad``; None when it is left to the default (True)."""
+    arg = keyword_arg(call, "set_to_none")
+    if arg is None:
+        args = positional_args(call)
+        arg = args[0] if args else None
+    return bool_literal(arg.value) if arg is not None else None

@@ -1,0 +1,267 @@
+"""The module index: one pass over a module noting its functions, classes, imports, assignments and tracked objects.
+
+The event builder and the release set-up finder ask it which function a call
+lands in, what a name was assigned, and what kind of object a name holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import libcst as cst
+
+from gradlint.imports import ImportMap
+from gradlint.objects import ObjInfo, ObjKind, kind_of_constructor, last_name
+from gradlint.syntax import (
+    TRIVIA,
+    bool_literal,
+    callee_name,
+    children,
+    dotted_name,
+    number,
+    positional_args,
+    receiver,
+    scales_down,
+    walk,
+)
+
+
+# The node types ``ModuleIndex._note`` looks at; the scan skips the call for all others.
+_NOTED = frozenset(
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg}
+)
+
+
+class ModuleIndex:
+    """One pass over the module: functions, classes, assignments and tracked objects."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.text: str | None = None  # the source, when the caller has it
+        self.imports = ImportMap()
+        self.functions: list[cst.FunctionDef] = []
+        self.qualname: dict[cst.FunctionDef, str] = {}
+        self.class_of: dict[cst.FunctionDef, str | None] = {}
+        self.parent_function: dict[cst.FunctionDef, cst.FunctionDef | None] = {}
+        self.module_functions: dict[str, cst.FunctionDef] = {}
+        self.class_methods: dict[str, dict[str, cst.FunctionDef]] = {}
+        self.class_bases: dict[str, list[str]] = {}
+        self.nested: dict[cst.FunctionDef | None, dict[str, cst.FunctionDef]] = {None: {}}
+        # Per function (None: module level): name -> every expression assigned to it.
+        self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
+        self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
+        self.returns_divided: set[cst.FunctionDef] = set()
+        self._returned: dict[cst.FunctionDef, list[cst.BaseExpression]] = {}
+        self.objects: dict[str, ObjInfo] = {}
+        self.uses_cuda_graphs = False
+        self._scan(module)
+        self._find_divided_returns()
+        self._classify_objects()
+
+    # -- names
+
+    def qualified_names(self, node: cst.CSTNode) -> set[str]:
+        """The qualified names a name or attribute node stands for, through the module's imports."""
+        return self.imports.qualify(node)
+
+    def resolve_function(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """The function of this module a call lands in: a nested def, a module function or ``self.method``."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            scope = function
+            while True:
+                found = self.nested.get(scope, {}).get(func.value)
+                if found is not None:
+                    return found
+                if scope is None:
+                    return None
+                scope = self.parent_function.get(scope)
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
+            owner = self.class_of.get(function) if function is not None else None
+            while function is not None and owner is None:
+                function = self.parent_function.get(function)
+                owner = self.class_of.get(function) if function is not None else None
+            return self._method(owner, func.attr.value, set()) if owner else None
+        return None
+
+    def _method(self, class_name: str, name: str, seen: set[str]) -> cst.FunctionDef | None:
+        if class_name in seen:
+            return None
+        seen.add(class_name)
+        found = self.class_methods.get(class_name, {}).get(name)
+        if found is not None:
+            return found
+        for base in self.class_bases.get(class_name, []):
+            found = self._method(base, name, seen)
+            if found is not None:
+                return found
+        return None
+
+    # -- scanning
+
+    def _scan(self, module: cst.Module) -> None:
+        """Index every function and class, and note assignments, in one iterative pass."""
+        # (node, enclosing function, enclosing class for direct methods, qualified-name prefix)
+        stack: list[tuple[cst.CSTNode, cst.FunctionDef | None, str | None, str]] = [(module, None, None, "")]
+        while stack:
+            node, function, class_name, prefix = stack.pop()
+            for child in children(node):
+                if isinstance(child, cst.FunctionDef):
+                    self._add_function(child, function, class_name, prefix)
+                    stack.append((child, child, None, f"{prefix}{child.name.value}."))
+                elif isinstance(child, cst.ClassDef):
+                    name = child.name.value
+                    self.class_bases[name] = [last_name(b) for b in (dotted_name(a.value) for a in child.bases) if b]
+                    self.class_methods.setdefault(name, {})
+                    stack.append((child, function, name, f"{prefix}{name}."))
+                else:
+                    if type(child) in _NOTED:
+                        self._note(child, function)
+                    if type(child) not in TRIVIA:
+                        stack.append((child, function, class_name, prefix))
+
+    def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
+        self.functions.append(node)
+        self.qualname[node] = f"{prefix}{node.name.value}"
+        self.class_of[node] = class_name
+        self.parent_function[node] = parent
+        if class_name is not None:
+            self.class_methods.setdefault(class_name, {})[node.name.value] = node
+        else:
+            self.nested.setdefault(parent, {})[node.name.value] = node
+            if parent is None:
+                self.module_functions[node.name.value] = node
+        self.nested.setdefault(node, {})
+
+    def _note(self, node: cst.CSTNode, function: cst.FunctionDef | None) -> None:
+        """Record imports, assignments, returns and CUDA-graph use seen at ``node``."""
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            self.imports.add(node)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                self._assign(target.target, node.value, function)
+        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+            self._assign(node.target, node.value, function)
+        elif isinstance(node, cst.AugAssign):
+            name = dotted_name(node.target)
+            if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
+                if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
+                    self.divided_names.setdefault(function, set()).add(name)
+        elif isinstance(node, cst.WithItem) and node.asname is not None:
+            self._assign(node.asname.name, node.item, function)
+        elif isinstance(node, cst.Return) and node.value is not None and function is not None:
+            self._returned.setdefault(function, []).append(node.value)
+        elif isinstance(node, (cst.Attribute, cst.Name)) and not self.uses_cuda_graphs:
+            name = dotted_name(node) or ""
+            if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")):
+                self.uses_cuda_graphs = True
+        elif isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "capturable":
+            if bool_literal(node.value) is True:
+                self.uses_cuda_graphs = True
+
+    def _find_divided_returns(self) -> None:
+        """Helpers that return a divided loss: ``return loss / n``, or ``loss = loss / n`` then ``return loss``.
+
+        Run after the whole scan: a function's assignments are not all seen before its returns.
+        """
+        for function, values in self._returned.items():
+            divided = self.divided_names.get(function, set())
+            if any(scales_down(v) or dotted_name(v) in divided for v in values):
+                self.returns_divided.add(function)
+
+    def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
+        table = self.assignments.setdefault(function, {})
+        if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(value.elements):
+            for t, v in zip(target.elements, value.elements):
+                self._assign(t.value, v.value, function)
+            return
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for position, element in enumerate(target.elements):
+                name = dotted_name(element.value)
+                if name:
+                    table.setdefault(name, []).append(Unpacked(value, position))
+            return
+        name = dotted_name(target)
+        if name:
+            table.setdefault(name, []).append(value)
+            if scales_down(value):
+                self.divided_names.setdefault(function, set()).add(name)
+
+    # -- objects
+
+    def _classify_objects(self) -> None:
+        """Give each assigned name a kind from what was assigned to it."""
+        pending: list[tuple[str, cst.BaseExpression]] = []
+        for table in self.assignments.values():
+            for name, values in table.items():
+                for value in values:
+                    pending.append((name, value))
+        # Two passes: the second sees aliases (``opt = self.optimizer``) of names the first classified.
+        for _ in range(2):
+            for name, value in pending:
+                info = self._classify_value(value)
+                if info is not None and (name not in self.objects or self.objects[name].kind is ObjKind.UNKNOWN):
+                    self.objects[name] = info
+
+    def _classify_value(self, value: cst.BaseExpression) -> ObjInfo | None:
+        if isinstance(value, Unpacked):
+            return self._classify_unpacked(value)
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            alias = dotted_name(value)
+            return self.objects.get(alias) if alias else None
+        if not isinstance(value, cst.Call):
+            return None
+        for qualified in self.qualified_names(value.func):
+            kind = kind_of_constructor(qualified)
+            if kind is ObjKind.OPTIMIZER:
+                return ObjInfo(kind, param_sources=_parameter_sources(value))
+            if kind is ObjKind.DDP_MODEL:
+                args = positional_args(value)
+                return ObjInfo(kind, wraps=dotted_name(args[0].value) if args else None)
+            if kind is not None:
+                return ObjInfo(kind)
+        name = callee_name(value) or ""
+        if name in ("prepare", "prepare_model") and len(positional_args(value)) == 1:
+            return self._classify_value(positional_args(value)[0].value)
+        if re.search(r"optimi[sz]er", name, re.IGNORECASE) and not name.endswith("_step"):
+            return ObjInfo(ObjKind.OPTIMIZER)
+        if re.search(r"GradScaler|NativeScaler", name):
+            return ObjInfo(ObjKind.SCALER)
+        return None
+
+    def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
+        """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was."""
+        call = value.value
+        if isinstance(call, cst.Call) and callee_name(call) in ("prepare", "setup", "initialize"):
+            args = positional_args(call)
+            if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
+                return {1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
+            if value.position < len(args):
+                return self._classify_value(args[value.position].value)
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Unpacked:
+    """Element ``position`` of a value unpacked into a tuple (``model, opt = accelerator.prepare(...)``)."""
+
+    value: cst.BaseExpression
+    position: int
+
+
+def _is_fraction(node: cst.BaseExpression) -> bool:
+    value = number(node)
+    return value is not None and value < 1
+
+
+def _parameter_sources(call: cst.Call) -> frozenset[str]:
+    """The models whose ``.parameters()`` an optimizer constructor was given."""
+    sources = set()
+    for arg in call.args:
+        for node in walk(arg):
+            if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+                owner = dotted_name(receiver(node))
+                if owner:
+                    sources.add(last_name(owner))
+    return frozenset(sources)
