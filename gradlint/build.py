@@ -25,4 +25,6 @@ def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
         release=find_release(index),
+        text=text,
+        parents=index.parents,
     )

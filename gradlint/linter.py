@@ -12,6 +12,7 @@ from gradlint.findings import FileResult, Finding
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
+from gradlint.positions import remember_token_lines
 from gradlint.rule import Need, Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
@@ -51,8 +52,8 @@ _TOO_DEEP = "cannot parse: code nested too deeply"
 _MAX_BOOLEAN_CHAIN = 2000
 
 
-def _refuse_deep_nesting(text: str) -> None:
-    """Raise :class:`SourceError` for code nested too deeply for LibCST; let everything else through."""
+def _refuse_deep_nesting(text: str) -> ast.Module | None:
+    """Raise :class:`SourceError` for code nested too deeply for LibCST; else Python's tree of ``text``, if it reads it."""
     try:
         tree = ast.parse(text)
     except (RecursionError, MemoryError) as error:
@@ -60,19 +61,20 @@ def _refuse_deep_nesting(text: str) -> None:
     except SyntaxError as error:
         if "too many nested" in str(error.msg):
             raise SourceError(_TOO_DEEP) from error
-        return  # LibCST decides, and says where (it also reads syntax newer than this Python's)
+        return None  # LibCST decides, and says where (it also reads syntax newer than this Python's)
     except ValueError:
-        return
+        return None
     if text.count(" and ") + text.count(" or ") > _MAX_BOOLEAN_CHAIN:
         if any(isinstance(node, ast.BoolOp) and len(node.values) > _MAX_BOOLEAN_CHAIN for node in ast.walk(tree)):
             raise SourceError(_TOO_DEEP)
+    return tree
 
 
 def parse(text: str) -> cst.Module:
     """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s."""
-    _refuse_deep_nesting(text)
+    tree = _refuse_deep_nesting(text)
     try:
-        return cst.parse_module(text)
+        module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         # Python's own parser says where and why more precisely than LibCST's.
         try:
@@ -89,6 +91,9 @@ def parse(text: str) -> cst.Module:
         raise SourceError(_TOO_DEEP) from error
     except Exception as error:  # noqa: BLE001 - LibCST refuses some code Python accepts (b"x" "y")
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
+    if tree is not None:
+        remember_token_lines(module, tree)
+    return module
 
 
 def check_module(

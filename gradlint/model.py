@@ -169,6 +169,8 @@ class LoopModel:
     uses_cuda_graphs: bool
     _positions: Positions | None = None
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
+    text: str | None = None  # the source, when the caller has it: positions are read against it
+    parents: dict[cst.CSTNode, cst.CSTNode] | None = None  # each node's parent, from the module index
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """``(line, column, end_line, end_column)`` of a node, 1-based columns, end exclusive.
@@ -176,7 +178,7 @@ class LoopModel:
         Positions are resolved on first use only, one top-level statement at a time: most modules have no findings.
         """
         if self._positions is None:
-            self._positions = Positions(self.module)
+            self._positions = Positions(self.module, self.text, self.parents)
         code_range = self._positions[node]
         return (code_range.start.line, code_range.start.column + 1, code_range.end.line, code_range.end.column + 1)
 

@@ -33,6 +33,28 @@ _NOTED = frozenset(
 )
 
 
+# The parent map of the module indexed last: the fixes climb it from a call to its statement.
+_last_indexed: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
+
+
+def parents_of(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
+    """Each node's parent in ``module``: the index's own map when ``module`` was indexed last, else walked now."""
+    global _last_indexed
+    last = _last_indexed  # one read: another thread may replace it meanwhile
+    if last is not None and last[0] is module:
+        return last[1]
+    table: dict[cst.CSTNode, cst.CSTNode] = {}
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            table[child] = node
+            if type(child) not in TRIVIA:
+                stack.append(child)
+    _last_indexed = (module, table)
+    return table
+
+
 class ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
@@ -55,9 +77,13 @@ class ModuleIndex:
         self._returned: dict[cst.FunctionDef, list[cst.BaseExpression]] = {}
         self.objects: dict[str, ObjInfo] = {}
         self.uses_cuda_graphs = False
+        # Each node's parent (names and literals are children, never parents): how a reported node finds its statement.
+        self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         self._scan(module)
         self._find_divided_returns()
         self._classify_objects()
+        global _last_indexed
+        _last_indexed = (module, self.parents)
 
     # -- names
 
@@ -104,9 +130,11 @@ class ModuleIndex:
         """Index every function and class, and note assignments, in one iterative pass."""
         # (node, enclosing function, enclosing class for direct methods, qualified-name prefix)
         stack: list[tuple[cst.CSTNode, cst.FunctionDef | None, str | None, str]] = [(module, None, None, "")]
+        parents = self.parents
         while stack:
             node, function, class_name, prefix = stack.pop()
             for child in children(node):
+                parents[child] = node
                 if isinstance(child, cst.FunctionDef):
                     self._add_function(child, function, class_name, prefix)
                     stack.append((child, child, None, f"{prefix}{child.name.value}."))

@@ -30,7 +30,7 @@ from typing import Any
 import libcst as cst
 
 from gradlint.objects import ObjKind, kind_from_name, last_name
-from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
+from gradlint.syntax import TRIVIA, bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
 from gradlint.syntax import children as child_nodes
 
 # Substrings one of which every release set-up recognised here contains.
@@ -170,7 +170,7 @@ def find_release(index: Any) -> ReleaseInfo:
     ``index`` is the loop model's module index: it resolves qualified names
     and calls into the module's own functions.
     """
-    code = index.module.code
+    code = index.text if index.text is not None else index.module.code
     touches_grads = bool(_GRAD_ATTRIBUTE.search(code))
     if not any(token in code for token in RELEASE_TOKENS):
         return ReleaseInfo(touches_grads=touches_grads)
@@ -201,7 +201,8 @@ class _Finder:
         while stack:
             node, ctx = stack.pop()
             children = self._visit(node, ctx)
-            stack.extend(reversed(children))
+            # Names, literals, whitespace and operators hold nothing this walk notes.
+            stack.extend(child for child in reversed(children) if type(child[0]) not in TRIVIA)
 
     def info(self) -> ReleaseInfo:
         return ReleaseInfo(

@@ -13,26 +13,12 @@ import libcst as cst
 
 from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
+from gradlint.module_index import parents_of
 from gradlint.syntax import children, dotted_name, method_name, positional_args, receiver
 
-_cache: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
-
-
 def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Each node's parent (the last module asked about is remembered)."""
-    global _cache
-    cached = _cache  # one read: another thread may replace it meanwhile
-    if cached is not None and cached[0] is module:
-        return cached[1]
-    table: dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        for child in children(node):
-            table[child] = node
-            stack.append(child)
-    _cache = (module, table)
-    return table
+    """Each node's parent (names and literals are children, never parents): the module index's map when it has one."""
+    return parents_of(module)
 
 
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
