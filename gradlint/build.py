@@ -26,5 +26,5 @@ def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
         uses_cuda_graphs=index.uses_cuda_graphs,
         release=find_release(index),
         text=text,
-        parents=index.parents,
+        index=index,
     )

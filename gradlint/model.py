@@ -21,6 +21,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.objects import ObjInfo, ObjKind, kind_from_name, last_name
+from gradlint.module_index import ModuleIndex
 from gradlint.positions import Positions
 from gradlint.release_setups import ReleaseInfo
 
@@ -170,7 +171,12 @@ class LoopModel:
     _positions: Positions | None = None
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
     text: str | None = None  # the source, when the caller has it: positions are read against it
-    parents: dict[cst.CSTNode, cst.CSTNode] | None = None  # each node's parent, from the module index
+    index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
+
+    @property
+    def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:
+        """Each node's parent, as the module index recorded it."""
+        return self.index.parents if self.index is not None else None
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """``(line, column, end_line, end_column)`` of a node, 1-based columns, end exclusive.

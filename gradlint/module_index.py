@@ -79,6 +79,10 @@ class ModuleIndex:
         self.uses_cuda_graphs = False
         # Each node's parent (names and literals are children, never parents): how a reported node finds its statement.
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
+        # What the fixes ask of the whole module, noted here so that no fix walks it again.
+        self.divides_by_assignment = False  # a line of its own normalises a value: ``x = x / n`` or ``x /= n``
+        self.constructions: dict[str, list[cst.Call]] = {}  # last name assigned -> ``name = Call(...)`` values
+        self.variable_names: set[str] = set()  # every bare name used (not an attribute or a keyword)
         self._scan(module)
         self._find_divided_returns()
         self._classify_objects()
@@ -135,6 +139,12 @@ class ModuleIndex:
             node, function, class_name, prefix = stack.pop()
             for child in children(node):
                 parents[child] = node
+                if type(child) is cst.Name:
+                    if not (type(node) is cst.Attribute and child is node.attr) and not (type(node) is cst.Arg and child is node.keyword):
+                        self.variable_names.add(child.value)
+                    if not self.uses_cuda_graphs:
+                        self._note(child, function)
+                    continue
                 if isinstance(child, cst.FunctionDef):
                     self._add_function(child, function, class_name, prefix)
                     stack.append((child, child, None, f"{prefix}{child.name.value}."))
@@ -169,9 +179,13 @@ class ModuleIndex:
         elif isinstance(node, cst.Assign):
             for target in node.targets:
                 self._assign(target.target, node.value, function)
+            if len(node.targets) == 1:
+                self._note_single_assignment(node)
         elif isinstance(node, cst.AnnAssign) and node.value is not None:
             self._assign(node.target, node.value, function)
         elif isinstance(node, cst.AugAssign):
+            if isinstance(node.operator, cst.DivideAssign):
+                self.divides_by_assignment = True
             name = dotted_name(node.target)
             if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
@@ -187,6 +201,16 @@ class ModuleIndex:
         elif isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "capturable":
             if bool_literal(node.value) is True:
                 self.uses_cuda_graphs = True
+
+    def _note_single_assignment(self, node: cst.Assign) -> None:
+        """``opt = AdamW(...)`` (a construction the GL204 fix may rewrite) and ``x = x / n`` (how the module normalises)."""
+        target, value = dotted_name(node.targets[0].target), node.value
+        if target is None:
+            return
+        if isinstance(value, cst.Call):
+            self.constructions.setdefault(last_name(target), []).append(value)
+        elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and dotted_name(value.left) == target:
+            self.divides_by_assignment = True
 
     def _find_divided_returns(self) -> None:
         """Helpers that return a divided loss: ``return loss / n``, or ``loss = loss / n`` then ``return loss``.

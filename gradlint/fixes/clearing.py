@@ -5,10 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_statements
-from gradlint.fixes.locate import after_step, code, descendants, movable, optimizer_of_step, statement_of, tensor_backward_receiver
+from gradlint.fixes.locate import after_step, code, movable, optimizer_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, Frame, FrameKind, LoopModel
 from gradlint.queries import Accumulation
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, positional_args, receiver, walk
+from gradlint.syntax import callee_name, keyword_arg, positional_args, receiver, walk
 
 
 def add_zero_grad(model: LoopModel, step: Event) -> Fix:
@@ -109,7 +109,7 @@ def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
         statement = statement_of(module, backward.node)
         if statement is None:
             return None
-        if isinstance(loss, cst.Name) and _divides_by_assignment(module):
+        if isinstance(loss, cst.Name) and model.index.divides_by_assignment:
             return [Insert(statement, parse_statements(f"{loss.value} = {loss.value} / {_atom(module, count)}\n"), before=True)]
         in_receiver = receiver(backward.node) is loss if isinstance(backward.node, cst.Call) else False
         if in_receiver and tensor_backward_receiver(backward.node) is None:
@@ -123,18 +123,6 @@ def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
         return [Replace(loss, make)]
 
     return Fix("divide the loss by the accumulation count", build)
-
-
-def _divides_by_assignment(module: cst.Module) -> bool:
-    """Whether the module normalises a value with a line of its own: ``x = x / n`` or ``x /= n``."""
-    for node in descendants(module):
-        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
-            return True
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.BinaryOperation):
-            target = dotted_name(node.targets[0].target)
-            if target and isinstance(node.value.operator, cst.Divide) and dotted_name(node.value.left) == target:
-                return True
-    return False
 
 
 _ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float)

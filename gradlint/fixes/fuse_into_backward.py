@@ -18,10 +18,10 @@ from libcst.metadata import MetadataWrapper, QualifiedNameProvider
 
 from gradlint.events import EventKind
 from gradlint.fixes.edits import AddImport, Edit, Fix, Insert, Remove, Replace, parse_statements
-from gradlint.fixes.locate import code, descendants, statement_of
+from gradlint.fixes.locate import code, statement_of
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, receiver
+from gradlint.syntax import callee_name, keyword_arg, method_name, receiver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +80,7 @@ def release_note(construction: cst.Call) -> str | None:
 
 def find_construction(model: LoopModel, optimizer: str) -> cst.Call | None:
     """The one call that builds ``optimizer`` (``opt = torch.optim.AdamW(...)``), if the module shows exactly one."""
-    found = []
-    for node in descendants(model.module):
-        if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.Call):
-            target = dotted_name(node.targets[0].target)
-            if target is not None and last_name(target) == last_name(optimizer):
-                found.append(node.value)
+    found = model.index.constructions.get(last_name(optimizer), [])
     return found[0] if len(found) == 1 else None
 
 
@@ -113,7 +108,7 @@ def gradient_release(model: LoopModel, step: Event, zeros: Sequence[Event], cons
         removals = _loop_removals(module, step, zeros)
         if args is None or owner is None or removals is None:
             return None
-        qualified = _name_taken(module, name) or _name_taken(module, "prepare_for_gradient_release")
+        qualified = _name_taken(model, name) or _name_taken(model, "prepare_for_gradient_release")
         prefix = "optimi." if qualified else ""
         optimizer = code(module, assignment.targets[0].target)
         prepare = f"{prefix}prepare_for_gradient_release({code(module, owner)}, {optimizer})\n"
@@ -214,9 +209,6 @@ def _loop_removals(module: cst.Module, step: Event, zeros: Sequence[Event]) -> l
     return removals
 
 
-def _name_taken(module: cst.Module, name: str) -> bool:
+def _name_taken(model: LoopModel, name: str) -> bool:
     """Whether a bare name is already used in the module (then optimi's is written ``optimi.<name>``)."""
-    nodes = list(descendants(module))
-    not_variables = {id(n.attr) for n in nodes if isinstance(n, cst.Attribute)}
-    not_variables |= {id(n.keyword) for n in nodes if isinstance(n, cst.Arg) and n.keyword is not None}
-    return any(isinstance(n, cst.Name) and n.value == name and id(n) not in not_variables for n in nodes)
+    return name in model.index.variable_names
