@@ -1,62 +1,202 @@
-"""Throughput of gradlint on a large tree of real code, as ratios against baselines measured in the same run.
+"""Throughput of gradlint as ratios against a bare LibCST parse measured in the same run.
 
-    python bench/throughput.py            # about 10-15 minutes on 2 cores
+    python bench/throughput.py                 # offline, a few minutes on 2 cores
+    python bench/throughput.py --download      # also the corpus of downloaded packages (about 15 minutes)
 
-The corpus is the Python sources of a few real packages (downloaded as
-wheels with ``pip download --no-deps`` into a temporary folder, no torch):
-tens of thousands of lines of model, trainer and optimizer code, none of it
-written for gradlint. The benchmark measures, each in a fresh process where
-a tool runs:
+The default run needs no network. It reports, on one job and without a cache:
 
-- the floor: ``libcst.parse_module`` of every file, and of the files the
-  prefilter lets through (the files gradlint must parse);
-- gradlint cold (no cache, one job), without the prefilter, on every core,
-  and warm (a second run on the unchanged tree with the cache);
-- ruff with every rule on one thread (``RAYON_NUM_THREADS=1``), installed
-  into the temporary folder;
-- TorchFix (installed into the temporary folder with its own LibCST) and
-  gradlint on the same fixed sample of files, since TorchFix needs about
-  half an hour for the whole corpus on one core.
+1. **shipped code**: ``gradlint check`` over ``fixtures/`` and ``examples/``
+   (training scripts written like real ones) against ``libcst.parse_module``
+   of the same files;
+2. **growth**: one module of about 10,000, 50,000 and 100,000 lines made of
+   that training code (the files concatenated, each file's top-level
+   functions and classes renamed apart), checked against a bare parse of the
+   same text at each size. The ratio stays flat when the cost grows no
+   faster than the parser's;
+3. **whole tree**: the installed ``torch`` package (any importable package
+   with ``--tree``): gradlint with its prefilter against parsing every file.
+   Parsing every file takes long, so it is timed on an evenly spaced sample
+   (``--tree-sample``, 0 for every file) and scaled by characters: the
+   output says so.
 
-It prints one table: seconds, lines per second and the ratio each
-comparison is about. Nothing here is asserted: the numbers go in the README.
+Times are CPU seconds of this process (``time.process_time``), the best of
+``--repeat`` runs for the shipped code. ``--download`` adds the original
+corpus run: the sources of a few real packages downloaded as wheels, compared
+with ruff and TorchFix installed into a temporary folder. Nothing here is
+asserted: the numbers go in the README.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
+import libcst as cst
+
+ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["transformers==5.23.0", "timm==1.0.31", "accelerate==1.15.0", "torchtune==0.6.1"]
 RUFF = "ruff==0.17.5"
 TORCHFIX = "torchfix==0.7.0"
+SIZES = (10_000, 50_000, 100_000)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--packages", nargs="+", default=PACKAGES, help="pinned requirements whose sources form the corpus")
-    parser.add_argument("--sample", type=int, default=300, help="files in the TorchFix comparison sample")
-    parser.add_argument("--work", help="keep the downloads and the corpus here (default: a temporary folder)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="lines of the generated modules")
+    parser.add_argument("--repeat", type=int, default=3, help="runs over the shipped code; the fastest counts")
+    parser.add_argument("--tree", default="torch", help="an installed package whose whole tree is checked")
+    parser.add_argument("--tree-sample", type=int, default=300, help="files of the tree parsed for the estimate (0: every file)")
+    parser.add_argument("--download", action="store_true", help="also run the corpus of downloaded packages (network)")
+    parser.add_argument("--packages", nargs="+", default=PACKAGES, help="with --download: pinned requirements whose sources form the corpus")
+    parser.add_argument("--sample", type=int, default=300, help="with --download: files in the TorchFix comparison sample")
+    parser.add_argument("--work", help="with --download: keep the downloads and the corpus here (default: a temporary folder)")
     parser.add_argument("--skip-torchfix", action="store_true")
     parser.add_argument("--skip-ruff", action="store_true")
     args = parser.parse_args()
 
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gradlint-bench-"))
-    try:
-        run(args, work)
-    finally:
-        if not args.work:
-            shutil.rmtree(work, ignore_errors=True)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}, libcst {cst_version()}", flush=True)
+    shipped(args.repeat)
+    growth(args.sizes)
+    whole_tree(args.tree, args.tree_sample)
+    if args.download:
+        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gradlint-bench-"))
+        try:
+            run_download(args, work)
+        finally:
+            if not args.work:
+                shutil.rmtree(work, ignore_errors=True)
 
 
-def run(args: argparse.Namespace, work: Path) -> None:
+def cst_version() -> str:
+    from importlib.metadata import version
+
+    return version("libcst")
+
+
+def cpu_seconds(action: Callable[[], object], repeat: int = 1) -> float:
+    """The best CPU time of ``repeat`` runs of ``action``."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        action()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def parse_each(texts: list[str]) -> None:
+    """``libcst.parse_module`` of every text; the ones it refuses are skipped, as gradlint reports them."""
+    for text in texts:
+        try:
+            cst.parse_module(text)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def shipped_files() -> list[Path]:
+    return sorted([*ROOT.glob("fixtures/**/*.py"), *ROOT.glob("examples/*.py")])
+
+
+def shipped(repeat: int) -> None:
+    """Cold lint over the shipped training code against a bare parse of it."""
+    from gradlint.config import Config
+    from gradlint.runner import run
+
+    files = shipped_files()
+    texts = [path.read_text(encoding="utf-8") for path in files]
+    lines = sum(text.count("\n") for text in texts)
+    parse = cpu_seconds(lambda: parse_each(texts), repeat)
+    lint = cpu_seconds(lambda: run([str(p) for p in files], Config(), jobs=1, cache=None), repeat)
+    print(f"\n1. shipped code: {len(files)} files, {lines} lines (fixtures/, examples/)")
+    print(f"   bare parse {parse:.2f} s, gradlint cold 1 job {lint:.2f} s: ratio {lint / parse:.2f}  (goal <= 1.5)", flush=True)
+
+
+def training_module(lines: int) -> str:
+    """About ``lines`` lines of training code: the shipped files one after another, repeated, names kept apart."""
+    chunks = []
+    for path in shipped_files():
+        text = path.read_text(encoding="utf-8")
+        try:
+            compile(text, str(path), "exec")
+        except SyntaxError:  # the fixtures of unreadable files
+            continue
+        chunks.append(re.sub(r"^from __future__ import .*\n", "", text, flags=re.M))
+    out, count, copy = ["from __future__ import annotations\n"], 0, 0
+    while count < lines:
+        text = chunks[copy % len(chunks)]
+        names = set(re.findall(r"^(?:async\s+)?(?:def|class)\s+(\w+)", text, flags=re.M))
+        if names:  # each copy's helpers and classes get their own names, so calls still land in their own file's code
+            pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
+            text = pattern.sub(lambda m, n=copy: f"{m.group(1)}_{n}", text)
+        out.append(text if text.endswith("\n") else text + "\n")
+        count += text.count("\n") + (not text.endswith("\n"))
+        copy += 1
+    return "".join(out)
+
+
+def growth(sizes: list[int]) -> None:
+    """Lines per second of gradlint and of a bare parse on ever larger modules of training code."""
+    from gradlint.linter import lint_text
+
+    print("\n2. growth: one module of training code, checked with every default rule")
+    print(f"   {'lines':>8} {'findings':>8} {'parse s':>8} {'lint s':>8} {'parse l/s':>10} {'lint l/s':>9} {'ratio':>6}")
+    for size in sizes:
+        text = training_module(size)
+        lines = text.count("\n")
+        parse = cpu_seconds(lambda: cst.parse_module(text))
+        result = None
+
+        def lint() -> None:
+            nonlocal result
+            result = lint_text(text, "generated.py")
+
+        seconds = cpu_seconds(lint)
+        assert result is not None and result.error is None, result and result.error
+        print(
+            f"   {lines:>8} {len(result.findings):>8} {parse:>8.2f} {seconds:>8.2f} {lines / parse:>10.0f} "
+            f"{lines / seconds:>9.0f} {seconds / parse:>6.2f}",
+            flush=True,
+        )
+    print("   (goal: ratio <= 1.5 at every size, so that the cost grows no faster than the parser's)")
+
+
+def whole_tree(package: str, sample: int) -> None:
+    """gradlint over an installed package tree, with its prefilter, against parsing every file of it."""
+    from gradlint.config import Config
+    from gradlint.runner import run
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        print(f"\n3. whole tree: package {package!r} is not installed: skipped")
+        return
+    tree = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(tree.rglob("*.py"))
+    sizes = {path: path.stat().st_size for path in files}
+    total_chars = sum(sizes.values())
+    lint = cpu_seconds(lambda: run([str(tree)], Config(), jobs=1, cache=None))
+    chosen = files if sample <= 0 or sample >= len(files) else files[:: max(1, len(files) // sample)][:sample]
+    texts = [path.read_text(encoding="utf-8", errors="replace") for path in chosen]
+    parse = cpu_seconds(lambda: parse_each(texts))
+    chosen_chars = sum(sizes[path] for path in chosen)
+    estimated = parse * total_chars / chosen_chars
+    how = "every file" if chosen is files else f"{len(chosen)}-file sample, scaled by characters to the {len(files)} files"
+    print(f"\n3. whole tree: {tree} ({len(files)} files, {total_chars / 1e6:.1f} MB)")
+    print(f"   gradlint cold 1 job {lint:.1f} s; parsing every file {estimated:.1f} s ({how})")
+    print(f"   parse everything / gradlint: {estimated / lint:.1f}x faster with the prefilter  (goal >= 10x)", flush=True)
+
+
+def run_download(args: argparse.Namespace, work: Path) -> None:
+    """The ``--download`` mode: real packages' sources against ruff and TorchFix."""
     corpus = build_corpus(work, args.packages)
     files = sorted(corpus.rglob("*.py"))
     texts = {path: path.read_text(encoding="utf-8", errors="replace") for path in files}
@@ -108,7 +248,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
         site = install(work / "torchfix", TORCHFIX)
         env = {**os.environ, "PYTHONPATH": str(site)}
         torchfix = record(f"TorchFix, 1 job, {args.sample}-file sample", timed([sys.executable, "-m", "torchfix", "-j", "1", str(sample)], env=env), sample_lines)
-        sample_gradlint = record(f"gradlint cold, 1 job, same sample", timed([*gradlint, "--no-cache", "-j", "1", str(sample)]), sample_lines)
+        sample_gradlint = record("gradlint cold, 1 job, same sample", timed([*gradlint, "--no-cache", "-j", "1", str(sample)]), sample_lines)
 
     print()
     print(f"{'measurement':<52} {'seconds':>9} {'lines':>10} {'lines/s':>10}")

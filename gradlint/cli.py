@@ -93,7 +93,7 @@ def check(
     if diff:
         _show_diff(paths or (".",), config, unsafe_fixes, not no_prefilter)
     if fix:
-        outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=not no_prefilter)
+        outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=not no_prefilter, jobs=jobs)
         results = [o.result for o in outcomes]
         fixed = sum(o.fixed for o in outcomes)
     else:

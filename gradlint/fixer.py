@@ -1,5 +1,8 @@
 """Applying fixes: lint, apply what can be fixed, re-parse, lint again, and write atomically.
 
+A tree is linted once by :mod:`gradlint.runner`; the files with a fix to
+apply then go through the rounds below, one file at a time.
+
 Each round lints the current text, takes the fixes the run allows (safe
 ones, unsafe ones too with ``--unsafe-fixes``) of findings not silenced by
 ``# noqa``, applies those whose code does not overlap in one pass, and
@@ -28,6 +31,7 @@ from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.rule import Rule
 from gradlint.rules import ALL_RULES
+from gradlint.runner import run
 from gradlint.source import Source, SourceError, decode, read_bytes
 
 MAX_ROUNDS = 12
@@ -92,7 +96,7 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
 
 def _lint_round(model: LoopModel, path: str, rules: Sequence[type[Rule]], text: str, unsafe: bool) -> tuple[list[Finding], list[_Candidate]]:
     """Every finding not silenced by ``# noqa``, and the fixes this run may apply, in source order."""
-    allowed = {FixKind.SAFE, FixKind.UNSAFE} if unsafe else {FixKind.SAFE}
+    allowed = _allowed_fixes(unsafe)
     noqa = noqa_lines(text)
     findings, candidates = [], []
     for rule in rules:
@@ -185,19 +189,34 @@ def fix_file(path: str, config: Config | None = None, *, unsafe: bool = False, w
 
 
 def fix_paths(
-    paths: Iterable[str], config: Config | None = None, *, unsafe: bool = False, write: bool = True, prefilter: bool = True
+    paths: Iterable[str],
+    config: Config | None = None,
+    *,
+    unsafe: bool = False,
+    write: bool = True,
+    prefilter: bool = True,
+    jobs: int | None = None,
 ) -> list[FixOutcome]:
-    """Fix every file under ``paths``; outcomes come sorted by path, unreadable paths as errors."""
-    from gradlint.discovery import Unreadable, discover
+    """Fix every file under ``paths``; outcomes come sorted by path, unreadable paths as errors.
 
+    The runner lints the whole tree once (discovery, prefilter, parsing on
+    ``jobs`` processes); only the files with a fix this run may apply go
+    through the fix rounds, and only a file that changed is linted again.
+    """
     config = config or Config()
+    allowed = _allowed_fixes(unsafe)
     outcomes = []
-    for item in discover(paths, config):
-        if isinstance(item, Unreadable):
-            outcomes.append(FixOutcome(item.path, "", "", 0, FileResult(item.path, error=item.reason)))
+    for result in run(paths, config, jobs=jobs, cache=None, prefilter=prefilter):
+        if result.error is None and any(finding.fix in allowed for finding in result.findings):
+            outcomes.append(fix_file(result.path, config, unsafe=unsafe, write=write, prefilter=prefilter))
         else:
-            outcomes.append(fix_file(item, config, unsafe=unsafe, write=write, prefilter=prefilter))
-    return sorted(outcomes, key=lambda o: o.path)
+            outcomes.append(FixOutcome(result.path, "", "", 0, result))
+    return outcomes
+
+
+def _allowed_fixes(unsafe: bool) -> set[FixKind]:
+    """The kinds of fix a run applies: the safe ones, and the unsafe ones when asked."""
+    return {FixKind.SAFE, FixKind.UNSAFE} if unsafe else {FixKind.SAFE}
 
 
 def write_atomic(path: str, text: str, source: Source, *, expected: bytes | None = None) -> None:
