@@ -61,6 +61,9 @@ class EventBuilder:
     def __init__(self, index: ModuleIndex) -> None:
         self.index = index
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
+        # Each branch test is judged once: a helper inlined at several depths, or read
+        # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
+        self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -160,7 +163,14 @@ class EventBuilder:
         return Frame(FrameKind.BRANCH, statement, "after", True, count)
 
     def _guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int = 0) -> tuple[bool, cst.BaseExpression | None]:
-        """Whether a branch test is an accumulation guard, and the micro-batch count it uses."""
+        """Whether a branch test is an accumulation guard, and the micro-batch count it uses (computed once per test)."""
+        key = (id(test), id(function), depth)
+        found = self._guards.get(key)
+        if found is None:
+            found = self._guards[key] = self._judge_guard(test, function, depth)
+        return found
+
+    def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
         for node in walk(test):
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
                 return True, node.right

@@ -12,7 +12,7 @@ from gradlint.findings import FileResult, Finding
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
-from gradlint.positions import remember_token_lines
+from gradlint.positions import remember_python_tree
 from gradlint.rule import Need, Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
@@ -92,7 +92,7 @@ def parse(text: str) -> cst.Module:
     except Exception as error:  # noqa: BLE001 - LibCST refuses some code Python accepts (b"x" "y")
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
     if tree is not None:
-        remember_token_lines(module, tree)
+        remember_python_tree(module, tree)
     return module
 
 

@@ -13,6 +13,7 @@ read the source, the lines of the earlier statements are counted on their code.
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 
 import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, PositionProvider
@@ -20,16 +21,31 @@ from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 from gradlint.syntax import TRIVIA, children
 
-# The first-token line of each top-level statement as Python's parser saw it,
-# for the module parsed last: ``gradlint.linter.parse`` runs that parser anyway
-# (to refuse code nested too deeply for LibCST) and leaves the lines here.
-_last_token_lines: tuple[cst.Module, list[int]] | None = None
+# Python's tree of the module parsed last: ``gradlint.linter.parse`` runs
+# Python's parser anyway (to refuse code nested too deeply for LibCST) and
+# leaves its tree here, where its statement lines place LibCST's statements.
+_last_tree: tuple[cst.Module, ast.Module] | None = None
 
 
-def remember_token_lines(module: cst.Module, tree: ast.Module) -> None:
-    """Keep the lines Python's parser found for the top-level statements of ``module`` (parsed from the same text)."""
-    global _last_token_lines
-    _last_token_lines = (module, _first_token_lines(tree))
+def remember_python_tree(module: cst.Module, tree: ast.Module) -> None:
+    """Keep Python's tree of the text ``module`` was parsed from."""
+    global _last_tree
+    _last_tree = (module, tree)
+
+
+def _python_tree(module: cst.Module, text: str | None) -> ast.Module | None:
+    """Python's tree of ``module``'s text: the one the linter kept, else parsed now; None if Python cannot read it."""
+    last = _last_tree  # one read: another thread may replace it meanwhile
+    if last is not None and last[0] is module:
+        return last[1]
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    remember_python_tree(module, tree)
+    return tree
 
 
 def _first_token_lines(tree: ast.Module) -> list[int]:
@@ -49,11 +65,17 @@ class Positions:
         self._index_of: dict[int, int] | None = None  # id(top-level statement) -> its index
         self._line_offsets: list[int] | None = None  # lines before each top-level statement
         self._ranges: dict[int, dict[cst.CSTNode, CodeRange]] = {}
+        self._line_ranges: dict[int, tuple[dict[cst.CSTNode, CodeRange], int] | None] = {}
+        self._pairs: dict[int, dict[int, ast.stmt]] = {}  # id(LibCST block) -> Python's statement per statement
         self._whole: dict[cst.CSTNode, CodeRange] | None = None
         # Lines are counted on "\n"; an old Mac "\r" file goes through LibCST whole.
         self._by_statement = module.default_newline in ("\n", "\r\n")
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
+        if self._by_statement and self._parents is not None and self._no_lone_cr():
+            found = self._in_line(node)
+            if found is not None:
+                return found
         index = self._find(node) if self._by_statement else None
         if index is None:
             return self._whole_module()[node]
@@ -85,6 +107,86 @@ class Positions:
             self._walked += 1
             found = statement_of.get(id(node))
         return found
+
+    def _no_lone_cr(self) -> bool:
+        """Whether Python and LibCST count the same lines: no carriage return stands alone."""
+        return self.text is not None and "\r" not in self.text.replace("\r\n", "")
+
+    def _in_line(self, node: cst.CSTNode) -> CodeRange | None:
+        """The position of a node inside a statement line, from the code of that line alone; None elsewhere."""
+        line = self._parents.get(node)
+        while line is not None and type(line) is not cst.SimpleStatementLine:
+            if isinstance(line, (cst.BaseCompoundStatement, cst.SimpleStatementSuite, cst.Module)):
+                return None
+            line = self._parents.get(line)
+        if line is None:
+            return None
+        key = id(line)
+        if key not in self._line_ranges:
+            self._line_ranges[key] = self._resolve_line(line)
+        resolved = self._line_ranges[key]
+        if resolved is None:
+            return None
+        ranges, offset = resolved
+        code_range = ranges.get(node)
+        if code_range is None:
+            return None
+        start, end = code_range.start, code_range.end
+        return CodeRange(CodePosition(start.line + offset, start.column), CodePosition(end.line + offset, end.column))
+
+    def _resolve_line(self, line: cst.SimpleStatementLine) -> tuple[dict[cst.CSTNode, CodeRange], int] | None:
+        """The positions inside ``line`` rendered alone at its own indentation, and the lines before its first token."""
+        python = self._python_statement(line)
+        if python is None:
+            return None
+        indents: list[str] = []
+        current = self._parents.get(line)
+        while current is not None and current is not self.module:
+            if type(current) is cst.IndentedBlock or type(current) is cst.Match:  # a match indents its cases too
+                indents.append(current.indent if current.indent is not None else self.module.default_indent)
+            current = self._parents.get(current)
+        indents.reverse()
+        provider = PositionProvider()
+        state = PositionProvidingCodegenState(
+            default_indent=self.module.default_indent, default_newline=self.module.default_newline, provider=provider, indent_tokens=indents
+        )
+        line.with_changes(leading_lines=())._codegen(state)
+        return provider._computed, python.lineno - 1
+
+    def _python_statement(self, line: cst.SimpleStatementLine) -> ast.stmt | None:
+        """Python's statement for the first small statement of ``line``, found by descending both trees side by side."""
+        tree = _python_tree(self.module, self.text)
+        if tree is None:
+            return None
+        chain: list[cst.CSTNode] = []
+        current: cst.CSTNode | None = line
+        while current is not None and current is not self.module:
+            if isinstance(current, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                chain.append(current)
+            current = self._parents.get(current)
+        if current is None:
+            return None
+        chain.reverse()  # the top-level statement first, ``line`` last
+        blocks: list[tuple[Sequence[cst.CSTNode], list[ast.stmt]]] = [(self.module.body, tree.body)]
+        python: ast.stmt | None = None
+        for statement in chain:
+            python = None
+            for cst_block, python_block in blocks:
+                python = self._pairing(cst_block, python_block).get(id(statement))
+                if python is not None:
+                    break
+            if python is None:
+                return None
+            blocks = _blocks(statement, python)
+        return python
+
+    def _pairing(self, cst_block: Sequence[cst.CSTNode], python_block: list[ast.stmt]) -> dict[int, ast.stmt]:
+        """For each statement of a LibCST block (by id), Python's statement for it; computed once per block."""
+        key = id(cst_block)
+        pairs = self._pairs.get(key)
+        if pairs is None:
+            pairs = self._pairs[key] = _pair(cst_block, python_block)
+        return pairs
 
     def _climb(self, node: cst.CSTNode) -> int | None:
         """The top-level statement of ``node`` found through the parent map: a few steps per node."""
@@ -140,13 +242,10 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     """
     if text is None or "\r" in text.replace("\r\n", ""):
         return None  # a lone carriage return is a line break to Python, not to the line count of LibCST's code
-    last = _last_token_lines  # one read: another thread may replace it meanwhile
-    token_lines = last[1] if last is not None and last[0] is module else None
-    if token_lines is None:
-        try:
-            token_lines = _first_token_lines(ast.parse(text))
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return None
+    tree = _python_tree(module, text)
+    if tree is None:
+        return None
+    token_lines = _first_token_lines(tree)
     starts: list[int] = []
     position = 0
     for statement in module.body:
@@ -163,3 +262,47 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     if position != len(token_lines):
         return None
     return starts
+
+
+def _pair(cst_block: Sequence[cst.CSTNode], python_block: list[ast.stmt]) -> dict[int, ast.stmt]:
+    """Python's statement for each statement of a LibCST block (a line of ``a; b`` holds several of Python's); empty when they differ."""
+    pairs: dict[int, ast.stmt] = {}
+    position = 0
+    for statement in cst_block:
+        if position >= len(python_block):
+            return {}
+        pairs[id(statement)] = python_block[position]
+        position += len(statement.body) if type(statement) is cst.SimpleStatementLine else 1
+    return pairs if position == len(python_block) else {}
+
+
+def _blocks(statement: cst.CSTNode, python: ast.stmt) -> list[tuple[Sequence[cst.CSTNode], list[ast.stmt]]]:
+    """The statement blocks of a compound statement, each beside Python's block for it."""
+    pairs: list[tuple[cst.BaseSuite | None, list[ast.stmt]]] = []
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.With)):
+        pairs.append((statement.body, python.body))
+    elif isinstance(statement, (cst.For, cst.While)):
+        pairs.append((statement.body, python.body))
+        if statement.orelse is not None:
+            pairs.append((statement.orelse.body, python.orelse))
+    elif isinstance(statement, cst.If):
+        pairs.append((statement.body, python.body))
+        if isinstance(statement.orelse, cst.If):  # elif: Python's else block holds that one ``if``
+            return [(_suite(statement.body), python.body), ((statement.orelse,), python.orelse)]
+        if statement.orelse is not None:
+            pairs.append((statement.orelse.body, python.orelse))
+    elif isinstance(statement, cst.Try) or type(statement).__name__ == "TryStar":
+        pairs.append((statement.body, python.body))
+        pairs.extend((handler.body, python_handler.body) for handler, python_handler in zip(statement.handlers, python.handlers))
+        if statement.orelse is not None:
+            pairs.append((statement.orelse.body, python.orelse))
+        if statement.finalbody is not None:
+            pairs.append((statement.finalbody.body, python.finalbody))
+    elif isinstance(statement, cst.Match):
+        pairs.extend((case.body, python_case.body) for case, python_case in zip(statement.cases, python.cases))
+    return [(_suite(suite), block) for suite, block in pairs]
+
+
+def _suite(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
+    """The statements of an indented block (a one-line suite holds none that start a line)."""
+    return suite.body if isinstance(suite, cst.IndentedBlock) else ()

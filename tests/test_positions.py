@@ -35,6 +35,29 @@ class A:  # trailing
         )
 x = 1; z = f(
   2)
+for attr in attrs:
+    match getattr(t, attr):
+        case A() as inner:
+            if inner:
+                f(inner, *args, [
+                    1,
+                ])
+        case _:
+            pass
+try:
+    import torch
+except ImportError:  # noqa
+    torch = None
+else:
+    y = 3
+finally:
+    z = 4
+if a:
+    b = 1
+elif c:
+    d = 2
+else:
+    e = 3
 '''
 
 
