@@ -145,18 +145,19 @@ class ModuleIndex:
                     if not self.uses_cuda_graphs:
                         self._note(child, function)
                     continue
-                if isinstance(child, cst.FunctionDef):
+                kind = type(child)
+                if kind is cst.FunctionDef:
                     self._add_function(child, function, class_name, prefix)
                     stack.append((child, child, None, f"{prefix}{child.name.value}."))
-                elif isinstance(child, cst.ClassDef):
+                elif kind is cst.ClassDef:
                     name = child.name.value
                     self.class_bases[name] = [last_name(b) for b in (dotted_name(a.value) for a in child.bases) if b]
                     self.class_methods.setdefault(name, {})
                     stack.append((child, function, name, f"{prefix}{name}."))
                 else:
-                    if type(child) in _NOTED:
+                    if kind in _NOTED:
                         self._note(child, function)
-                    if type(child) not in TRIVIA:
+                    if kind not in TRIVIA:
                         stack.append((child, function, class_name, prefix))
 
     def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
@@ -174,31 +175,32 @@ class ModuleIndex:
 
     def _note(self, node: cst.CSTNode, function: cst.FunctionDef | None) -> None:
         """Record imports, assignments, returns and CUDA-graph use seen at ``node``."""
-        if isinstance(node, (cst.Import, cst.ImportFrom)):
+        kind = type(node)  # LibCST's node classes are final: an exact type test is isinstance without its cost
+        if kind is cst.Import or kind is cst.ImportFrom:
             self.imports.add(node)
-        elif isinstance(node, cst.Assign):
+        elif kind is cst.Assign:
             for target in node.targets:
                 self._assign(target.target, node.value, function)
             if len(node.targets) == 1:
                 self._note_single_assignment(node)
-        elif isinstance(node, cst.AnnAssign) and node.value is not None:
+        elif kind is cst.AnnAssign and node.value is not None:
             self._assign(node.target, node.value, function)
-        elif isinstance(node, cst.AugAssign):
+        elif kind is cst.AugAssign:
             if isinstance(node.operator, cst.DivideAssign):
                 self.divides_by_assignment = True
             name = dotted_name(node.target)
             if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
                     self.divided_names.setdefault(function, set()).add(name)
-        elif isinstance(node, cst.WithItem) and node.asname is not None:
+        elif kind is cst.WithItem and node.asname is not None:
             self._assign(node.asname.name, node.item, function)
-        elif isinstance(node, cst.Return) and node.value is not None and function is not None:
+        elif kind is cst.Return and node.value is not None and function is not None:
             self._returned.setdefault(function, []).append(node.value)
-        elif isinstance(node, (cst.Attribute, cst.Name)) and not self.uses_cuda_graphs:
+        elif (kind is cst.Attribute or kind is cst.Name) and not self.uses_cuda_graphs:
             name = dotted_name(node) or ""
             if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")):
                 self.uses_cuda_graphs = True
-        elif isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "capturable":
+        elif kind is cst.Arg and node.keyword is not None and node.keyword.value == "capturable":
             if bool_literal(node.value) is True:
                 self.uses_cuda_graphs = True
 

@@ -113,10 +113,15 @@ class Positions:
         return self.text is not None and "\r" not in self.text.replace("\r\n", "")
 
     def _in_line(self, node: cst.CSTNode) -> CodeRange | None:
-        """The position of a node inside a statement line, from the code of that line alone; None elsewhere."""
+        """The position of a node inside a statement line or a compound statement's header, from that code alone.
+
+        None elsewhere (a one-line suite, an ``else``/``except`` header, a decorator, ``elif``): the caller renders the top-level statement.
+        """
         line = self._parents.get(node)
         while line is not None and type(line) is not cst.SimpleStatementLine:
-            if isinstance(line, (cst.BaseCompoundStatement, cst.SimpleStatementSuite, cst.Module)):
+            if type(line) in _HEADED:
+                break
+            if type(line) in _NOT_ALONE or isinstance(line, cst.BaseCompoundStatement):
                 return None
             line = self._parents.get(line)
         if line is None:
@@ -134,8 +139,19 @@ class Positions:
         start, end = code_range.start, code_range.end
         return CodeRange(CodePosition(start.line + offset, start.column), CodePosition(end.line + offset, end.column))
 
-    def _resolve_line(self, line: cst.SimpleStatementLine) -> tuple[dict[cst.CSTNode, CodeRange], int] | None:
-        """The positions inside ``line`` rendered alone at its own indentation, and the lines before its first token."""
+    def _resolve_line(self, line: cst.BaseStatement) -> tuple[dict[cst.CSTNode, CodeRange], int] | None:
+        """The positions inside ``line`` rendered alone at its own indentation, and the lines before its first token.
+
+        A compound statement is rendered with its header only: a bare ``pass`` body, no ``else``.
+        """
+        rendered: cst.BaseStatement = line.with_changes(leading_lines=())
+        if type(line) is not cst.SimpleStatementLine:
+            if getattr(line, "decorators", ()) or type(self._parents.get(line)) is cst.If:  # decorators lead; ``elif`` reads ``if`` alone
+                return None
+            changes: dict[str, object] = {"body": _PASS}
+            if getattr(line, "orelse", None) is not None:
+                changes["orelse"] = None
+            rendered = rendered.with_changes(**changes)
         python = self._python_statement(line)
         if python is None:
             return None
@@ -150,11 +166,11 @@ class Positions:
         state = PositionProvidingCodegenState(
             default_indent=self.module.default_indent, default_newline=self.module.default_newline, provider=provider, indent_tokens=indents
         )
-        line.with_changes(leading_lines=())._codegen(state)
+        rendered._codegen(state)
         return provider._computed, python.lineno - 1
 
-    def _python_statement(self, line: cst.SimpleStatementLine) -> ast.stmt | None:
-        """Python's statement for the first small statement of ``line``, found by descending both trees side by side."""
+    def _python_statement(self, line: cst.BaseStatement) -> ast.stmt | None:
+        """Python's statement for ``line`` (for a line of ``a; b``, for ``a``), found by descending both trees side by side."""
         tree = _python_tree(self.module, self.text)
         if tree is None:
             return None
@@ -262,6 +278,16 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     if position != len(token_lines):
         return None
     return starts
+
+
+# Compound statements whose header can be rendered alone, over a bare body; and
+# the nodes between a header and the statement that make it impossible
+# (an ``else:``/``except:`` header follows the body, a one-line suite is the body).
+_HEADED = frozenset({cst.For, cst.While, cst.With, cst.If, cst.FunctionDef, cst.ClassDef})
+_NOT_ALONE = frozenset(
+    {cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase, cst.Module}
+)
+_PASS = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
 
 
 def _pair(cst_block: Sequence[cst.CSTNode], python_block: list[ast.stmt]) -> dict[int, ast.stmt]:

@@ -220,28 +220,29 @@ class _Finder:
 
     def _visit(self, node: cst.CSTNode, ctx: _Context) -> list[tuple[cst.CSTNode, _Context]]:
         """Note what ``node`` tells, and return its children with their contexts."""
-        if isinstance(node, cst.FunctionDef):
+        kind = type(node)  # LibCST's node classes are final: an exact type test is isinstance without its cost
+        if kind is cst.FunctionDef:
             if ctx.class_name is not None:
                 self.method_class[node] = ctx.class_name
             inner = _Context(node, None, (), ())
             return [(child, inner) for child in child_nodes(node)]
-        if isinstance(node, cst.ClassDef):
+        if kind is cst.ClassDef:
             inner = dataclasses.replace(ctx, class_name=node.name.value)
             return [(child, inner) for child in child_nodes(node)]
-        if isinstance(node, (cst.If, cst.IfExp)):
+        if kind is cst.If or kind is cst.IfExp:
             return self._branches(node, ctx)
-        if isinstance(node, cst.For):
+        if kind is cst.For:
             inner = dataclasses.replace(ctx, loops=ctx.loops + (node,))
             return [(node.target, ctx), (node.iter, ctx), (node.body, inner)] + ([(node.orelse, ctx)] if node.orelse else [])
-        if isinstance(node, cst.Call):
+        if kind is cst.Call:
             self._call(node, ctx)
-        elif isinstance(node, (cst.Assign, cst.AnnAssign)):
+        elif kind is cst.Assign or kind is cst.AnnAssign:
             self._assign(node, ctx)
-        elif isinstance(node, cst.Raise):
+        elif kind is cst.Raise:
             self._refusal([t for t, _ in ctx.branches])
-        elif isinstance(node, cst.Assert):
+        elif kind is cst.Assert:
             self._refusal([t for t, _ in ctx.branches] + [node.test])
-        elif isinstance(node, cst.DictElement) and isinstance(node.key, cst.SimpleString):
+        elif kind is cst.DictElement and isinstance(node.key, cst.SimpleString):
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
         return [(child, ctx) for child in child_nodes(node)]
