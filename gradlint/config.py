@@ -104,7 +104,7 @@ def _choose(select: tuple[str, ...] | None, ignored: tuple[str, ...], all_rules:
         if select is None:
             if not rule.enabled_by_default:
                 continue
-        elif not _matches(rule.code, select):
+        elif not _matches(rule.code, select if rule.enabled_by_default else narrow_selectors(select)):
             continue
         if _matches(rule.code, ignored):
             continue
@@ -128,6 +128,22 @@ def _exclusion(patterns: tuple[str, ...]):
         return part_regex is not None and part_regex.match(name) is not None
 
     return part, globs, bases
+
+
+# The family prefix every code shares. Selecting it means "gradlint's default
+# rules", as in flake8, where a project that sets ``select`` must list ``GL``
+# to see gradlint at all.
+FAMILY_PREFIX = "GL"
+
+
+def narrow_selectors(select: Iterable[str]) -> tuple[str, ...]:
+    """The selectors that may turn on a rule that is off by default: ``ALL`` or a code longer than ``GL``.
+
+    ``GL`` alone selects the default rules, on the command line, in
+    ``[tool.gradlint]`` and in flake8 alike; ``GL2`` or ``GL204`` name the
+    opportunity rules more precisely and turn them on.
+    """
+    return tuple(s for s in select if s == "ALL" or len(s) > len(FAMILY_PREFIX))
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:

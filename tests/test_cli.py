@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,7 @@ BUGGY = textwrap.dedent(
     """
 )
 CLEAN = BUGGY + "    optimizer.zero_grad()\n"
+FIXTURE_GL204 = Path(__file__).resolve().parent.parent / "fixtures" / "release" / "gl204_plain_loop.py"
 BROKEN = "def broken(:\n    loss.backward()\n    opt.step()\n"  # passes the prefilter: it backpropagates and steps
 
 
@@ -198,3 +200,18 @@ def test_installed_console_script_runs_in_a_subprocess(tree):
     assert completed.returncode == 1, completed.stderr
     assert completed.stdout.startswith("buggy.py:8:5: GL001")
     assert "Found 1 problem in 1 file (2 files checked" in completed.stdout
+
+
+def test_select_gl_means_the_default_rules_and_a_longer_code_turns_gl204_on(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIXTURE_GL204, tmp_path / "plain.py")
+
+    def codes(*args):
+        return {line.split()[1] for line in invoke("--no-cache", *args, "plain.py").output.splitlines() if ": GL" in line}
+
+    assert "GL204" not in codes() and codes() == codes("--select", "GL")
+    assert "GL204" in codes("--select", "GL2") and "GL204" in codes("--select", "GL,GL204") and "GL204" in codes("--select", "ALL")
+    (tmp_path / "pyproject.toml").write_text('[tool.gradlint]\nselect = ["GL"]\n')
+    assert "GL204" not in codes()
+    (tmp_path / "pyproject.toml").write_text('[tool.gradlint]\nselect = ["GL", "GL204"]\n')
+    assert "GL204" in codes()
