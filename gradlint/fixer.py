@@ -24,6 +24,7 @@ from gradlint.findings import FileResult, Finding, FixKind
 from gradlint.fixes.edits import AddImport, CannotApply, Edit, anchors, apply_edits
 from gradlint.linter import lint_text, might_fire, parse, rule_reports
 from gradlint.model import LoopModel, build_model
+from gradlint.named import named_files, syntax_error
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.rule import Rule
 from gradlint.rules import ALL_RULES
@@ -190,12 +191,19 @@ def fix_paths(
     from gradlint.discovery import Unreadable, discover
 
     config = config or Config()
+    paths = list(paths)
+    named = named_files(paths)
     outcomes = []
     for item in discover(paths, config):
         if isinstance(item, Unreadable):
             outcomes.append(FixOutcome(item.path, "", "", 0, FileResult(item.path, error=item.reason)))
-        else:
-            outcomes.append(fix_file(item, config, unsafe=unsafe, write=write, prefilter=prefilter))
+            continue
+        outcome = fix_file(item, config, unsafe=unsafe, write=write, prefilter=prefilter)
+        if item in named and not outcome.changed and outcome.result.error is None and not outcome.result.findings:
+            problem = syntax_error(outcome.original)  # maybe never parsed: a named file is still compiled
+            if problem is not None:
+                outcome = FixOutcome(item, outcome.original, outcome.original, 0, FileResult(item, error=problem))
+        outcomes.append(outcome)
     return sorted(outcomes, key=lambda o: o.path)
 
 

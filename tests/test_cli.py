@@ -98,11 +98,28 @@ def test_syntax_error_is_one_line_and_other_files_are_checked(tree):
     assert "buggy.py:8:5: GL001" in result.stdout
 
 
-def test_file_no_rule_could_fire_on_is_not_parsed(tree):
+def test_folder_walk_does_not_parse_a_file_no_rule_could_fire_on(tree):
     (tree / "unrelated.py").write_text("def broken(:\n    pass\n")
-    result = CliRunner().invoke(main, ["unrelated.py"])
-    assert result.exit_code == 0
-    assert "All checks passed (1 file checked)." in result.stdout
+    result = CliRunner().invoke(main, ["."])
+    assert result.exit_code == 1, result.output  # buggy.py's finding; unrelated.py is skipped unparsed
+    assert "unrelated.py" not in result.output
+    assert "(3 files checked" in result.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-cache"], ["--fix"], ["--diff"], ["-j", "2"]])
+def test_named_file_with_a_syntax_error_exits_two_even_when_no_rule_could_fire(tree, extra):
+    (tree / "unrelated.py").write_text("import os\n\ndef broken(:\n    pass\n")
+    CliRunner().invoke(main, ["."])  # a folder walk first: its cached answer must not hide the error
+    result = CliRunner().invoke(main, [*extra, "unrelated.py", "clean.py"])
+    assert result.exit_code == 2, result.output
+    assert "unrelated.py: cannot parse: invalid syntax (line 3, column 12)" in result.stderr.splitlines()
+    assert (tree / "unrelated.py").read_text().endswith("def broken(:\n    pass\n")
+
+
+def test_named_file_in_syntax_newer_than_this_python_is_not_an_error(tree):
+    (tree / "generic.py").write_text("type Pair = tuple[int, int]\n\ndef first[T](items: list[T]) -> T:\n    return items[0]\n")
+    result = CliRunner().invoke(main, ["generic.py"])
+    assert result.exit_code == 0, result.output
 
 
 def test_missing_path_exits_two(tree):
