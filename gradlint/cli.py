@@ -79,16 +79,19 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
+@click.option("--force-exclude", is_flag=True, help="Apply the excludes to paths named on the command line too.")
 @click.option("--no-prefilter", is_flag=True, hidden=True, help="Parse every file, even those no rule could fire on.")
 @click.option("--fix", is_flag=True, help="Apply the safe fixes, then report what is left.")
 @click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also apply the fixes that change numbers.")
 @click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing (exit 1 if there is any).")
 def check(
-    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, config_path, isolated, no_prefilter, fix,
-    unsafe_fixes, diff,
+    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, config_path, isolated, force_exclude, no_prefilter,
+    fix, unsafe_fixes, diff,
 ) -> None:
     """Lint PATHS (files or folders; default: the current folder)."""
     config = _effective_config(select, ignore, config_path, isolated)
+    if force_exclude:
+        config = dataclasses.replace(config, force_exclude=True)
     fixed = None
     if diff:
         _show_diff(paths or (".",), config, unsafe_fixes, not no_prefilter)

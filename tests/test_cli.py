@@ -187,6 +187,21 @@ def test_explicit_file_is_checked_even_when_excluded(tree):
     assert invoke("buggy.py").exit_code == 1
 
 
+def test_force_exclude_applies_the_excludes_to_named_paths(tree):
+    (tree / "legacy").mkdir()
+    (tree / "legacy" / "old.py").write_text(BUGGY)
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nextend-exclude = ["buggy.py", "legacy/**"]\n')
+    named = ["buggy.py", "legacy/old.py", "legacy", "clean.py"]
+    assert invoke(*named).exit_code == 1
+    result = invoke("--force-exclude", *named)
+    assert result.exit_code == 0, result.output
+    assert "All checks passed (1 file checked)." in result.output
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nextend-exclude = ["buggy.py"]\nforce-exclude = true\n')
+    assert invoke("buggy.py").exit_code == 0
+    (tree / "pyproject.toml").write_text('[tool.gradlint]\nforce-exclude = "yes"\n')
+    assert "force-exclude must be true or false" in invoke("buggy.py").output
+
+
 def test_bad_config_is_a_usage_error(tree):
     (tree / "pyproject.toml").write_text('[tool.gradlint]\nselct = ["GL001"]\n')
     result = invoke("buggy.py")
