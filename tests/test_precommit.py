@@ -97,6 +97,7 @@ def test_extend_exclude_is_honoured_for_the_files_pre_commit_names(tmp_path, pre
     assert done.returncode == 0, done.stdout + done.stderr
     assert "GL001" not in done.stdout
     (repo / "pyproject.toml").write_text("[tool.gradlint]\n")  # the same files, nothing excluded: the hook fails
+    subprocess.run(["git", "add", "pyproject.toml"], cwd=repo, check=True)
     done = try_repo(repo, pre_commit_home, "gradlint")
     assert done.returncode == 1 and "vendored/old_train.py:8:5: GL001" in done.stdout, done.stdout
 
