@@ -26,6 +26,7 @@ from gradlint.output import (
     format_statistics,
     format_text,
     summary,
+    unsafe_hint,
 )
 from gradlint.runner import run
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
@@ -117,7 +118,7 @@ def check(
     if statistics:  # beside a machine-readable format, on stderr
         click.echo(format_statistics(findings), nl=False, err=output_format != "text")
     if output_format == "text":
-        click.echo(summary(results, fixed), nl=False)
+        click.echo(summary(results, fixed, unsafe=unsafe_fixes), nl=False)
     if errors:
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
@@ -133,7 +134,8 @@ def _show_diff(paths, config: Config, unsafe: bool, prefilter: bool) -> None:
         click.echo(errors, nl=False, err=True)
     changed = [o for o in outcomes if o.changed]
     fixes = sum(o.fixed for o in changed)
-    click.echo(f"Would fix {fixes} problem{'s' if fixes != 1 else ''} in {len(changed)} file{'s' if len(changed) != 1 else ''}.", err=True)
+    hint = "" if unsafe else unsafe_hint(all_findings([o.result for o in outcomes]))
+    click.echo(f"Would fix {fixes} problem{'s' if fixes != 1 else ''} in {len(changed)} file{'s' if len(changed) != 1 else ''}.{hint}", err=True)
     sys.exit(EXIT_ERROR if errors else EXIT_FINDINGS if changed else EXIT_CLEAN)
 
 
