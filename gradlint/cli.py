@@ -28,6 +28,7 @@ from gradlint.output import (
     summary,
     unsafe_hint,
 )
+from gradlint.ruledoc import find_rule, render_markdown, render_text
 from gradlint.runner import run
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
 from gradlint.runtime.commands import measure_command, run_command
@@ -156,16 +157,28 @@ def _effective_config(select, ignore, config_path, isolated) -> Config:
 
 
 @main.command("rule")
-@click.argument("code")
-def rule_command(code: str) -> None:
-    """Print the documentation of one rule (e.g. GL003)."""
-    rule = RULES_BY_CODE.get(code.strip().upper())
-    if rule is None:
-        raise click.BadParameter(f"no rule {code!r}; `gradlint rules` lists them", param_hint="CODE")
-    fix = f"{rule.fix.value} fix" if rule.fix else "no automatic fix"
-    default = "" if rule.enabled_by_default else ", off unless selected"
-    click.echo(f"{rule.code} {rule.name} ({rule.severity.value}, {fix}{default})\n")
-    click.echo(rule.documentation())
+@click.argument("rule", required=False)
+@click.option("--all", "show_all", is_flag=True, help="Every rule, one after another.")
+@click.option(
+    "--output-format",
+    type=click.Choice(["text", "markdown"]),
+    default="text",
+    show_default=True,
+    help="text: for a terminal; markdown: for docs and issues.",
+)
+def rule_command(rule: str | None, show_all: bool, output_format: str) -> None:
+    """Explain RULE, given by code or name (GL003, zero-grad-in-accumulation)."""
+    if show_all == (rule is not None):
+        raise click.UsageError("name one rule, or give --all")
+    if show_all:
+        chosen = list(ALL_RULES)
+    else:
+        found = find_rule(rule, ALL_RULES)
+        if found is None:
+            raise click.BadParameter(f"no rule {rule!r}; `gradlint rules` lists them", param_hint="RULE")
+        chosen = [found]
+    render = render_markdown if output_format == "markdown" else render_text
+    click.echo("\n".join(render(r) for r in chosen), nl=False)
 
 
 @main.command("rules")

@@ -12,6 +12,7 @@ from urllib.parse import quote
 from gradlint import __version__
 from gradlint.findings import FileResult, Finding, FixKind, Severity
 from gradlint.rule import Rule
+from gradlint.ruledoc import render_markdown, render_text
 
 
 def all_findings(results: Sequence[FileResult]) -> list[Finding]:
@@ -143,7 +144,7 @@ def format_sarif(findings: Sequence[Finding], results: Sequence[FileResult], rul
             "name": rule.name,
             "shortDescription": {"text": rule.summary},
             "fullDescription": {"text": documentation.split("\n\n", 1)[0]},
-            "help": {"text": documentation, "markdown": documentation},
+            "help": {"text": render_text(rule, style=False), "markdown": render_markdown(rule)},
             "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity], "enabled": rule.enabled_by_default},
             "properties": {"tags": ["pytorch", "training-loop"], "fix": rule.fix.value if rule.fix else "none"},
         }

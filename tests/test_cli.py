@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,11 +214,40 @@ def test_bad_config_is_a_usage_error(tree):
 def test_rule_and_rules_commands():
     result = invoke("rule", "gl003")
     assert result.exit_code == 0
-    assert result.output.startswith("GL003 zero-grad-in-accumulation")
-    assert "**Bad**" in result.output and "**Good**" in result.output
+    assert result.output.startswith("GL003 zero-grad-in-accumulation (error, safe fix)\n\n")
+    assert invoke("rule", "zero-grad-in-accumulation").output == result.output  # by name too
     listing = invoke("rules").output.splitlines()
     assert [line.split()[0] for line in listing][:3] == ["GL001", "GL002", "GL003"]
     assert invoke("rule", "GL999").exit_code == 2
+    assert invoke("rule").exit_code == 2 and invoke("rule", "--all", "GL001").exit_code == 2
+
+
+def test_rule_text_is_readable_not_restructuredtext():
+    text = invoke("rule", "GL003").output  # not a terminal: no styles either
+    assert "**" not in text and "``" not in text and "::" not in text and "\x1b" not in text
+    assert "\nBad:\n\n    for i, (x, y) in enumerate(loader):\n        optimizer.zero_grad()\n" in text
+    assert "Why it matters. Gradient accumulation" in text and "`optimizer.zero_grad()`" not in text.split("Bad:")[1]
+
+
+def test_rule_markdown_has_fenced_examples_that_parse_for_every_rule():
+    import ast
+
+    from gradlint.rules import ALL_RULES
+
+    markdown = invoke("rule", "--all", "--output-format", "markdown").output
+    assert [line.split()[1] for line in markdown.splitlines() if line.startswith("## ")] == [r.code for r in ALL_RULES]
+    examples = re.findall(r"```python\n(.*?)```", markdown, re.DOTALL)
+    assert len(examples) == 2 * len(ALL_RULES)  # a bad and a good example each
+    for example in examples:
+        ast.parse(example)
+    assert "``" not in markdown.replace("```", "") and "::\n" not in markdown
+
+
+def test_rule_all_prints_every_rule_in_the_terminal_form():
+    from gradlint.rules import ALL_RULES
+
+    text = invoke("rule", "--all").output
+    assert [line.split()[0] for line in text.splitlines() if re.match(r"GL\d{3} [a-z-]+ \(", line)] == [r.code for r in ALL_RULES]
 
 
 def test_version():
@@ -247,3 +277,8 @@ def test_select_gl_means_the_default_rules_and_a_longer_code_turns_gl204_on(tmp_
     assert "GL204" not in codes()
     (tmp_path / "pyproject.toml").write_text('[tool.gradlint]\nselect = ["GL", "GL204"]\n')
     assert "GL204" in codes()
+
+
+def test_rule_text_is_bold_where_the_terminal_takes_styles():
+    styled = CliRunner().invoke(main, ["rule", "GL001"], color=True).output
+    assert "\x1b[1mGL001 missing-zero-grad" in styled and "\x1b[1mWhy it matters.\x1b[0m" in styled
