@@ -28,8 +28,11 @@ from gradlint.output import (
     summary,
     unsafe_hint,
 )
+from gradlint import baseline
+from gradlint.baseline import FileLines
 from gradlint.ruledoc import find_rule, render_markdown, render_text
 from gradlint.runner import run
+from gradlint.stdin import STDIN, check_stdin, encode_like
 from gradlint.rules import ALL_RULES, RULES_BY_CODE
 from gradlint.runtime.commands import measure_command, run_command
 
@@ -79,55 +82,117 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     help=f"Where the result cache lives (default: {CACHE_DIR_NAME} beside the configuration, or in the current folder).",
 )
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
+@click.option("-q", "--quiet", is_flag=True, help="Print findings and errors only: no summary, no progress.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--force-exclude", is_flag=True, help="Apply the excludes to paths named on the command line too.")
+@click.option(
+    "--stdin-filename",
+    metavar="PATH",
+    help="With PATHS `-`: the name of the source read from stdin (for its configuration and in the output).",
+)
 @click.option("--no-prefilter", is_flag=True, hidden=True, help="Parse every file, even those no rule could fire on.")
-@click.option("--fix", is_flag=True, help="Apply the safe fixes, then report what is left.")
+@click.option("--fix", is_flag=True, help="Apply the safe fixes, then report what is left (stdin: print the fixed source).")
 @click.option("--unsafe-fixes", is_flag=True, help="With --fix or --diff: also apply the fixes that change numbers.")
 @click.option("--diff", is_flag=True, help="Print the fixes as a unified diff and write nothing (exit 1 if there is any).")
+@click.option(
+    "--baseline", "baseline_path", type=click.Path(dir_okay=False), metavar="FILE", help="Report only the findings FILE does not record."
+)
+@click.option(
+    "--write-baseline", type=click.Path(dir_okay=False), metavar="FILE", help="Record today's findings in FILE (for --baseline) and exit."
+)
 def check(
-    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, config_path, isolated, force_exclude, no_prefilter,
-    fix, unsafe_fixes, diff,
+    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, quiet, config_path, isolated, force_exclude,
+    stdin_filename, no_prefilter, fix, unsafe_fixes, diff, baseline_path, write_baseline,
 ) -> None:
-    """Lint PATHS (files or folders; default: the current folder)."""
+    """Lint PATHS (files or folders; default: the current folder; `-`: stdin)."""
     config = _effective_config(select, ignore, config_path, isolated)
     if force_exclude:
         config = dataclasses.replace(config, force_exclude=True)
+    if baseline_path and write_baseline:
+        raise click.UsageError("--baseline and --write-baseline do not go together")
+    stdin = paths == (STDIN,) or (not paths and stdin_filename is not None)
+    if STDIN in paths and not stdin:
+        raise click.UsageError("`-` (read stdin) takes no other path")
+    prefilter = not no_prefilter
+    lines = FileLines()
     fixed = None
+    if stdin:
+        data = click.get_binary_stream("stdin").read()
+        outcome = check_stdin(data, stdin_filename or STDIN, config, fix=fix or diff, unsafe=unsafe_fixes, prefilter=prefilter)
+        outcomes = [outcome] if outcome is not None else []
+        if outcome is not None:
+            lines = FileLines({outcome.path: outcome.text})
+        if fix and not diff:  # like ruff: the fixed source on stdout, the findings left on stderr
+            click.get_binary_stream("stdout").write(encode_like(outcome, data) if outcome is not None else data)
+            fixed = sum(o.fixed for o in outcomes)
     if diff:
-        _show_diff(paths or (".",), config, unsafe_fixes, not no_prefilter)
-    if fix:
-        outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=not no_prefilter)
+        if not stdin:
+            outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, write=False, prefilter=prefilter)
+        _show_diff(outcomes, unsafe_fixes, quiet)
+    if stdin:
+        results = [o.result for o in outcomes]
+    elif fix:
+        outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=prefilter)
         results = [o.result for o in outcomes]
         fixed = sum(o.fixed for o in outcomes)
     else:
         cache = None if no_cache else Cache(Path(cache_dir) if cache_dir else config.root / CACHE_DIR_NAME)
-        results = run(paths or (".",), config, jobs=jobs, cache=cache, prefilter=not no_prefilter)
+        results = run(paths or (".",), config, jobs=jobs, cache=cache, prefilter=prefilter)
+    if write_baseline:
+        _write_baseline(write_baseline, results, config, lines, quiet)
+    hidden = None
+    if baseline_path:
+        try:
+            results, hidden = baseline.only_new(results, baseline.load(baseline_path), config, lines)
+        except baseline.BaselineError as error:
+            raise click.UsageError(str(error)) from error
+    _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix)
+    findings = all_findings(results)
+    if any(r.error for r in results):
+        sys.exit(EXIT_ERROR)
+    sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+
+
+def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool) -> None:
+    """Print the errors (stderr), the findings in ``output_format`` and, for text, the summary line."""
     findings = all_findings(results)
     errors = format_errors(results)
     if errors:
         click.echo(errors, nl=False, err=True)
     if output_format == "json":
-        click.echo(format_json(findings), nl=False)
+        click.echo(format_json(findings), nl=False, err=to_stderr)
     elif output_format == "sarif":
-        click.echo(format_sarif(findings, results, ALL_RULES, Path.cwd()), nl=False)
+        click.echo(format_sarif(findings, results, ALL_RULES, Path.cwd()), nl=False, err=to_stderr)
     elif output_format == "github":
-        click.echo(format_github(findings), nl=False)
+        click.echo(format_github(findings), nl=False, err=to_stderr)
     else:
-        click.echo(format_text(findings), nl=False)
+        click.echo(format_text(findings), nl=False, err=to_stderr)
     if statistics:  # beside a machine-readable format, on stderr
-        click.echo(format_statistics(findings), nl=False, err=output_format != "text")
-    if output_format == "text":
-        click.echo(summary(results, fixed, unsafe=unsafe_fixes), nl=False)
+        click.echo(format_statistics(findings), nl=False, err=to_stderr or output_format != "text")
+    if output_format == "text" and not quiet:
+        line = summary(results, fixed, unsafe=unsafe)
+        if hidden:
+            line = line.rstrip("\n") + f" {hidden} baseline finding{'s' if hidden != 1 else ''} not shown.\n"
+        click.echo(line, nl=False, err=to_stderr)
+
+
+def _write_baseline(path: str, results, config: Config, lines: FileLines, quiet: bool) -> None:
+    """``--write-baseline``: record every finding of the run in ``path`` and exit (2 if a file could not be checked)."""
+    try:
+        count = baseline.write(path, all_findings(results), config, lines)
+    except baseline.BaselineError as error:
+        raise click.UsageError(str(error)) from error
+    errors = format_errors(results)
     if errors:
-        sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+        click.echo(errors, nl=False, err=True)
+    if not quiet:
+        click.echo(f"Wrote a baseline of {count} finding{'s' if count != 1 else ''} to {path}.", err=True)
+    sys.exit(EXIT_ERROR if errors else EXIT_CLEAN)
 
 
-def _show_diff(paths, config: Config, unsafe: bool, prefilter: bool) -> None:
+def _show_diff(outcomes, unsafe: bool, quiet: bool) -> None:
     """``--diff``: print what fixing would change, write nothing, and exit (1 when there is a change)."""
-    outcomes = fix_paths(paths, config, unsafe=unsafe, write=False, prefilter=prefilter)
     for outcome in outcomes:
         click.echo(unified_diff(outcome), nl=False)
     errors = format_errors([o.result for o in outcomes])
@@ -136,7 +201,8 @@ def _show_diff(paths, config: Config, unsafe: bool, prefilter: bool) -> None:
     changed = [o for o in outcomes if o.changed]
     fixes = sum(o.fixed for o in changed)
     hint = "" if unsafe else unsafe_hint(all_findings([o.result for o in outcomes]))
-    click.echo(f"Would fix {fixes} problem{'s' if fixes != 1 else ''} in {len(changed)} file{'s' if len(changed) != 1 else ''}.{hint}", err=True)
+    if not quiet:
+        click.echo(f"Would fix {fixes} problem{'s' if fixes != 1 else ''} in {len(changed)} file{'s' if len(changed) != 1 else ''}.{hint}", err=True)
     sys.exit(EXIT_ERROR if errors else EXIT_FINDINGS if changed else EXIT_CLEAN)
 
 
