@@ -62,7 +62,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
         raise click.BadParameter(str(error).split(": ", 1)[-1], param_hint=option) from error
 
 
-@main.command()
+@main.command(short_help="Lint files and folders (the default command).")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--select", multiple=True, metavar="CODES", help="Only these rule codes or prefixes (comma-separated).")
 @click.option("--ignore", multiple=True, metavar="CODES", help="Skip these rule codes or prefixes (comma-separated).")
@@ -82,7 +82,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     help=f"Where the result cache lives (default: {CACHE_DIR_NAME} beside the configuration, or in the current folder).",
 )
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-q", "--quiet", is_flag=True, help="Print findings and errors only: no summary, no progress.")
+@click.option("-q", "--quiet", is_flag=True, help="Print findings and errors only: no summary lines.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Read [tool.gradlint] from this file.")
 @click.option("--isolated", is_flag=True, help="Ignore every configuration file.")
 @click.option("--force-exclude", is_flag=True, help="Apply the excludes to paths named on the command line too.")
@@ -222,7 +222,7 @@ def _effective_config(select, ignore, config_path, isolated) -> Config:
     return config
 
 
-@main.command("rule")
+@main.command("rule", short_help="Explain one rule, by code or name, or --all.")
 @click.argument("rule", required=False)
 @click.option("--all", "show_all", is_flag=True, help="Every rule, one after another.")
 @click.option(
@@ -256,7 +256,10 @@ def rules_command() -> None:
         click.echo(f"{rule.code}  {rule.name:<40} {rule.severity.value:<8} fix: {fix:<7} {rule.summary}{default}")
 
 
-# The runtime commands import torch only when they run.
+# The runtime commands import torch only when they run. Their listing in
+# `gradlint --help` gets a line short enough for an 80-column terminal.
+run_command.short_help = run_command.short_help or "Run a script a few steps; confirm or refute its findings."
+measure_command.short_help = measure_command.short_help or "Measure memory and step time, as written and fused."
 main.add_command(run_command)
 main.add_command(measure_command)
 

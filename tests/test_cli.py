@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -282,3 +283,31 @@ def test_select_gl_means_the_default_rules_and_a_longer_code_turns_gl204_on(tmp_
 def test_rule_text_is_bold_where_the_terminal_takes_styles():
     styled = CliRunner().invoke(main, ["rule", "GL001"], color=True).output
     assert "\x1b[1mGL001 missing-zero-grad" in styled and "\x1b[1mWhy it matters.\x1b[0m" in styled
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["rule"], ["rules"], ["run"], ["measure"]])
+def test_help_fits_an_80_column_terminal_without_cutting_anything(command):
+    done = subprocess.run(
+        [sys.executable, "-m", "gradlint", *command, "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # Click cuts a short help with "..."; "[ARGS]..." in the usage line is notation.
+    assert not any(line.rstrip().endswith("...") for line in lines if not line.startswith("Usage:"))
+    current = main.commands[command[0]] if command else main
+    for param in current.params:  # every option and its help text is there, in words
+        if not isinstance(param, click.Option) or param.hidden:
+            continue
+        for name in param.opts:
+            assert name in done.stdout
+        if getattr(param, "help", None):
+            assert " ".join(param.help.split()[:3]) in " ".join(done.stdout.split())
+    if not command:
+        for name, sub in main.commands.items():
+            listed = next(line for line in lines if line.split()[:1] == [name])
+            assert " ".join(listed.split()[1:]) == sub.get_short_help_str(limit=1000)
