@@ -106,7 +106,8 @@ def check(
     stdin_filename, no_prefilter, fix, unsafe_fixes, diff, baseline_path, write_baseline,
 ) -> None:
     """Lint PATHS (files or folders; default: the current folder; `-`: stdin)."""
-    config = _effective_config(select, ignore, config_path, isolated)
+    # Source on stdin is configured as the file it names, wherever the editor runs gradlint from.
+    config = _effective_config(select, ignore, config_path, isolated, Path(stdin_filename).absolute().parent if stdin_filename else None)
     if force_exclude:
         config = dataclasses.replace(config, force_exclude=True)
     if baseline_path and write_baseline:
@@ -206,12 +207,13 @@ def _show_diff(outcomes, unsafe: bool, quiet: bool) -> None:
     sys.exit(EXIT_ERROR if errors else EXIT_FINDINGS if changed else EXIT_CLEAN)
 
 
-def _effective_config(select, ignore, config_path, isolated) -> Config:
+def _effective_config(select, ignore, config_path, isolated, start: Path | None = None) -> Config:
+    """The configuration of a run: ``--config``, or the nearest one above ``start`` (the current folder), then the options."""
     try:
         if isolated:
             config = Config()
         else:
-            pyproject = Path(config_path) if config_path else find_pyproject(Path.cwd())
+            pyproject = Path(config_path) if config_path else find_pyproject(start or Path.cwd())
             config = load_config(pyproject, RULES_BY_CODE)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error

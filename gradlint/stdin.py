@@ -1,7 +1,7 @@
 """Source read from standard input, for editors: ``gradlint - --stdin-filename path.py``.
 
 The text is checked (or fixed) as if it were the file ``path.py``: the
-configuration found from the current folder applies, with its
+configuration found from that file's folder upwards applies, with its
 ``per-file-ignores`` and, under ``force-exclude``, its excludes matched
 against that name. Nothing is written: a fix comes back as text.
 """

@@ -103,3 +103,12 @@ def test_json_output_and_plain_dash_without_a_filename(project):
 def test_dash_with_other_paths_is_a_usage_error(project):
     done = gradlint(project, UNSCALED, "-", "train.py")
     assert done.returncode == 2 and "takes no other path" in done.stderr.decode()
+
+
+def test_configuration_is_found_from_the_stdin_filename_wherever_gradlint_runs(project, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    named = project / "tests" / "test_train.py"
+    done = gradlint(elsewhere, UNSCALED, "-", "--stdin-filename", str(named))
+    codes = [line.split()[1] for line in done.stdout.decode().splitlines() if ": GL" in line]
+    assert codes == ["GL004"]  # the project's per-file-ignores silenced GL001
+    assert done.stdout.decode().startswith(f"{named}:7:5: GL004")
