@@ -4,13 +4,14 @@ A folder walk lets the prefilter skip, unparsed, every file no selected rule
 could fire on; a syntax error in such a file goes unreported. A file named
 explicitly (as pre-commit and editors name them) is different: the user
 asked about it. When the prefilter skips it, Python's own parser still reads
-it, which costs a fraction of the LibCST parse it avoids.
+it, which costs a fraction of the LibCST parse it avoids (and nothing on a
+warm run: the answer is cached).
 """
 
 from __future__ import annotations
 
-import ast
 import os
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,11 +30,16 @@ def named_files(paths: Iterable[str]) -> frozenset[str]:
 def syntax_error(text: str) -> str | None:
     """Why ``text`` does not parse, in the words of a LibCST parse error, or None when it parses.
 
-    Python's parser answers first; only text it refuses goes to LibCST,
-    which reads syntax newer than the running Python (and has the last word).
+    Python's compiler answers first (a third faster than building the
+    ``ast`` objects, on torch's own sources); only text it refuses goes to
+    LibCST, which reads syntax newer than the running Python and has the
+    last word, as it has for every file gradlint parses. The compiler's
+    warnings (``"is" with a literal``) are not gradlint's to print.
     """
     try:
-        ast.parse(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(text, "<gradlint>", "exec", dont_inherit=True, optimize=2)
         return None
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         pass

@@ -311,3 +311,19 @@ def test_help_fits_an_80_column_terminal_without_cutting_anything(command):
         for name, sub in main.commands.items():
             listed = next(line for line in lines if line.split()[:1] == [name])
             assert " ".join(listed.split()[1:]) == sub.get_short_help_str(limit=1000)
+
+
+def test_named_file_compiles_without_printing_the_compilers_warnings(tmp_path):
+    (tmp_path / "odd.py").write_text('def f(x):\n    return x is 1 and "\\d"\n\nasync def g():\n    return 1\n')
+    script = Path(sys.executable).with_name("gradlint")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "gradlint"]
+    done = subprocess.run([*command, "--isolated", "--no-cache", "odd.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize("text", ["return 1\n", "def f():\n    nonlocal x\n", "await g()\n"])
+def test_named_file_that_python_compiles_with_an_error_but_parses_is_not_refused(tree, text):
+    (tree / "script.py").write_text(text)  # errors of the compiler, not of the syntax: as a walk parses them, so do named files
+    result = CliRunner().invoke(main, ["--no-cache", "script.py"])
+    assert result.exit_code == 0, result.output
