@@ -115,24 +115,13 @@ def check(
     stdin = paths == (STDIN,) or (not paths and stdin_filename is not None)
     if STDIN in paths and not stdin:
         raise click.UsageError("`-` (read stdin) takes no other path")
+    known = _load_baseline(baseline_path) if baseline_path else None
     prefilter = not no_prefilter
-    lines = FileLines()
-    fixed = None
+    lines, fixed = FileLines(), None
     if stdin:
-        data = click.get_binary_stream("stdin").read()
-        outcome = check_stdin(data, stdin_filename or STDIN, config, fix=fix or diff, unsafe=unsafe_fixes, prefilter=prefilter)
-        outcomes = [outcome] if outcome is not None else []
-        if outcome is not None:
-            lines = FileLines({outcome.path: outcome.text})
-        if fix and not diff:  # like ruff: the fixed source on stdout, the findings left on stderr
-            click.get_binary_stream("stdout").write(encode_like(outcome, data) if outcome is not None else data)
-            fixed = sum(o.fixed for o in outcomes)
-    if diff:
-        if not stdin:
-            outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, write=False, prefilter=prefilter)
-        _show_diff(outcomes, unsafe_fixes, quiet)
-    if stdin:
-        results = [o.result for o in outcomes]
+        results, fixed, lines = _check_stdin(stdin_filename or STDIN, config, fix, diff, unsafe_fixes, prefilter, quiet)
+    elif diff:
+        _show_diff(fix_paths(paths or (".",), config, unsafe=unsafe_fixes, write=False, prefilter=prefilter), unsafe_fixes, quiet)
     elif fix:
         outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=prefilter)
         results = [o.result for o in outcomes]
@@ -143,16 +132,37 @@ def check(
     if write_baseline:
         _write_baseline(write_baseline, results, config, lines, quiet)
     hidden = None
-    if baseline_path:
-        try:
-            results, hidden = baseline.only_new(results, baseline.load(baseline_path), config, lines)
-        except baseline.BaselineError as error:
-            raise click.UsageError(str(error)) from error
+    if known is not None:
+        results, hidden = baseline.only_new(results, known, config, lines)
     _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix)
-    findings = all_findings(results)
     if any(r.error for r in results):
         sys.exit(EXIT_ERROR)
-    sys.exit(EXIT_FINDINGS if findings and not exit_zero else EXIT_CLEAN)
+    sys.exit(EXIT_FINDINGS if all_findings(results) and not exit_zero else EXIT_CLEAN)
+
+
+def _check_stdin(filename: str, config: Config, fix: bool, diff: bool, unsafe: bool, prefilter: bool, quiet: bool):
+    """Check the source on stdin as ``filename``: its results, the number of fixes (with ``fix``) and its lines.
+
+    ``--diff`` prints the diff and exits; ``--fix`` writes the fixed source
+    (or the source as it came, when nothing applies) to stdout, like ruff.
+    """
+    data = click.get_binary_stream("stdin").read()
+    outcome = check_stdin(data, filename, config, fix=fix or diff, unsafe=unsafe, prefilter=prefilter)
+    outcomes = [outcome] if outcome is not None else []
+    if diff:
+        _show_diff(outcomes, unsafe, quiet)
+    if fix:
+        click.get_binary_stream("stdout").write(encode_like(outcome, data) if outcome is not None else data)
+    lines = FileLines({o.path: o.text for o in outcomes})
+    return [o.result for o in outcomes], sum(o.fixed for o in outcomes) if fix else None, lines
+
+
+def _load_baseline(path: str):
+    """``--baseline``: the findings the file records, read before anything is checked; a bad file is a usage error."""
+    try:
+        return baseline.load(path)
+    except baseline.BaselineError as error:
+        raise click.UsageError(str(error)) from error
 
 
 def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool) -> None:
