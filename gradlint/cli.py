@@ -115,6 +115,8 @@ def check(
     stdin = paths == (STDIN,) or (not paths and stdin_filename is not None)
     if STDIN in paths and not stdin:
         raise click.UsageError("`-` (read stdin) takes no other path")
+    if stdin_filename is not None and not stdin:
+        raise click.UsageError("--stdin-filename names the source read from stdin: give `-` as the only path")
     known = _load_baseline(baseline_path) if baseline_path else None
     prefilter = not no_prefilter
     lines, fixed = FileLines(), None

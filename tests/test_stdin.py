@@ -103,6 +103,9 @@ def test_json_output_and_plain_dash_without_a_filename(project):
 def test_dash_with_other_paths_is_a_usage_error(project):
     done = gradlint(project, UNSCALED, "-", "train.py")
     assert done.returncode == 2 and "takes no other path" in done.stderr.decode()
+    (project / "train.py").write_text(UNSCALED)
+    named = gradlint(project, "", "--stdin-filename", "tests/x.py", "train.py")
+    assert named.returncode == 2 and "give `-` as the only path" in named.stderr.decode()
 
 
 def test_configuration_is_found_from_the_stdin_filename_wherever_gradlint_runs(project, tmp_path_factory):
