@@ -6,6 +6,8 @@ Recognised keys::
     select = ["GL0", "GL101"]        # rule codes or prefixes; default: every rule on by default
     ignore = ["GL005"]               # codes or prefixes to turn off
     exclude = ["legacy/**", "*_pb2.py"]   # globs, relative to this file, skipped when walking folders
+    extend-exclude = ["generated/**"]     # globs added to the defaults (``exclude`` replaces them)
+    force-exclude = true             # excludes apply to paths named on the command line too
     per-file-ignores = { "tests/**" = ["GL001"] }
 """
 
@@ -46,7 +48,7 @@ DEFAULT_EXCLUDE = (
     ".ruff_cache",
 )
 
-_KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "per-file-ignores"}
+_KNOWN_KEYS = {"select", "ignore", "exclude", "extend-exclude", "force-exclude", "per-file-ignores"}
 
 
 class ConfigError(Exception):
@@ -63,6 +65,9 @@ class Config:
     per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     root: Path = dataclasses.field(default_factory=Path.cwd)
     source: Path | None = None  # the pyproject.toml the settings came from
+    # Whether ``exclude`` applies to paths named on the command line too (as
+    # pre-commit names every staged file), not only to paths met in a walk.
+    force_exclude: bool = False
 
     def rules_for(self, path: str, all_rules: Iterable[type[Rule]]) -> list[type[Rule]]:
         """The rules that apply to ``path``: selected, not ignored, not ignored for this file."""
@@ -75,7 +80,11 @@ class Config:
         return list(_choose(self.select, tuple(ignored), tuple(all_rules)))
 
     def is_excluded(self, path: Path) -> bool:
-        """Whether a path met while walking a folder is skipped (by any of its parts or its relative path)."""
+        """Whether a path met while walking a folder (or named, with ``force_exclude``) is skipped.
+
+        A path is excluded when one of its parts, or its path relative to the
+        configuration's folder, matches a pattern.
+        """
         relative = self.relative(str(path))
         parts, globs, bases = _exclusion(self.exclude)
         if "/" in relative.lstrip("/") or relative.startswith("/"):
@@ -104,7 +113,7 @@ def _choose(select: tuple[str, ...] | None, ignored: tuple[str, ...], all_rules:
         if select is None:
             if not rule.enabled_by_default:
                 continue
-        elif not _matches(rule.code, select):
+        elif not _matches(rule.code, select if rule.enabled_by_default else narrow_selectors(select)):
             continue
         if _matches(rule.code, ignored):
             continue
@@ -128,6 +137,22 @@ def _exclusion(patterns: tuple[str, ...]):
         return part_regex is not None and part_regex.match(name) is not None
 
     return part, globs, bases
+
+
+# The family prefix every code shares. Selecting it means "gradlint's default
+# rules", as in flake8, where a project that sets ``select`` must list ``GL``
+# to see gradlint at all.
+FAMILY_PREFIX = "GL"
+
+
+def narrow_selectors(select: Iterable[str]) -> tuple[str, ...]:
+    """The selectors that may turn on a rule that is off by default: ``ALL`` or a code longer than ``GL``.
+
+    ``GL`` alone selects the default rules, on the command line, in
+    ``[tool.gradlint]`` and in flake8 alike; ``GL2`` or ``GL204`` name the
+    opportunity rules more precisely and turn them on.
+    """
+    return tuple(s for s in select if s == "ALL" or len(s) > len(FAMILY_PREFIX))
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:
@@ -184,7 +209,10 @@ def load_config(pyproject: Path | None, known_codes: Iterable[str]) -> Config:
         (pattern, tuple(validate_codes(_as_list(codes, pyproject, "per-file-ignores"), known, f"{pyproject}: per-file-ignores")))
         for pattern, codes in per_file.items()
     )
-    return Config(select, tuple(ignore), exclude, per_file_ignores, pyproject.parent, pyproject)
+    force_exclude = table.get("force-exclude", False)
+    if not isinstance(force_exclude, bool):
+        raise ConfigError(f"{pyproject}: force-exclude must be true or false")
+    return Config(select, tuple(ignore), exclude, per_file_ignores, pyproject.parent, pyproject, force_exclude)
 
 
 def validate_codes(codes: Iterable[str], known: Iterable[str], where: str) -> list[str]:

@@ -21,12 +21,15 @@ class Unreadable:
 def discover(paths: Iterable[str], config: Config) -> Iterator[str | Unreadable]:
     """Yield each file to check, in a stable sorted order, or an :class:`Unreadable` for a bad path.
 
-    Files named explicitly are always checked, whatever their suffix; folders
-    are walked for ``*.py`` files, skipping excluded paths, symlink loops and
-    folders that cannot be listed.
+    Files named explicitly are checked whatever their suffix, and even when
+    excluded unless ``config.force_exclude`` is set; folders are walked for
+    ``*.py`` files, skipping excluded paths, symlink loops and folders that
+    cannot be listed.
     """
     for raw in paths:
         path = Path(raw)
+        if config.force_exclude and config.is_excluded(path):
+            continue
         if path.is_dir():
             yield from _walk(path, config)
         elif path.exists() or path.is_symlink():

@@ -3,10 +3,10 @@
 The plugin reads the file once, through the lines flake8 has already read,
 runs the same prefilter and rules as the command line, and leaves ``# noqa``
 to flake8 (so ``--disable-noqa`` and flake8's own noqa rules apply). The
-rules that are off unless selected in gradlint run only when a code longer
-than the ``GL`` prefix selects them (``--select GL204`` or ``--extend-select
-GL2``): ``--select GL`` means gradlint's default rules, as plain ``gradlint``
-does. Columns are 0-based here: flake8 adds one.
+rules that are off by default run only when a code longer than the ``GL``
+prefix selects them (``--select GL204`` or ``--extend-select GL2``):
+``--select GL`` means the default rules, here as in ``gradlint --select GL``
+(see :func:`gradlint.config.narrow_selectors`). Columns are 0-based here: flake8 adds one.
 
 A file gradlint cannot check (LibCST cannot parse it, or a rule fails) is
 reported as ``GL000`` on line 1, so that a silent plugin never means an
@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from gradlint import __version__
+from gradlint.config import narrow_selectors
 from gradlint.linter import check_module, might_fire, parse
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError
@@ -41,7 +42,7 @@ class GradlintChecker:
     @classmethod
     def parse_options(cls, options: Any) -> None:
         """Add the off-by-default rules that ``--select``/``--extend-select`` name more precisely than ``GL``."""
-        chosen = [code.upper() for code in (options.select or []) + (options.extend_select or []) if len(code) > len("GL")]
+        chosen = narrow_selectors(code.upper() for code in (options.select or []) + (options.extend_select or []))
         cls.rules = tuple(
             rule for rule in ALL_RULES if rule.enabled_by_default or any(rule.code.startswith(code) for code in chosen)
         )

@@ -10,8 +10,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 from gradlint import __version__
-from gradlint.findings import FileResult, Finding, Severity
+from gradlint.findings import FileResult, Finding, FixKind, Severity
 from gradlint.rule import Rule
+from gradlint.ruledoc import render_markdown, render_text
 
 
 def all_findings(results: Sequence[FileResult]) -> list[Finding]:
@@ -34,19 +35,34 @@ def format_errors(results: Sequence[FileResult]) -> str:
     return "".join(f"{r.path}: {r.error}\n" for r in results if r.error)
 
 
-def summary(results: Sequence[FileResult], fixed: int | None = None) -> str:
-    """The closing line of a text run; after ``--fix``, ``fixed`` says how many fixes were applied."""
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
+def unsafe_hint(findings: Sequence[Finding]) -> str:
+    """`` N fixes available with `--unsafe-fixes`.`` for findings whose fix only that option applies, else ``""``."""
+    hidden = sum(1 for f in findings if f.fix is FixKind.UNSAFE)
+    return f" {_plural(hidden, 'fix')} available with `--unsafe-fixes`." if hidden else ""
+
+
+def summary(results: Sequence[FileResult], fixed: int | None = None, *, unsafe: bool = False) -> str:
+    """The closing line of a text run; after ``--fix``, ``fixed`` says how many fixes were applied.
+
+    It counts the findings ``--fix`` would fix, and, unless ``unsafe`` (the
+    run has ``--unsafe-fixes``), says how many more fixes ``--unsafe-fixes``
+    would allow.
+    """
     findings = all_findings(results)
     failed = sum(1 for r in results if r.error)
     checked = len(results) - failed
-    files = f"{checked} file{'s' if checked != 1 else ''} checked"
+    files = _plural(checked, "file") + " checked"
     if findings:
-        fixable = sum(1 for f in findings if f.fix is not None)
+        allowed = {FixKind.SAFE, FixKind.UNSAFE} if unsafe else {FixKind.SAFE}
+        fixable = sum(1 for f in findings if f.fix in allowed)
         with_findings = len({f.path for f in findings})
         text = (
-            f"Found {len(findings)} problem{'s' if len(findings) != 1 else ''} in {with_findings} "
-            f"file{'s' if with_findings != 1 else ''} ({files}"
-            + (f"; {fixable} with a fix" if fixable else "")
+            f"Found {_plural(len(findings), 'problem')} in {_plural(with_findings, 'file')} ({files}"
+            + (f"; {fixable} fixable with `--fix`" if fixable else "")
             + ")."
         )
     elif failed:
@@ -54,9 +70,11 @@ def summary(results: Sequence[FileResult], fixed: int | None = None) -> str:
     else:
         text = f"All checks passed ({files})."
     if failed:
-        text += f" {failed} file{'s' if failed != 1 else ''} could not be checked."
+        text += f" {_plural(failed, 'file')} could not be checked."
     if fixed is not None:
-        text += f" Fixed {fixed} problem{'s' if fixed != 1 else ''}."
+        text += f" Fixed {_plural(fixed, 'problem')}."
+    if not unsafe:
+        text += unsafe_hint(findings)
     return text + "\n"
 
 
@@ -126,7 +144,7 @@ def format_sarif(findings: Sequence[Finding], results: Sequence[FileResult], rul
             "name": rule.name,
             "shortDescription": {"text": rule.summary},
             "fullDescription": {"text": documentation.split("\n\n", 1)[0]},
-            "help": {"text": documentation, "markdown": documentation},
+            "help": {"text": render_text(rule, style=False), "markdown": render_markdown(rule)},
             "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity], "enabled": rule.enabled_by_default},
             "properties": {"tags": ["pytorch", "training-loop"], "fix": rule.fix.value if rule.fix else "none"},
         }

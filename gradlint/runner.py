@@ -19,6 +19,7 @@ from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
 from gradlint.linter import check_module, might_fire, parse
+from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
@@ -37,6 +38,8 @@ def default_jobs() -> int:
 
 def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache: Cache | None = None, prefilter: bool = True) -> list[FileResult]:
     """Check every file under ``paths`` with up to ``jobs`` processes; results sorted by path."""
+    paths = list(paths)
+    named = named_files(paths)
     results: list[FileResult] = []
     pending: list[tuple[str, str, tuple[str, ...], str | None]] = []  # path, text, rule codes, cache key
     for item in discover(paths, config):
@@ -45,12 +48,13 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
             continue
         rules = config.rules_for(item, ALL_RULES)
         codes = tuple(rule.code for rule in rules)
+        cache_codes = (*codes, COMPILED) if item in named else codes
         stat = _stat(item) if cache is not None else None
         if stat is not None:  # an unchanged file is answered without reading it
-            known = cache.known_key(item, stat, codes, prefilter)
+            known = cache.known_key(item, stat, cache_codes, prefilter)
             cached = cache.get(known, item) if known is not None else None
             if cached is not None:
-                cache.remember_file(item, stat, known, codes, prefilter)
+                cache.remember_file(item, stat, known, cache_codes, prefilter)
                 results.append(cached)
                 continue
         try:
@@ -58,9 +62,9 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
         except SourceError as error:
             results.append(FileResult(item, error=str(error)))
             continue
-        key = cache.key(data, codes, prefilter) if cache is not None else None
+        key = cache.key(data, cache_codes, prefilter) if cache is not None else None
         if stat is not None:
-            cache.remember_file(item, stat, key, codes, prefilter)
+            cache.remember_file(item, stat, key, cache_codes, prefilter)
         cached = cache.get(key, item) if cache is not None else None
         if cached is not None:
             results.append(cached)
@@ -73,7 +77,8 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
             if rules and (not prefilter or might_fire(text, rules)):
                 pending.append((item, text, codes, key))
                 continue
-            result = FileResult(item)
+            # Not parsed: a file named on the command line is still compiled.
+            result = FileResult(item, error=syntax_error(text) if item in named else None)
         results.append(result)
         if cache is not None:
             cache.put(key, result)

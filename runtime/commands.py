@@ -64,16 +64,16 @@ def measure_command(script: str, steps: int, plot_path: str | None, fake: bool, 
     _require_torch("measure")
     from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot
 
-    def progress(text: str) -> None:
-        click.echo(f"\r\033[Kgradlint measure: {text}", err=True, nl=False)
+    from gradlint.progress import StatusLine
 
+    status = StatusLine("gradlint measure: ")  # drawn on a terminal only: no carriage returns in CI logs
     try:
-        results, refused = measure_script(script, script_args, steps, fake, progress)
+        results, refused = measure_script(script, script_args, steps, fake, status.update)
     except MeasureError as err:
-        click.echo("", err=True)
+        status.close()
         click.echo(f"gradlint measure: {script}: {err}", err=True)
         sys.exit(2)
-    click.echo("", err=True)
+    status.close()
     click.echo(format_table(results, fake, refused))
     if plot_path:
         plot(results, plot_path)

@@ -130,8 +130,8 @@ def test_cli_cached_output_equals_uncached(tree):
 def test_parallel_runs_match_one_job_in_the_same_order(tmp_path, monkeypatch, jobs):
     monkeypatch.setattr(runner, "MIN_PARALLEL_CHARS", 0)  # use the pool even for a small tree
     shutil.copytree(FIXTURES, tmp_path / "fixtures", ignore=shutil.ignore_patterns("fixed"))
-    one = cli(tmp_path, "fixtures", "--no-cache", "-j", "1", "--select", "GL")
-    many = cli(tmp_path, "fixtures", "--no-cache", "-j", jobs, "--select", "GL")
+    one = cli(tmp_path, "fixtures", "--no-cache", "-j", "1", "--select", "ALL")
+    many = cli(tmp_path, "fixtures", "--no-cache", "-j", jobs, "--select", "ALL")
     assert one.exit_code == many.exit_code == 1
     assert one.stdout == many.stdout
     assert one.stdout.count("\n") > 20

@@ -90,12 +90,26 @@ def test_diff_with_nothing_to_fix_exits_0(tmp_path):
     assert "---" not in result.output
 
 
-def test_diff_shows_unsafe_fixes_only_when_asked(tmp_path):
+def test_diff_shows_unsafe_fixes_only_when_asked_and_says_they_exist(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(UNSCALED)
-    assert _run("--diff", str(path)).exit_code == 0
+    hidden = _run("--diff", str(path))
+    assert hidden.exit_code == 0 and "+++" not in hidden.stdout
+    assert hidden.stderr == "Would fix 0 problems in 0 files. 1 fix available with `--unsafe-fixes`.\n"
     shown = _run("--diff", "--unsafe-fixes", str(path))
     assert shown.exit_code == 1 and "+    (loss / accum).backward()" in shown.output
+    assert shown.stderr == "Would fix 1 problem in 1 file.\n"
+
+
+def test_summary_counts_safe_fixes_and_names_the_unsafe_ones(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(MISSING_CLEAR + "\n" + UNSCALED.replace("import torch\n", ""))
+    plain = _run(str(path)).stdout.splitlines()[-1]
+    assert plain == "Found 2 problems in 1 file (1 file checked; 1 fixable with `--fix`). 1 fix available with `--unsafe-fixes`."
+    unsafe = _run("--unsafe-fixes", str(path)).stdout.splitlines()[-1]
+    assert unsafe == "Found 2 problems in 1 file (1 file checked; 2 fixable with `--fix`)."
+    fixed = _run("--fix", str(path)).stdout.splitlines()[-1]
+    assert fixed == "Found 1 problem in 1 file (1 file checked). Fixed 1 problem. 1 fix available with `--unsafe-fixes`."
 
 
 def test_a_file_with_nothing_to_fix_keeps_its_bytes_and_mtime(tmp_path):

@@ -62,9 +62,29 @@ def test_flake8_agrees_with_gradlint_on_every_fixture(fixtures, expected, jobs):
 
 
 def test_flake8_agrees_with_gradlint_when_every_rule_is_selected(fixtures):
-    every = gradlint(fixtures, "--select", "GL", "fixtures")
+    every = gradlint(fixtures, "--select", "GL0,GL1,GL2,GL3", "fixtures")
     assert any(code == "GL204" for _, _, _, code, _ in every)  # an off-by-default rule fires here
     assert flake8(fixtures, "--select", "GL0,GL1,GL2,GL3", "fixtures") == every
+    assert gradlint(fixtures, "--select", "ALL", "fixtures") == every  # ALL: gradlint's spelling of every rule
+
+
+@pytest.mark.parametrize(
+    "flake8_args, gradlint_codes, has_gl204",
+    [
+        (["--select", "GL"], "GL", False),
+        (["--select", "GL0"], "GL0", False),
+        (["--select", "GL,GL204"], "GL,GL204", True),
+        (["--select", "GL2"], "GL2", True),
+        (["--select", "GL", "--extend-select", "GL204"], "GL,GL204", True),
+    ],
+)
+def test_one_meaning_of_select_in_flake8_and_gradlint(fixtures, expected, flake8_args, gradlint_codes, has_gl204):
+    """``--select GL`` is the default rules in both; a longer code turns GL204 on in both."""
+    got = flake8(fixtures, *flake8_args, "fixtures")
+    assert got == gradlint(fixtures, "--select", gradlint_codes, "fixtures")
+    assert any(code == "GL204" for _, _, _, code, _ in got) == has_gl204
+    if gradlint_codes == "GL":
+        assert got == expected  # the same as no selection at all
 
 
 def test_columns_are_one_based_in_both(tmp_path):

@@ -53,12 +53,15 @@ def try_repo(repo: Path, home: Path, hook: str) -> subprocess.CompletedProcess:
     )
 
 
-def make_repo(folder: Path, text: str) -> Path:
+def make_repo(folder: Path, text: str, **more: str) -> Path:
+    """A git repository holding ``train.py`` and the files of ``more`` (name: text), all staged."""
     folder.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=folder, check=True)
     # pre-commit refuses to run in a repository whose files are not staged.
-    (folder / "train.py").write_text(text)
-    subprocess.run(["git", "add", "train.py"], cwd=folder, check=True)
+    for name, content in {"train.py": text, **more}.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(content)
+        subprocess.run(["git", "add", name], cwd=folder, check=True)
     return folder
 
 
@@ -85,3 +88,23 @@ def test_gradlint_fix_hook_rewrites_the_script(tmp_path, pre_commit_home):
     assert "optimizer.zero_grad()" in fixed and fixed != BUGGY
     again = try_repo(repo, pre_commit_home, "gradlint")
     assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_extend_exclude_is_honoured_for_the_files_pre_commit_names(tmp_path, pre_commit_home):
+    pyproject = '[tool.gradlint]\nextend-exclude = ["vendored/**"]\n'
+    repo = make_repo(tmp_path / "excluded", CLEAN, **{"pyproject.toml": pyproject, "vendored/old_train.py": BUGGY})
+    done = try_repo(repo, pre_commit_home, "gradlint")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "GL001" not in done.stdout
+    (repo / "pyproject.toml").write_text("[tool.gradlint]\n")  # the same files, nothing excluded: the hook fails
+    subprocess.run(["git", "add", "pyproject.toml"], cwd=repo, check=True)
+    done = try_repo(repo, pre_commit_home, "gradlint")
+    assert done.returncode == 1 and "vendored/old_train.py:8:5: GL001" in done.stdout, done.stdout
+
+
+def test_a_syntax_error_fails_the_hook_even_in_a_file_no_rule_could_fire_on(tmp_path, pre_commit_home):
+    repo = make_repo(tmp_path / "broken", CLEAN, **{"util.py": "import os\n\ndef broken(:\n    pass\n"})
+    for hook in ("gradlint", "gradlint-fix"):
+        done = try_repo(repo, pre_commit_home, hook)
+        assert done.returncode == 1, done.stdout + done.stderr  # pre-commit reports any non-zero exit as 1
+        assert "util.py: cannot parse: invalid syntax (line 3, column 12)" in done.stdout + done.stderr

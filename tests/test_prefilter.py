@@ -22,7 +22,7 @@ from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
 from gradlint.rules import ALL_RULES
 from gradlint.rules.clearing import GRAD_ZEROED_IN_PLACE
 
-EVERY_RULE = dataclasses.replace(Config(), select=("GL",))
+EVERY_RULE = dataclasses.replace(Config(), select=("ALL",))
 ALL_FIXTURES = sorted(FIXTURES.rglob("*.py"))
 
 
