@@ -25,13 +25,17 @@ from gradlint.runtime._patching import Patcher
 from gradlint.runtime.launch import Outcome, run_script
 from gradlint.runtime.memory import CATEGORIES, CudaPeakMeter, MemoryReport, TensorMemoryMeter
 from gradlint.runtime.release import GradientRelease, ReleaseUnsupported
-from gradlint.runtime.tracer import StopTraining
+from gradlint.runtime.tracer import StopTraining, in_backward
 
 AS_WRITTEN = "as written"
 SET_TO_NONE = "set_to_none=True"
 RELEASE = "gradient release"
 MODES = (AS_WRITTEN, SET_TO_NONE, RELEASE)
 SEED = 0
+RELEASED_AS_WRITTEN = (
+    "the script already releases gradients as written (its optimizers step inside backward); "
+    "'as written' is the gradient release measurement"
+)
 
 
 class MeasureError(Exception):
@@ -54,6 +58,7 @@ class ModeResult:
     curve: list[tuple[int, int]]
     outcome: Outcome
     allocator_peak: int | None = None
+    release_as_written: bool = False
 
     @property
     def median_step_time(self) -> float | None:
@@ -77,6 +82,8 @@ class _ModeRun:
         self.releases: list[GradientRelease] = []
         self.times: list[float] = []
         self.count = 0
+        self.release_loop = False  # the script steps inside backward (gradient release as written)
+        self._stepped_in_backward = False
         self.patcher = Patcher()
 
     def _user_step(self) -> None:
@@ -88,8 +95,30 @@ class _ModeRun:
             raise StopTraining(f"stopped after {self.count} optimizer steps")
 
     def _post_step_hook(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if any(opt is o for o in self.optimizers):
+        if not any(opt is o for o in self.optimizers):
+            return
+        if in_backward():
+            # stepped from a hook inside backward (gradient release as written):
+            # the backward is the loop step, counted when it returns
+            self.release_loop = True
+            self._stepped_in_backward = True
+        else:
             self._user_step()
+
+    def _wrap_backward(self, original: Callable) -> Callable:
+        run = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if in_backward():
+                return original(*args, **kwargs)
+            run._stepped_in_backward = False
+            result = original(*args, **kwargs)
+            if run._stepped_in_backward:
+                run._stepped_in_backward = False
+                run._user_step()
+            return result
+
+        return backward
 
     def _wrap_init(self, original: Callable) -> Callable:
         run = self
@@ -98,7 +127,7 @@ class _ModeRun:
             original(opt, *args, **kwargs)
             run.optimizers.append(opt)
             run.meter.watch_optimizer(opt)
-            if run.mode == RELEASE:
+            if run.mode == RELEASE and not opt.defaults.get("gradient_release"):  # torch-optimi releases itself
                 release = GradientRelease(opt)
                 release.step_callbacks.append(run._user_step)
                 run.releases.append(release)
@@ -118,6 +147,8 @@ class _ModeRun:
         p = self.patcher
         p.set(Optimizer, "__init__", self._wrap_init(Optimizer.__init__))
         p.keep(register_optimizer_step_post_hook(self._post_step_hook))
+        p.set(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        p.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         if self.mode == SET_TO_NONE:
             p.set(Optimizer, "zero_grad", self._force_set_to_none(Optimizer.zero_grad))
             p.set(torch.nn.Module, "zero_grad", self._force_set_to_none(torch.nn.Module.zero_grad))
@@ -166,6 +197,7 @@ def measure_mode(
         _last_step_curve(meter),
         outcome,
         cuda.peak if cuda else None,
+        run.release_loop,
     )
 
 
@@ -195,6 +227,8 @@ def measure_script(
     results: list[ModeResult] = []
     for i, mode in enumerate(MODES, 1):
         label = f"mode {i}/{len(MODES)} ({mode})"
+        if mode == RELEASE and results[0].release_as_written:
+            return results, RELEASED_AS_WRITTEN
         progress(f"{label}: starting")
         try:
             results.append(

@@ -57,6 +57,13 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         return []
 
 
+def _grad_accumulator(p: torch.Tensor) -> Any:
+    """The autograd node that accumulates ``p``'s gradient (``None`` where there is none)."""
+    with torch.enable_grad():
+        node = p.view_as(p).grad_fn
+    return node.next_functions[0][0] if node is not None and node.next_functions else None
+
+
 class TensorMemoryMeter(TorchDispatchMode):
     """Exact live-tensor bytes over time, with the peak and its split.
 
@@ -81,6 +88,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         self._param_storages: set[int] = set()
         self._in_step = 0
         self._handles: list[Any] = []
+        self._accumulators: list[Any] = []
 
     # ------------------------------------------------------------------ what is what
     def track(self, *objects: Any) -> None:
@@ -121,12 +129,19 @@ class TensorMemoryMeter(TorchDispatchMode):
             self._param_storages.add(id(st))
             self._reclassify(id(st), PARAMS)
         if p.requires_grad and p.is_leaf:
-            # the incoming gradient (before release hooks could free it) and the accumulated one
+            # The incoming gradient (before release hooks could free it), and the
+            # accumulated one through a hook on the gradient accumulator node: a
+            # post-accumulate-grad hook on the parameter would make torch-optimi's
+            # prepare_for_gradient_release refuse it.
             self._handles.append(p.register_hook(self._mark_gradient))
-            self._handles.append(p.register_post_accumulate_grad_hook(self._mark_accumulated))
+            accumulator = _grad_accumulator(p)
+            if accumulator is not None:
+                ref = weakref.ref(p)
+                self._handles.append(accumulator.register_hook(lambda *_: self._mark_accumulated(ref())))
+                self._accumulators.append(accumulator)  # the hook lives as long as the node
 
-    def _mark_accumulated(self, p: torch.Tensor) -> None:
-        if p.grad is not None:
+    def _mark_accumulated(self, p: torch.Tensor | None) -> None:
+        if p is not None and p.grad is not None:
             self._mark_gradient(p.grad)
 
     def _mark_gradient(self, grad: torch.Tensor) -> None:
@@ -244,6 +259,7 @@ class TensorMemoryMeter(TorchDispatchMode):
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            self._accumulators.clear()
 
 
 class CudaPeakMeter:

@@ -72,16 +72,30 @@ def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = 
 
 
 def format_events(events: list[Event], max_steps: int = 3) -> list[str]:
-    """The event sequence grouped by optimizer step, for the first ``max_steps`` steps."""
-    lines, current, step = [], [], 0
-    for e in events:
+    """The event sequence grouped by loop step, for the first ``max_steps`` steps.
+
+    The STEP events of one backward under gradient release (one per optimizer)
+    close a single group.
+    """
+    lines: list[str] = []
+    current: list[Event] = []
+    step = 0
+    for i, e in enumerate(events):
         current.append(e)
-        if e.kind is EventKind.STEP:
-            step += 1
-            if step <= max_steps:
-                lines.append(f"  step {step}:")
-                lines.extend(f"    {x.describe()}" for x in current)
-            current = []
+        if e.kind is not EventKind.STEP:
+            continue
+        following = events[i + 1] if i + 1 < len(events) else None
+        if (
+            following is not None
+            and following.kind is EventKind.STEP
+            and following.facts.get("loop_step") == e.facts.get("loop_step")
+        ):
+            continue
+        step += 1
+        if step <= max_steps:
+            lines.append(f"  step {step}:")
+            lines.extend(f"    {x.describe()}" for x in current)
+        current = []
     if current and step < max_steps:
         lines.append(f"  after step {step}:")
         lines.extend(f"    {x.describe()}" for x in current)

@@ -30,6 +30,11 @@ from gradlint.runtime._patching import Patcher
 from gradlint.runtime.sites import Site, user_site
 
 
+def in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (we are inside one of its hooks)."""
+    return torch._C._current_graph_task_id() != -1
+
+
 class StopTraining(BaseException):
     """Raised from the optimizer step hook once the step budget is spent.
 
@@ -57,7 +62,7 @@ class Event:
         return f"{self.kind.value}{inner} @ {self.site}"
 
 
-_SHOWN_FACTS = {"set_to_none", "scaled", "factor", "via_scaler", "skipped", "synced", "fn"}
+_SHOWN_FACTS = {"set_to_none", "scaled", "factor", "via_scaler", "skipped", "synced", "fn", "released"}
 
 
 def _short(value: Any) -> str:
@@ -158,6 +163,8 @@ class Tracer:
         self._depth = 0
         self._scaler_in_step: str | None = None
         self._previous_trace: Any = None
+        self._released: dict[str, int] = {}
+        self.release_loop = False  # the loop steps inside backward (gradient release)
         self.active = False
 
     # ---------------------------------------------------------------- labels
@@ -193,7 +200,9 @@ class Tracer:
                 if owners is None:
                     owners = self._param_owners[p] = set()
                     if p.requires_grad and p.is_leaf:
-                        self._patcher.keep(p.register_post_accumulate_grad_hook(self._on_grad_accumulated))
+                        # A gradient hook, not a post-accumulate one: torch-optimi's
+                        # prepare_for_gradient_release refuses parameters that have those.
+                        self._patcher.keep(p.register_hook(self._reached_hook(p)))
                 owners.add(key)
 
     def _live_optimizers(self) -> dict[int, torch.optim.Optimizer]:
@@ -215,30 +224,56 @@ class Tracer:
         self.events.append(event)
         return event
 
-    def _on_grad_accumulated(self, param: torch.Tensor) -> None:
-        owners = self._param_owners.get(param)
-        if owners:
-            self._touched.update(owners)
+    def _reached_hook(self, param: torch.Tensor) -> Any:
+        ref = weakref.ref(param)
+
+        def reached(grad: torch.Tensor) -> None:
+            owners = self._param_owners.get(ref())
+            if owners:
+                self._touched.update(owners)
+
+        return reached
 
     # ---------------------------------------------------------------- hooks and patches
     def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         name = self.watch(opt)
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            raise StopTraining(f"stopped after {self.steps} optimizer steps")
+        if in_backward():
+            # Gradient release (torch-optimi, a post-accumulate hook): a parameter
+            # stepped inside backward. The backward as a whole is one loop step.
+            self._released[name] = self._released.get(name, 0) + 1
+            return
+        self._check_budget()
         self.steps += 1
         self._record(
             EventKind.STEP,
             name,
             via_scaler=self._scaler_in_step,
             grads=grad_state(self._params(opt)),
+            loop_step=self.steps,
         )
+
+    def _check_budget(self) -> None:
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopTraining(f"stopped after {self.steps} optimizer steps")
+
+    def _record_released_steps(self) -> None:
+        """One loop step for a backward whose parameters were stepped inside it."""
+        if not self._released:
+            return
+        self.steps += 1
+        self.release_loop = True
+        for name, count in self._released.items():
+            self._record(EventKind.STEP, name, grads="released", released=count, loop_step=self.steps)
+        self._released = {}
 
     def _wrap_backward(self, original: Any) -> Any:
         tracer = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if tracer._depth:
+            if tracer._depth or in_backward():
                 return original(*args, **kwargs)
+            if tracer.release_loop:
+                tracer._check_budget()
             first = args[0] if args else next(iter(kwargs.values()), None)
             loss = first[0] if isinstance(first, (list, tuple)) and first else first
             scaler = tracer._scaled.get(loss) if isinstance(loss, torch.Tensor) else None
@@ -249,14 +284,17 @@ class Tracer:
             tracer._touched = set()
             tracer._allreduces = 0
             tracer._depth += 1
+            tracer._released = {}
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 tracer._depth -= 1
                 touched = [live[k] for k in tracer._touched if k in live]
                 event.facts["touched"] = sorted(tracer.label(opt) for opt in touched)
                 event.facts["before"] = {tracer.label(opt): before[id(opt)] for opt in touched}
                 event.facts["synced"] = tracer._allreduces
+            tracer._record_released_steps()
+            return result
 
         return backward
 
@@ -324,7 +362,7 @@ class Tracer:
                 tracer._scaler_in_step = None
             if tracer.steps == steps_before:
                 # inf/NaN found: the scaler skipped the optimizer step.
-                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped")
+                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped", loop_step=tracer.steps)
             return result
 
         return step
