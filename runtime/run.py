@@ -59,7 +59,7 @@ def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = 
         if backwards:
             raise RunError(f"the script ran {backwards} backwards but never stepped a torch.optim optimizer")
         raise RunError("no optimizer step ran: the script has no training loop gradlint can follow")
-    verdicts = judge(findings, tracer.events, tracer.executed)
+    verdicts = judge(findings, tracer.events, tracer.executed, tracer.disabled_scalers)
     return RunReport(
         os.path.abspath(path),
         outcome,

@@ -165,6 +165,7 @@ class Tracer:
         self._previous_trace: Any = None
         self._released: dict[str, int] = {}
         self.release_loop = False  # the loop steps inside backward (gradient release)
+        self.disabled_scalers: set[str] = set()  # GradScalers seen with enabled=False: every call passes through
         self.active = False
 
     # ---------------------------------------------------------------- labels
@@ -340,6 +341,7 @@ class Tracer:
         tracer = self
 
         def scale(scaler: Any, outputs: Any) -> Any:
+            tracer._scaler_enabled(scaler)
             result = original(scaler, outputs)
             if isinstance(result, torch.Tensor) and result is not outputs:
                 tracer._scaled[result] = tracer.label(scaler)
@@ -351,6 +353,8 @@ class Tracer:
         tracer = self
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracer._scaler_enabled(scaler):
+                return original(scaler, optimizer, *args, **kwargs)  # a plain optimizer.step()
             name = tracer.label(scaler)
             steps_before = tracer.steps
             tracer._scaler_in_step = name
@@ -366,6 +370,17 @@ class Tracer:
             return result
 
         return step
+
+    def _scaler_enabled(self, scaler: Any) -> bool:
+        """Whether ``scaler`` does anything; a disabled one (``enabled=False``, or no CUDA) passes everything through."""
+        enabled = scaler.is_enabled()
+        if not enabled:
+            self.disabled_scalers.add(self.label(scaler))
+        return enabled
+
+    def _scaler_target(self, scaler: Any, target: str) -> str | bool:
+        """The event target for a scaler call, or ``False`` (record nothing) when the scaler is disabled."""
+        return target if self._scaler_enabled(scaler) else False
 
     def _wrap_sched_step(self, original: Any) -> Any:
         tracer = self
@@ -470,13 +485,17 @@ class Tracer:
         p.set(
             GradScaler,
             "unscale_",
-            self._wrap_plain(GradScaler.unscale_, EventKind.UNSCALE, target_of=lambda s, o, *a: self.watch(o)),
+            self._wrap_plain(
+                GradScaler.unscale_, EventKind.UNSCALE, target_of=lambda s, o, *a: self._scaler_target(s, self.watch(o))
+            ),
         )
         p.set(GradScaler, "step", self._wrap_scaler_step(GradScaler.step))
         p.set(
             GradScaler,
             "update",
-            self._wrap_plain(GradScaler.update, EventKind.SCALER_UPDATE, target_of=lambda s, *a: self.label(s)),
+            self._wrap_plain(
+                GradScaler.update, EventKind.SCALER_UPDATE, target_of=lambda s, *a: self._scaler_target(s, self.label(s))
+            ),
         )
         for cls in _scheduler_classes(lr_scheduler.LRScheduler):
             p.set(cls, "step", self._wrap_sched_step(cls.__dict__["step"]))

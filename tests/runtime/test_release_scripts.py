@@ -50,7 +50,7 @@ def test_release_script_runs_and_counts_one_step_per_backward(fixtures_dir, name
     assert len(steps) == 3 * optimizers
     assert all(s.facts["released"] >= 1 and s.site.line == backwards[0].site.line for s in steps)
     assert sum(s.facts["released"] for s in steps) == 3 * 4  # two Linear layers: 4 parameters stepped per backward
-    for code, (violations, _) in evaluate(tracer.events).items():
+    for code, (violations, _, _) in evaluate(tracer.events).items():
         assert violations == [], code
 
 
