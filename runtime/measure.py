@@ -41,9 +41,10 @@ RELEASED_AS_WRITTEN = (
 class MeasureError(Exception):
     """A mode could not be measured (the script failed or never stepped)."""
 
-    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+    def __init__(self, message: str, cause: BaseException | None = None, detail: str = "") -> None:
         super().__init__(message)
         self.cause = cause
+        self.detail = detail or message
 
 
 @dataclasses.dataclass
@@ -185,7 +186,7 @@ def measure_mode(
             outcome = run_script(path, args)
         params = None if fake else run.final_params()
     if not outcome.ok:
-        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc)
+        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc, outcome.detail)
     if run.count == 0:
         raise MeasureError(f"{mode}: no optimizer step ran: the script has no training loop gradlint can follow")
     return ModeResult(
@@ -237,6 +238,9 @@ def measure_script(
         except MeasureError as err:
             if mode == RELEASE and isinstance(err.cause, ReleaseUnsupported):
                 return results, str(err.cause)
+            if mode == RELEASE and err.cause is not None:
+                # ran as written, fails once gradients are freed after backward: it reads them
+                return results, f"the script fails under gradient release, which frees each gradient during backward: {err.detail}"
             raise
     return results, None
 

@@ -288,6 +288,11 @@ def gl102(records: list[StepRecord], events: list[Event]) -> Checked:
     return Checked(found, "every step on scaled gradients went through scaler.step")
 
 
+def _clips(event: Event) -> bool:
+    """A CLIP event that changes gradients (``get_total_norm`` only measures them)."""
+    return event.facts.get("fn") != "get_total_norm"
+
+
 def gl103(records: list[StepRecord], events: list[Event]) -> Checked:
     """Clipping with no ``unscale_`` since the scaled backward."""
     found = []
@@ -297,7 +302,7 @@ def gl103(records: list[StepRecord], events: list[Event]) -> Checked:
             last_scaled = e
         elif e.kind in (EventKind.UNSCALE, EventKind.STEP):
             last_scaled = None
-        elif e.kind is EventKind.CLIP and last_scaled is not None:
+        elif e.kind is EventKind.CLIP and last_scaled is not None and _clips(e):
             found.append(
                 Violation(
                     "GL103",
@@ -306,7 +311,7 @@ def gl103(records: list[StepRecord], events: list[Event]) -> Checked:
                     frozenset({_site(e)}),
                 )
             )
-    clips = any(e.kind is EventKind.CLIP for e in events)
+    clips = any(e.kind is EventKind.CLIP and _clips(e) for e in events)
     if not clips or not any(_scaled(e) for e in events if e.kind is EventKind.BACKWARD):
         return Checked(found, "no clipping ran on gradients of a backward scaled by an enabled GradScaler", exercised=False)
     return Checked(found, "every clip of scaled gradients came after unscale_")

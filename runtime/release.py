@@ -15,7 +15,9 @@ initial learning rate.)
 What cannot work with gradients that no longer exist after backward is refused
 with :class:`ReleaseUnsupported`: a ``GradScaler`` (it must see every gradient
 before any step to skip steps on inf/NaN), gradient accumulation (each backward
-already stepped), and gradient clipping (there is no whole gradient to clip).
+already stepped), and gradient clipping or norm measurement after backward, by
+any of torch's clipping functions however they were imported (there is no
+whole gradient left).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.clipping import ClipInterceptor
+from gradlint.runtime.tracer import in_backward
 
 _MISSING = object()
 _ACTIVE: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer -> GradientRelease
 _RELEASED_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> GradientRelease
-_guards: Patcher | None = None
+_guards: "_Guards | None" = None
 
 
 class ReleaseUnsupported(RuntimeError):
@@ -202,37 +206,46 @@ def _refuse_scaler(original: Callable) -> Callable:
     return guarded
 
 
-def _refuse_clip(original: Callable) -> Callable:
-    def guarded(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if any(p in _RELEASED_PARAMS for p in params):
+def _refuse_clip(name: str, original: Callable) -> Callable:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        # Outside backward there is no whole gradient left to clip or measure: each
+        # was stepped and freed as soon as it existed (a clip inside a release hook,
+        # on the one parameter at hand, is fine).
+        if not in_backward():
             raise ReleaseUnsupported(
-                "gradient clipping cannot be combined with gradient release: each gradient is stepped and freed "
-                "as soon as it exists, so there is no whole gradient to clip"
+                f"gradient clipping cannot be combined with gradient release: {name} needs the gradients "
+                "after backward, but each one was stepped and freed as soon as it existed"
             )
-        return original(params, *args, **kwargs)
+        return original(*args, **kwargs)
 
     return guarded
 
 
+class _Guards:
+    """The refusals in force while any optimizer is released."""
+
+    def __init__(self) -> None:
+        from torch.amp.grad_scaler import GradScaler
+
+        self._patcher = Patcher()
+        self._patcher.wrap(GradScaler, "unscale_", _refuse_scaler)
+        self._patcher.wrap(GradScaler, "step", _refuse_scaler)
+        self._clipping = ClipInterceptor(_refuse_clip)
+
+    def remove(self) -> None:
+        self._clipping.restore()
+        self._patcher.restore()
+
+
 def _install_guards() -> None:
     global _guards
-    from torch.amp.grad_scaler import GradScaler
-    from torch.nn.utils import clip_grad
-
-    _guards = Patcher()
-    _guards.wrap(GradScaler, "unscale_", _refuse_scaler)
-    _guards.wrap(GradScaler, "step", _refuse_scaler)
-    for name in ("clip_grad_norm_", "clip_grad_value_"):
-        guarded = _refuse_clip(getattr(clip_grad, name))
-        for owner in (clip_grad, torch.nn.utils):
-            _guards.set(owner, name, guarded)
+    _guards = _Guards()
 
 
 def _remove_guards() -> None:
     global _guards
     if _guards is not None:
-        _guards.restore()
+        _guards.remove()
         _guards = None
 
 

@@ -27,6 +27,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.events import EventKind
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.clipping import ClipInterceptor
 from gradlint.runtime.sites import Site, user_site
 
 
@@ -459,7 +460,6 @@ class Tracer:
     # ---------------------------------------------------------------- install
     def __enter__(self) -> "Tracer":
         from torch.amp.grad_scaler import GradScaler
-        from torch.nn.utils import clip_grad as clip_module
         from torch.optim import lr_scheduler
         from torch.optim.optimizer import (
             Optimizer,
@@ -476,10 +476,7 @@ class Tracer:
         p.set(Optimizer, "__init__", self._wrap_optimizer_init(Optimizer.__init__))
         p.keep(register_optimizer_step_pre_hook(self._on_step))
 
-        for fn_name in ("clip_grad_norm_", "clip_grad_value_"):
-            wrapped = self._wrap_plain(getattr(clip_module, fn_name), EventKind.CLIP, fn=fn_name)
-            for owner in (clip_module, torch.nn.utils):
-                p.set(owner, fn_name, wrapped)
+        self._clipping = ClipInterceptor(lambda name, original: self._wrap_plain(original, EventKind.CLIP, fn=name))
 
         p.set(GradScaler, "scale", self._wrap_scale(GradScaler.scale))
         p.set(
@@ -513,6 +510,7 @@ class Tracer:
     def __exit__(self, *exc: Any) -> None:
         if self._line_files:
             sys.settrace(self._previous_trace)
+        self._clipping.restore()
         self._patcher.restore()
         self.active = False
 

@@ -84,3 +84,40 @@ def test_fake_7b_shaped_model_completes_with_a_plausible_size(fixtures_dir):
     # fp32 AdamW: parameters + gradients + two moments is 16 bytes per parameter, before activations
     assert plain.peak >= 16 * n_params
     assert _by_mode(results)[RELEASE].memory.split["gradients"] < plain.split["gradients"]
+
+
+CLIP_PRELUDE = """\
+import torch
+from torch import nn
+{imports}
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(10):
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+    {clip}
+    optimizer.step()
+"""
+
+READS_GRADIENTS = {
+    "early-bound clip_grad_norm_": ("from torch.nn.utils import clip_grad_norm_", "clip_grad_norm_(model.parameters(), 0.5)", "clipping"),
+    "clip_grad module": ("from torch.nn.utils import clip_grad", "clip_grad.clip_grad_value_(model.parameters(), 0.1)", "clipping"),
+    "get_total_norm for logging": (
+        "from torch.nn.utils import get_total_norm",
+        "print(float(get_total_norm([p.grad for p in model.parameters() if p.grad is not None])))",
+        "clipping",
+    ),
+    "manual clipping": ("", "[p.grad.mul_(0.5) for p in model.parameters()]", "fails under gradient release"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS_GRADIENTS))
+def test_release_is_not_measured_when_the_loop_needs_gradients_after_backward(tmp_path, name):
+    imports, clip, reason = READS_GRADIENTS[name]
+    script = tmp_path / "train.py"
+    script.write_text(CLIP_PRELUDE.format(imports=imports, clip=clip))
+    results, refused = measure_script(str(script), steps=2)
+    assert [r.mode for r in results] == [AS_WRITTEN, SET_TO_NONE]
+    assert refused is not None and reason in refused

@@ -139,6 +139,57 @@ def test_clipping_is_refused():
     assert torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) > 0
 
 
+# bound before release is enabled, as `from torch.nn.utils import clip_grad_norm_` at the top of a script does
+from torch.nn.utils import clip_grad_norm_ as early_clip_grad_norm_  # noqa: E402
+from torch.nn.utils.clip_grad import clip_grad_value_ as early_clip_grad_value_  # noqa: E402
+
+CLIPPING_CALLS = {
+    "early-bound clip_grad_norm_": lambda m: early_clip_grad_norm_(m.parameters(), 1.0),
+    "early-bound clip_grad_value_": lambda m: early_clip_grad_value_(m.parameters(), 0.1),
+    "clip_grad.clip_grad_norm_": lambda m: torch.nn.utils.clip_grad.clip_grad_norm_(m.parameters(), 1.0),
+    "clip_grads_with_norm_": lambda m: torch.nn.utils.clip_grads_with_norm_(list(m.parameters()), 1.0, torch.tensor(2.0)),
+    "get_total_norm": lambda m: torch.nn.utils.get_total_norm([p.grad for p in m.parameters() if p.grad is not None]),
+    "deprecated clip_grad_norm": lambda m: torch.nn.utils.clip_grad_norm(m.parameters(), 1.0),
+    "filtered parameter list": lambda m: torch.nn.utils.clip_grad_norm_([p for p in m.parameters() if p.grad is not None], 1.0),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", sorted(CLIPPING_CALLS))
+def test_every_way_to_reach_clipping_is_refused(name):
+    call = CLIPPING_CALLS[name]
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientRelease(opt):
+        model(torch.randn(2, 5)).sum().backward()
+        with pytest.raises(ReleaseUnsupported, match="clipping"):
+            call(model)
+    # the same function objects clip again once release is off
+    model(torch.randn(2, 5)).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    call(model)
+    if "norm" not in name or "with_norm" in name or "clip_grad_norm" in name:
+        assert any(not torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))
+
+
+def test_clipping_inside_a_release_hook_is_allowed():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+
+    def clip_one(p):  # runs before release's own hook, registered later, steps and frees p.grad
+        torch.nn.utils.clip_grad_norm_(p, 1e-3)
+        norms.append(float(p.grad.norm()))
+
+    handles = [p.register_post_accumulate_grad_hook(clip_one) for p in model.parameters()]
+    with GradientRelease(opt):
+        model(torch.randn(2, 5)).sum().backward()
+        opt.step()
+    for h in handles:
+        h.remove()
+    assert len(norms) == 6 and all(n <= 1e-3 * (1 + 1e-5) for n in norms)
+
+
 def test_accumulation_is_refused():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
