@@ -208,3 +208,64 @@ def test_accumulation_is_refused():
 def test_lbfgs_is_refused():
     with pytest.raises(ReleaseUnsupported, match="LBFGS"):
         GradientRelease(torch.optim.LBFGS(_model().parameters()))
+
+
+def _train_changing(release, setup, steps=8, zero_kwargs=None, clear_module=False):
+    """A loop whose set-up changes while it trains: ``setup(i, model, opt)`` runs before step ``i``."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"a": nn.Linear(5, 8), "b": nn.Linear(8, 2), "c": nn.Linear(5, 2)})
+    model["b"].requires_grad_(False)
+    opt = torch.optim.AdamW(list(model["a"].parameters()) + list(model["b"].parameters()), lr=1e-2, weight_decay=0.1)
+    handle = enable_gradient_release(opt) if release else None
+    data = torch.randn(steps, 4, 5, generator=torch.Generator().manual_seed(1))
+    for i in range(steps):
+        setup(i, model, opt)
+        (model if clear_module else opt).zero_grad(**(zero_kwargs or {}))
+        x = data[i]
+        out = model["b"](model["a"](x).relu())
+        if i % 3 != 2:  # "c" is reached on two steps out of three only
+            out = out + model["c"](x)
+        out.square().mean().backward()
+        opt.step()
+    if handle:
+        handle.remove()
+    return model
+
+
+def _add_group(i, model, opt):
+    if i == 2:
+        opt.add_param_group({"params": list(model["c"].parameters()), "lr": 5e-3})
+
+
+def _unfreeze(i, model, opt):
+    if i == 3:
+        model["b"].requires_grad_(True)
+
+
+CHANGES = {
+    "add_param_group": (_add_group, None),
+    "unfrozen after set-up": (_unfreeze, None),
+    "both, set_to_none=False": (lambda i, m, o: (_add_group(i, m, o), _unfreeze(i, m, o)), {"set_to_none": False}),
+}
+BOTH = CHANGES["both, set_to_none=False"][0]
+
+
+def test_module_zero_grad_set_to_none_false_matches_the_plain_loop():
+    plain = _train_changing(False, BOTH, zero_kwargs={"set_to_none": False}, clear_module=True)
+    released = _train_changing(True, BOTH, zero_kwargs={"set_to_none": False}, clear_module=True)
+    other = _train_changing(False, BOTH, clear_module=True)  # set_to_none=True trains differently here
+    assert not torch.equal(plain["c"].weight, other["c"].weight)
+    for (key, a), (_, b) in zip(plain.named_parameters(), released.named_parameters()):
+        assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES))
+def test_parameters_added_or_unfrozen_after_set_up_are_stepped_as_in_the_plain_loop(name):
+    setup, zero_kwargs = CHANGES[name]
+    plain = _train_changing(False, setup, zero_kwargs=zero_kwargs)
+    released = _train_changing(True, setup, zero_kwargs=zero_kwargs)
+    untouched = _train_changing(False, lambda i, m, o: None)
+    for (key, a), (_, b) in zip(plain.named_parameters(), released.named_parameters()):
+        assert torch.equal(a, b), key
+    # the change mattered: without it, "b" and "c" would not have moved
+    assert not torch.equal(plain["c"].weight, untouched["c"].weight) or not torch.equal(plain["b"].weight, untouched["b"].weight)
