@@ -41,10 +41,11 @@ RELEASED_AS_WRITTEN = (
 class MeasureError(Exception):
     """A mode could not be measured (the script failed or never stepped)."""
 
-    def __init__(self, message: str, cause: BaseException | None = None, detail: str = "") -> None:
+    def __init__(self, message: str, cause: BaseException | None = None, detail: str = "", traceback: str = "") -> None:
         super().__init__(message)
         self.cause = cause
         self.detail = detail or message
+        self.traceback = traceback
 
 
 @dataclasses.dataclass
@@ -186,7 +187,10 @@ def measure_mode(
             outcome = run_script(path, args)
         params = None if fake else run.final_params()
     if not outcome.ok:
-        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc, outcome.detail)
+        from gradlint.runtime.run import user_traceback
+
+        trace = user_traceback(outcome.exc, path) if outcome.exc else ""
+        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc, outcome.detail, trace)
     if run.count == 0:
         raise MeasureError(f"{mode}: no optimizer step ran: the script has no training loop gradlint can follow")
     return ModeResult(

@@ -16,9 +16,9 @@ as without it, and leaving the ``with`` block restores every patched function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import inspect
-import sys
 import weakref
 from typing import Any, Iterable
 
@@ -128,9 +128,16 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     return factor
 
 
+@functools.lru_cache(maxsize=64)
+def _signature(function: Any) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def _set_to_none(function: Any, args: tuple, kwargs: dict) -> bool:
+    if not kwargs and len(args) == 1:
+        return True  # zero_grad() with no arguments: the default, set_to_none=True
     try:
-        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound = _signature(function).bind(*args, **kwargs)
     except TypeError:
         return True
     bound.apply_defaults()
@@ -143,17 +150,16 @@ class Tracer:
     ``max_steps``: raise :class:`StopTraining` when optimizer step number
     ``max_steps + 1`` is about to run, so exactly ``max_steps`` steps happen and
     everything between the last step and the next one is still seen.
-    ``line_files``: record which lines of these files executed (for "not reached").
+    ``executed``: ``(path, line)`` pairs the runner reports as run (for "not reached").
     """
 
-    def __init__(self, max_steps: int | None = None, line_files: Iterable[str] = ()) -> None:
+    def __init__(self, max_steps: int | None = None) -> None:
         self.max_steps = max_steps
         self.events: list[Event] = []
         self.steps = 0
         self.executed: set[tuple[str, int]] = set()
-        self._line_files = frozenset(line_files)
         self._patcher = Patcher()
-        self._labels: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._labels: dict[int, tuple[weakref.ref, str]] = {}  # id -> (object, label): cheaper than a weak-key dict
         self._label_counts: dict[str, int] = {}
         self._watched: dict[int, weakref.ref] = {}
         self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -163,7 +169,6 @@ class Tracer:
         self._allreduces = 0
         self._depth = 0
         self._scaler_in_step: str | None = None
-        self._previous_trace: Any = None
         self._released: dict[str, int] = {}
         self.release_loop = False  # the loop steps inside backward (gradient release)
         self.disabled_scalers: set[str] = set()  # GradScalers seen with enabled=False: every call passes through
@@ -172,13 +177,14 @@ class Tracer:
     # ---------------------------------------------------------------- labels
     def label(self, obj: Any) -> str:
         """A stable short name for an optimizer, scaler or scheduler: ``SGD#0``."""
-        name = self._labels.get(obj)
-        if name is None:
-            kind = type(obj).__name__
-            n = self._label_counts.get(kind, 0)
-            self._label_counts[kind] = n + 1
-            name = f"{kind}#{n}"
-            self._labels[obj] = name
+        known = self._labels.get(id(obj))
+        if known is not None and known[0]() is obj:
+            return known[1]
+        kind = type(obj).__name__
+        n = self._label_counts.get(kind, 0)
+        self._label_counts[kind] = n + 1
+        name = f"{kind}#{n}"
+        self._labels[id(obj)] = (weakref.ref(obj), name)
         return name
 
     def watch(self, optimizer: torch.optim.Optimizer) -> str:
@@ -204,7 +210,7 @@ class Tracer:
                     if p.requires_grad and p.is_leaf:
                         # A gradient hook, not a post-accumulate one: torch-optimi's
                         # prepare_for_gradient_release refuses parameters that have those.
-                        self._patcher.keep(p.register_hook(self._reached_hook(p)))
+                        self._patcher.keep(p.register_hook(self._reached_hook(owners)))
                 owners.add(key)
 
     def _live_optimizers(self) -> dict[int, torch.optim.Optimizer]:
@@ -226,13 +232,11 @@ class Tracer:
         self.events.append(event)
         return event
 
-    def _reached_hook(self, param: torch.Tensor) -> Any:
-        ref = weakref.ref(param)
+    def _reached_hook(self, owners: set[int]) -> Any:
+        """A gradient hook that marks the optimizers in ``owners`` (a live set) as reached by this backward."""
 
         def reached(grad: torch.Tensor) -> None:
-            owners = self._param_owners.get(ref())
-            if owners:
-                self._touched.update(owners)
+            self._touched.update(owners)
 
         return reached
 
@@ -447,16 +451,6 @@ class Tracer:
         self._patcher.set(DDP, "register_comm_hook", register_comm_hook)
         self._patcher.set(DDP, "forward", ddp_forward)
 
-    def _line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename in self._line_files:
-            return self._local_line_tracer
-        return None
-
-    def _local_line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "line":
-            self.executed.add((frame.f_code.co_filename, frame.f_lineno))
-        return self._local_line_tracer
-
     # ---------------------------------------------------------------- install
     def __enter__(self) -> "Tracer":
         from torch.amp.grad_scaler import GradScaler
@@ -501,15 +495,10 @@ class Tracer:
         for obj in gc.get_objects():  # optimizers built before tracing started
             if issubclass(type(obj), Optimizer):
                 self._follow(obj)
-        if self._line_files:
-            self._previous_trace = sys.gettrace()
-            sys.settrace(self._line_tracer)
         self.active = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._line_files:
-            sys.settrace(self._previous_trace)
         self._clipping.restore()
         self._patcher.restore()
         self.active = False
