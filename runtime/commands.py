@@ -10,6 +10,7 @@ option before ``--`` that gradlint does not know is an error, never passed on.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -155,7 +156,13 @@ def _merged_verdicts(reports: list[dict[str, Any]], world: int) -> str:
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(min=2), help="Optimizer steps per mode.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a PNG of memory over one step.")
 @click.option("--fake", is_flag=True, help="Estimate on fake tensors: nothing is allocated.")
-def measure_command(script: str, steps: int, plot_path: str | None, fake: bool) -> None:
+@click.option("--time-steps", default=12, show_default=True, type=click.IntRange(min=3),
+              help="Steps of the separate, unmetered run that times each mode.")
+@click.option("--cuda-snapshot", is_flag=True,
+              help="On CUDA, write the allocator's memory history of each mode next to the --plot file.")
+def measure_command(
+    script: str, steps: int, plot_path: str | None, fake: bool, time_steps: int, cuda_snapshot: bool
+) -> None:
     """Measure SCRIPT as written, with set_to_none=True and with fused gradient release.
 
     Prints peak memory with its split, median step time and the largest
@@ -169,7 +176,12 @@ def measure_command(script: str, steps: int, plot_path: str | None, fake: bool) 
         click.echo(f"\r\033[Kgradlint measure: {text}", err=True, nl=False)
 
     try:
-        results, refused = measure_script(script, _script_args(), steps, fake, progress)
+        prefix = None
+        if cuda_snapshot:
+            if not plot_path:
+                raise click.UsageError("--cuda-snapshot writes next to the plot: give --plot FILE too")
+            prefix = os.path.splitext(plot_path)[0]
+        results, refused = measure_script(script, _script_args(), steps, fake, progress, time_steps, prefix)
     except MeasureError as err:
         click.echo("", err=True)
         if err.traceback:

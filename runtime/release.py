@@ -118,7 +118,7 @@ class GradientRelease:
     def _step_param(self, p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        if self._step_calls and self._stepped[id(p)]:
+        if self._stepped[id(p)]:
             raise ReleaseUnsupported(
                 "gradient accumulation cannot be combined with gradient release: a second backward reached a "
                 "parameter before optimizer.step(); each backward already stepped and freed its gradient"

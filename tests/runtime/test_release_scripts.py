@@ -55,7 +55,7 @@ def test_release_script_runs_and_counts_one_step_per_backward(fixtures_dir, name
 
 
 def test_release_script_is_measured_as_written_and_release_is_not_applied_twice(fixtures_dir):
-    results, refused = measure_script(os.path.join(fixtures_dir, "run_optimi_release.py"), steps=3)
+    results, refused = measure_script(os.path.join(fixtures_dir, "run_optimi_release.py"), steps=3, time_steps=0)
     assert [r.mode for r in results] == [AS_WRITTEN, SET_TO_NONE]
     assert all(r.steps == 3 for r in results)
     assert "already" in refused and "inside backward" in refused
