@@ -23,7 +23,7 @@ import torch
 
 from gradlint.runtime._patching import Patcher
 from gradlint.runtime.launch import Outcome, run_script
-from gradlint.runtime.memory import CATEGORIES, CudaPhaseMeter, MemoryReport, TensorMemoryMeter
+from gradlint.runtime.memory import CATEGORIES, UNSIZED_BY_FAKE, CudaPhaseMeter, MemoryReport, TensorMemoryMeter
 from gradlint.runtime.release import GradientRelease, ReleaseUnsupported
 from gradlint.runtime.tracer import StopTraining, in_backward
 
@@ -63,6 +63,7 @@ class ModeResult:
     release_as_written: bool = False
     phases: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)
     cuda_phases: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    unsized_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # fake only: ops the estimate undercounts
 
     @property
     def median_step_time(self) -> float | None:
@@ -235,7 +236,7 @@ def measure_mode(
     nothing is timed. ``time_steps`` below 3 skips the timing run. On CUDA,
     ``snapshot`` names the file for the allocator's memory history.
     """
-    meter = TensorMemoryMeter(timeline=True)
+    meter = TensorMemoryMeter(timeline=True, flag_unsized=fake)
     run, outcome, cuda = _run_mode(path, mode, args, steps, meter, fake, on_step, snapshot)
     times: list[float] = []
     if not fake and time_steps >= 3:
@@ -253,6 +254,7 @@ def measure_mode(
         run.release_loop,
         _last_step_phases(meter),
         cuda.phases if cuda else {},
+        dict(meter.unsized or {}),
     )
 
 
@@ -392,6 +394,12 @@ def format_table(results: list[ModeResult], fake: bool = False, release_refused:
                 for phase, v in r.cuda_phases.items()
             )
             lines.append(f"CUDA allocator, {r.mode} (allocated/reserved/peak at the end of each phase): {per_phase}")
+    unsized = sorted({op for r in results for op in r.unsized_ops})
+    if unsized:
+        lines.append(
+            "the fake estimate is LOW: it cannot size what these ops allocate in a real run: "
+            + "; ".join(f"{op.removeprefix('aten.')} ({UNSIZED_BY_FAKE[op]})" for op in unsized)
+        )
     if release_refused:
         lines.append(f"gradient release: not applicable to this loop: {release_refused}")
     else:
