@@ -235,7 +235,8 @@ def _released_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = Tr
 # ---------------------------------------------------------------------- refusals
 def _refuse_scaler(original: Callable) -> Callable:
     def guarded(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        if optimizer in _ACTIVE:
+        # a disabled scaler (enabled=False, or no CUDA) passes straight to optimizer.step()
+        if optimizer in _ACTIVE and scaler.is_enabled():
             raise ReleaseUnsupported(
                 "a GradScaler cannot be used with gradient release: it must check every gradient for inf/NaN "
                 "before any parameter steps; use bf16 autocast without a scaler"

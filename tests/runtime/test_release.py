@@ -127,6 +127,27 @@ def test_gradscaler_is_refused():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_a_disabled_scaler_is_not_refused_and_trains_as_the_plain_loop():
+    def train(release):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        handle = GradientRelease(opt) if release else None
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(2, 5, generator=gen)).square().sum()).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        if handle:
+            handle.remove()
+        return list(model.parameters())
+
+    for a, b in zip(train(False), train(True)):
+        assert torch.equal(a, b)
+
+
 def test_clipping_is_refused():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
