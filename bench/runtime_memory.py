@@ -22,6 +22,8 @@ the peak:
 
     inside optimizer.step()        plain: P + G + S + T + R    release: P + g + S + T + R
     at the start of backward       P + S + A + 2L (the logits' gradient and cross-entropy's softmax)
+    release only: the output layer (h bytes) is stepped first, inside backward, while the
+    activations other than the logits are still alive:   P + S + h + T + (A - L)
 """
 
 from __future__ import annotations
@@ -80,10 +82,12 @@ def analytic(args: argparse.Namespace, batch: int) -> dict[str, int]:
         del loss, logits
     L = batch * args.seq * args.vocab * 4
     R = L + batch * (args.seq + 1) * 8
+    head = model.head.weight.numel() * 4
     terms = {"P": P, "G": P, "S": 2 * P + 4 * len(sizes), "T": 2 * largest, "g": largest, "A": activations, "L": L, "R": R}
     backward_start = terms["P"] + terms["S"] + terms["A"] + 2 * L
     terms[AS_WRITTEN] = max(P + terms["G"] + terms["S"] + terms["T"] + R, backward_start)
-    terms[RELEASE] = max(P + largest + terms["S"] + terms["T"] + R, backward_start)
+    output_layer_step = P + terms["S"] + head + terms["T"] + activations - L
+    terms[RELEASE] = max(P + largest + terms["S"] + terms["T"] + R, backward_start, output_layer_step)
     return terms
 
 
