@@ -457,22 +457,27 @@ def plot(results: list[ModeResult], path: str) -> None:
     from matplotlib.patches import Patch
 
     shown = [r for r in results if r.curve]
+    top = max((b for r in shown for _, b in r.curve), default=1)
+    unit, scale = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= f), ("B", 1))
     fig, (ax, strip) = plt.subplots(
         2, 1, figsize=(9, 5.5), sharex=True, gridspec_kw={"height_ratios": [4, 0.35 * max(len(shown), 1)]}
     )
     for r in shown:
         style, width, colour = _STYLES.get(r.mode, ("-", 1.5, None))
         xs = [t * 1000 for t, _ in r.curve]
-        ys = [b / 2**20 for _, b in r.curve]
+        ys = [b / scale for _, b in r.curve]
         ax.step(xs, ys, where="post", linestyle=style, linewidth=width, color=colour,
                 label=f"{r.mode}: peak {human_bytes(r.memory.peak)}")
-    ax.set_ylabel("live tensor memory (MiB)")
+    ax.set_ylabel(f"live tensor memory ({unit})")
     ax.set_title("memory over one training step (the last complete one)")
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left")
     for row, r in enumerate(shown):
         for name, a, b in _phase_spans(r):
             strip.broken_barh([(a * 1000, max(b - a, 1e-6) * 1000)], (row - 0.4, 0.8), color=_PHASE_COLOURS[name])
+        for name, a, b in r.phases:  # optimizer steps inside backward (gradient release): drawn over it
+            if name == "step" and any(q[0] == "backward" and q[1] <= a and b <= q[2] for q in r.phases):
+                strip.broken_barh([(a * 1000, max(b - a, 1e-6) * 1000)], (row - 0.2, 0.4), color=_PHASE_COLOURS["step"])
     strip.set_yticks(range(len(shown)), [r.mode for r in shown])
     strip.set_ylim(len(shown) - 0.5, -0.5)
     strip.set_xlabel("time since the step began (ms, measured under the memory meter)")

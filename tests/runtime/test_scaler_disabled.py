@@ -8,7 +8,6 @@ import pytest
 from click.testing import CliRunner
 
 from gradlint.findings import Finding, Severity
-from gradlint.runtime import run as run_module
 from gradlint.runtime.commands import run_command
 from gradlint.runtime.predicates import evaluate
 from gradlint.runtime.run import run_and_judge, trace_script
@@ -58,7 +57,7 @@ def test_shipped_example_verdicts_without_and_with_amp():
     assert on_report.unreported == []
 
 
-def test_cli_on_the_example_reports_no_runtime_only_gl101(monkeypatch):
+def test_cli_on_the_example_reports_no_runtime_only_gl101():
     pytest.importorskip("gradlint.linter")
     result = CliRunner().invoke(run_command, [EXAMPLE, "--steps", "2"])
     assert result.exit_code == 1, result.output  # GL003 is confirmed
