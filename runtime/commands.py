@@ -189,6 +189,11 @@ def measure_command(
         click.echo(f"gradlint measure: {script}: {err}", err=True)
         sys.exit(EXIT_ERROR)
     click.echo("", err=True)
+    from gradlint.runtime.ranks import rank_and_world
+
+    ranks = rank_and_world()
+    if ranks is not None and ranks[0] != 0:
+        return  # under torchrun rank 0 prints its table; every rank measured the same loop
     click.echo(format_table(results, fake, refused))
     if plot_path:
         plot(results, plot_path)

@@ -282,7 +282,7 @@ class Tracer:
                 tracer._check_budget()
             first = args[0] if args else next(iter(kwargs.values()), None)
             loss = first[0] if isinstance(first, (list, tuple)) and first else first
-            scaler = tracer._scaled.get(loss) if isinstance(loss, torch.Tensor) else None
+            scaler = tracer._scaled.get(loss) if tracer._scaled and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
             before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
             factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
@@ -463,7 +463,8 @@ class Tracer:
         if self.active:
             raise RuntimeError("a Tracer cannot be entered twice")
         p = self._patcher
-        p.set(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        # Tensor.backward calls torch.autograd.backward through the module attribute:
+        # one wrapper sees both spellings (torch/_tensor.py).
         p.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         p.set(Optimizer, "zero_grad", self._wrap_zero(Optimizer.zero_grad, "optimizer"))
         p.set(torch.nn.Module, "zero_grad", self._wrap_zero(torch.nn.Module.zero_grad, "module"))
