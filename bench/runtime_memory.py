@@ -1,42 +1,62 @@
-"""Peak memory of a transformer-like stack with AdamW, measured in three modes next to an analytic model.
+"""The runtime's figures, each next to an independent check, in one run.
 
-    python bench/runtime_memory.py [--blocks 4 --width 256 --seq 64 --batches 1 32 --steps 3]
+    python bench/runtime_memory.py [--batches 1 32] [--time-steps 12]
 
-For each batch size, the loop of ``fixtures/run_llm_shaped.py`` runs as
-written, with ``set_to_none=True`` and with fused gradient release, under the
-exact CPU tensor meter. The analytic model, from the parameter shapes and one
-forward-only measurement of the activations:
+1. Memory of a transformer-like stack (4 pre-norm blocks, width 256, vocab
+   4096, seq 64, fp32 AdamW) as written, with set_to_none=True and with
+   gradient release, at each batch size: the measured peak (CPU tensor meter),
+   an analytic prediction from the parameter shapes and one forward-only
+   measurement, the largest parameter difference from the as-written run
+   (0 = bitwise equal) and the step time against the as-written run (timed in
+   a separate run without the meter).
+2. The tracer's own overhead (what `gradlint run` adds) on a small MLP, and
+   whether training is bitwise identical with and without it.
+3. `--fake` against real runs, per model kind.
 
-    plain   ~ P + G + 2P (Adam moments) + T + A
-    release ~ P + max(g) + 2P + T + A
+The analytic model (P parameter bytes, G = P gradients, S = 2P + 4 bytes per
+tensor of AdamW state, T = 2 x the largest parameter for AdamW's per-tensor
+temporaries, g = the largest gradient, A = activations alive at the end of the
+forward, L = the logits, R = what the script still holds after backward: the
+logits and the token batch) takes the larger of the two moments that can set
+the peak:
 
-P: parameter bytes, G = P: gradient bytes, max(g): the largest single
-gradient, T: AdamW's per-tensor temporaries (about 2 x the largest parameter),
-A: activations kept for backward. The model adds every term as if all were
-alive at once, so it is an upper bound: a ratio below 1 shows how much of it
-never coexists (activations are freed by backward while gradients appear).
-Step times are medians between step() calls under the meter, reported as a
-ratio to the as-written run of the same batch size.
+    inside optimizer.step()        plain: P + G + S + T + R    release: P + g + S + T + R
+    at the start of backward       P + S + A + 2L (the logits' gradient and cross-entropy's softmax)
+    release only: the output layer (h bytes) is stepped first, inside backward, while the
+    activations other than the logits are still alive:   P + S + h + T + (A - L)
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
+import platform
+import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "fixtures", "run_llm_shaped.py")
-sys.path.insert(0, os.path.dirname(SCRIPT))
+FIXTURES = os.path.join(ROOT, "fixtures")
+SCRIPT = os.path.join(FIXTURES, "run_llm_shaped.py")
+sys.path.insert(0, FIXTURES)
 
 from run_llm_shaped import LanguageModel  # noqa: E402
 
-from gradlint.runtime.measure import AS_WRITTEN, RELEASE, human_bytes, measure_script  # noqa: E402
+from gradlint.runtime.measure import (  # noqa: E402
+    AS_WRITTEN,
+    RELEASE,
+    human_bytes,
+    max_param_difference,
+    measure_mode,
+    measure_script,
+)
 from gradlint.runtime.memory import TensorMemoryMeter  # noqa: E402
+from gradlint.runtime.tracer import Tracer  # noqa: E402
 
 
 def hidden_of(width: int) -> int:
@@ -55,11 +75,86 @@ def analytic(args: argparse.Namespace, batch: int) -> dict[str, int]:
     with meter:
         real = LanguageModel(args.vocab, args.width, args.blocks, hidden, args.heads)
         tokens = torch.randint(0, args.vocab, (batch, args.seq + 1))
+        before = meter.current
         logits = real(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
-        activations = meter.current - P
+        activations = meter.current - before
         del loss, logits
-    return {"P": P, "G": P, "S": 2 * P, "T": 2 * largest, "A": activations, "g_max": largest}
+    L = batch * args.seq * args.vocab * 4
+    R = L + batch * (args.seq + 1) * 8
+    head = model.head.weight.numel() * 4
+    terms = {"P": P, "G": P, "S": 2 * P + 4 * len(sizes), "T": 2 * largest, "g": largest, "A": activations, "L": L, "R": R}
+    backward_start = terms["P"] + terms["S"] + terms["A"] + 2 * L
+    terms[AS_WRITTEN] = max(P + terms["G"] + terms["S"] + terms["T"] + R, backward_start)
+    output_layer_step = P + terms["S"] + head + terms["T"] + activations - L
+    terms[RELEASE] = max(P + largest + terms["S"] + terms["T"] + R, backward_start, output_layer_step)
+    return terms
+
+
+def memory_section(args: argparse.Namespace) -> None:
+    print(f"1. transformer-like stack: {args.blocks} blocks, width {args.width}, MLP {hidden_of(args.width)}, "
+          f"vocab {args.vocab}, seq {args.seq}, AdamW fp32; {args.steps} metered steps, {args.time_steps} timed steps per mode")
+    for batch in args.batches:
+        terms = analytic(args, batch)
+        script_args = [f"--{k}={getattr(args, k)}" for k in ("blocks", "width", "heads", "vocab", "seq")]
+        results, refused = measure_script(SCRIPT, [*script_args, f"--batch={batch}"], args.steps, time_steps=args.time_steps)
+        print(f"\n   batch {batch}: P={human_bytes(terms['P'])}  A={human_bytes(terms['A'])}  "
+              f"largest gradient={human_bytes(terms['g'])}  logits={human_bytes(terms['L'])}")
+        print(f"   {'mode':<18} {'measured peak':>14} {'predicted':>11} {'measured/pred.':>15} {'max |dparam|':>13} "
+              f"{'step time':>10} {'time ratio':>11}")
+        base = results[0]
+        for r in results:
+            pred = terms.get(r.mode, terms[AS_WRITTEN])
+            t = r.median_step_time or float("nan")
+            print(f"   {r.mode:<18} {human_bytes(r.memory.peak):>14} {human_bytes(pred):>11} {r.memory.peak / pred:>15.3f} "
+                  f"{max_param_difference(base, r):>13.3g} {t * 1000:>8.1f}ms {t / base.median_step_time:>11.2f}")
+        peaks = {r.mode: r.memory.peak for r in results}
+        if refused:
+            print(f"   gradient release refused: {refused}")
+        else:
+            saving = peaks[AS_WRITTEN] - peaks[RELEASE]
+            print(f"   release vs as written: {saving / peaks[AS_WRITTEN]:+.1%} of the peak saved ({human_bytes(saving)})")
+
+
+def _mlp_loop(steps: int) -> tuple[float, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    times = []
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter())
+    intervals = [b - a for a, b in zip(times[10:], times[11:])]
+    return statistics.median(intervals), [p.detach().clone() for p in model.parameters()]
+
+
+def tracer_section(repeats: int = 5, steps: int = 300) -> None:
+    print(f"\n2. tracer overhead: MLP 64-256-256-10, batch 32, AdamW, {steps} steps, median step, {repeats} alternating repeats")
+    plain_times, traced_times, equal = [], [], True
+    for _ in range(repeats):
+        t_plain, p_plain = _mlp_loop(steps)
+        with Tracer():
+            t_traced, p_traced = _mlp_loop(steps)
+        plain_times.append(t_plain)
+        traced_times.append(t_traced)
+        equal = equal and all(torch.equal(a, b) for a, b in zip(p_plain, p_traced))
+    plain, traced = statistics.median(plain_times), statistics.median(traced_times)
+    print(f"   plain {plain * 1000:.3f} ms, traced {traced * 1000:.3f} ms: ratio {traced / plain:.2f} (target <= 1.10); "
+          f"parameters bitwise equal with and without the tracer: {equal}")
+
+
+def fake_section() -> None:
+    print("\n3. --fake against real runs (fixtures/run_model_kinds.py, AdamW, batch 8): as-written peak")
+    script = os.path.join(FIXTURES, "run_model_kinds.py")
+    for kind in ("mlp", "conv", "lstm", "attention", "embedding-ce"):
+        real = measure_mode(script, AS_WRITTEN, ["--kind", kind], steps=2, time_steps=0)
+        fake = measure_mode(script, AS_WRITTEN, ["--kind", kind], steps=2, fake=True)
+        named = ", ".join(op.removeprefix("aten.") for op in fake.unsized_ops) or "-"
+        print(f"   {kind:<13} real {human_bytes(real.memory.peak):>10}  fake {human_bytes(fake.memory.peak):>10}  "
+              f"{fake.memory.peak / real.memory.peak - 1:+7.2%}  named as not sized by fake: {named}")
 
 
 def main() -> None:
@@ -71,38 +166,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--time-steps", type=int, default=12)
     args = parser.parse_args()
-
     started = time.perf_counter()
-    print(f"transformer-like stack: {args.blocks} blocks, width {args.width}, MLP {hidden_of(args.width)}, "
-          f"vocab {args.vocab}, seq {args.seq}, AdamW fp32, {args.steps} steps per mode, torch {torch.__version__}")
-    for batch in args.batches:
-        terms = analytic(args, batch)
-        predicted = {
-            AS_WRITTEN: terms["P"] + terms["G"] + terms["S"] + terms["T"] + terms["A"],
-            RELEASE: terms["P"] + terms["g_max"] + terms["S"] + terms["T"] + terms["A"],
-        }
-        script_args = [f"--{k}={getattr(args, k)}" for k in ("blocks", "width", "heads", "vocab", "seq")]
-        results, refused = measure_script(SCRIPT, [*script_args, f"--batch={batch}"], args.steps)
-        print()
-        print(f"batch {batch}: P={human_bytes(terms['P'])}  A={human_bytes(terms['A'])}  "
-              f"largest gradient={human_bytes(terms['g_max'])}")
-        print(f"  {'mode':<18} {'measured peak':>14} {'predicted':>12} {'measured/predicted':>19} "
-              f"{'grads at peak':>14} {'acts at peak':>13} {'step time ratio':>16}")
-        base_time = results[0].median_step_time or float("nan")
-        for r in results:
-            pred = predicted.get(r.mode, predicted[AS_WRITTEN])
-            t = r.median_step_time or float("nan")
-            print(f"  {r.mode:<18} {human_bytes(r.memory.peak):>14} {human_bytes(pred):>12} "
-                  f"{r.memory.peak / pred:>19.3f} {human_bytes(r.memory.split['gradients']):>14} "
-                  f"{human_bytes(r.memory.split['activations']):>13} {t / base_time:>16.2f}")
-        by_mode = {r.mode: r.memory.peak for r in results}
-        if refused:
-            print(f"  gradient release refused: {refused}")
-        else:
-            saving = by_mode[AS_WRITTEN] - by_mode[RELEASE]
-            print(f"  release vs as written: {saving / by_mode[AS_WRITTEN]:+.1%} of the peak saved"
-                  if saving > 0 else f"  release vs as written: peak {-saving / by_mode[AS_WRITTEN]:.1%} HIGHER")
+    print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
+          f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    memory_section(args)
+    tracer_section()
+    fake_section()
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

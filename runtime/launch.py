@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import io
 import os
 import runpy
 import sys
 import traceback
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
+
+from gradlint.runtime.reached import MARKER, compile_watching
 
 from gradlint.runtime.tracer import StopTraining
 
@@ -39,25 +43,75 @@ def _one_line(exc: BaseException, script: str) -> str:
     return f"{text} (at {os.path.basename(where.filename)}:{where.lineno})" if where else text
 
 
-def run_script(path: str, args: Sequence[str] = ()) -> Outcome:
+def _run_as_main(path: str, watch_lines: Iterable[int], reached: Callable[[int], None]) -> None:
+    """``runpy.run_path(path, run_name="__main__")``, with marker calls in front of ``watch_lines``."""
+    lines = list(watch_lines)
+    if not lines:
+        runpy.run_path(path, run_name="__main__")
+        return
+    with io.open_code(path) as handle:
+        code = compile_watching(handle.read(), path, lines)
+    # the same steps as run_path for a plain file, with our code object
+    runpy._run_module_code(code, {MARKER: reached}, "__main__", pkg_name="", script_name=path)  # type: ignore[attr-defined]
+
+
+def run_script(
+    path: str,
+    args: Sequence[str] = (),
+    watch_lines: Iterable[int] = (),
+    reached: Callable[[int], None] = lambda line: None,
+) -> Outcome:
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` and the script's folder on ``sys.path``.
 
     :class:`StopTraining` ends the run as ``stopped``; ``sys.exit`` as ``exited``;
     any other exception as ``raised``, summed up in one line. ``sys.argv``
-    and ``sys.path`` are restored afterwards.
+    and ``sys.path`` are restored afterwards. ``reached(line)`` is called when
+    the statement holding one of ``watch_lines`` is about to run.
     """
     path = os.path.abspath(path)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(path))
+    had_process_group = _process_group_initialized()
+    outcome = Outcome(RAISED, "not run")
     try:
-        runpy.run_path(path, run_name="__main__")
-        return Outcome(FINISHED)
+        _run_as_main(path, watch_lines, reached)
+        outcome = Outcome(FINISHED)
     except StopTraining as stop:
-        return Outcome(STOPPED, str(stop))
+        outcome = Outcome(STOPPED, str(stop))
     except SystemExit as exit_:
-        return Outcome(EXITED, str(exit_.code))
+        outcome = Outcome(EXITED, str(exit_.code))
     except Exception as exc:  # the user's script failed: report it, do not crash the tool
-        return Outcome(RAISED, _one_line(exc, path), exc)
+        outcome = Outcome(RAISED, _one_line(exc, path), exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        if not had_process_group:
+            _close_process_group(synchronise=outcome.ok)
+    return outcome
+
+
+def _process_group_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _close_process_group(synchronise: bool) -> None:
+    """Destroy the process group a stopped script left open, after every rank got here.
+
+    A script stopped after N steps never reaches its own ``destroy_process_group``.
+    Left to interpreter exit, the ranks tear gloo down at different moments: a
+    rank that exits first closes the connections its peers still read from, and
+    gloo aborts the peer (SIGABRT). A barrier first keeps every rank alive until
+    all have stopped.
+    """
+    import torch.distributed as dist
+
+    if not _process_group_initialized():
+        return
+    if synchronise:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=120))
+        else:
+            dist.barrier()
+    dist.destroy_process_group()

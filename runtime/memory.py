@@ -19,6 +19,7 @@ several moments reach the same peak the split of the latest one is kept
 from __future__ import annotations
 
 import dataclasses
+import time
 import weakref
 from typing import Any, Iterable
 
@@ -29,6 +30,16 @@ from torch.utils._pytree import tree_flatten
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries")
 
 PARAMS, GRADS, STATE, ACTS, TEMPS = CATEGORIES
+
+
+# Ops whose real kernels return a larger storage than their meta (fake) kernels
+# describe, so a fake-tensor estimate undercounts them; measured on this project's
+# model kinds (tests/runtime/test_fake.py), not guessed.
+UNSIZED_BY_FAKE = {
+    "aten.mkldnn_rnn_layer": "oneDNN's RNN workspace (CPU LSTM/GRU training)",
+    "aten._cudnn_rnn": "cuDNN's RNN reserve space (CUDA LSTM/GRU training)",
+    "aten.mse_loss": "the elementwise buffer the CPU kernel keeps behind its scalar result",
+}
 
 
 @dataclasses.dataclass
@@ -57,23 +68,36 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         return []
 
 
+def _grad_accumulator(p: torch.Tensor) -> Any:
+    """The autograd node that accumulates ``p``'s gradient (``None`` where there is none)."""
+    with torch.enable_grad():
+        node = p.view_as(p).grad_fn
+    return node.next_functions[0][0] if node is not None and node.next_functions else None
+
+
 class TensorMemoryMeter(TorchDispatchMode):
     """Exact live-tensor bytes over time, with the peak and its split.
 
     Parameters and optimizer state are recognised through the modules and
     optimizers given to :meth:`track` or :meth:`watch_optimizer` (optimizers
     stepped while the meter is on are picked up by the global step hooks).
-    ``timeline=True`` keeps ``(op index, live bytes)`` after every op.
+    ``timeline=True`` keeps ``(op index, seconds, live bytes)`` after every op,
+    and :meth:`begin`/:meth:`end` record named phases (backward, step, clear)
+    on the same clock for plots.
     """
 
-    def __init__(self, timeline: bool = False) -> None:
+    def __init__(self, timeline: bool = False, flag_unsized: bool = False) -> None:
         super().__init__()
+        # on fake tensors: calls of the ops in UNSIZED_BY_FAKE, which the estimate undercounts
+        self.unsized: dict[str, int] | None = {} if flag_unsized else None
         self.current = 0
         self.peak = 0
         self.peak_split: dict[str, int] = {}
         self.ops = 0
-        self.timeline: list[tuple[int, int]] | None = [] if timeline else None
+        self.timeline: list[tuple[int, float, int]] | None = [] if timeline else None
         self.marks: list[tuple[int, str]] = []
+        self.phases: list[tuple[str, float, float]] = []  # (name, start, end) in perf_counter seconds
+        self._open_phases: dict[str, float] = {}
         self._live: dict[int, _Entry] = {}
         self._totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self._optimizers: list[weakref.ref] = []
@@ -81,6 +105,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         self._param_storages: set[int] = set()
         self._in_step = 0
         self._handles: list[Any] = []
+        self._accumulators: list[Any] = []
 
     # ------------------------------------------------------------------ what is what
     def track(self, *objects: Any) -> None:
@@ -121,12 +146,19 @@ class TensorMemoryMeter(TorchDispatchMode):
             self._param_storages.add(id(st))
             self._reclassify(id(st), PARAMS)
         if p.requires_grad and p.is_leaf:
-            # the incoming gradient (before release hooks could free it) and the accumulated one
+            # The incoming gradient (before release hooks could free it), and the
+            # accumulated one through a hook on the gradient accumulator node: a
+            # post-accumulate-grad hook on the parameter would make torch-optimi's
+            # prepare_for_gradient_release refuse it.
             self._handles.append(p.register_hook(self._mark_gradient))
-            self._handles.append(p.register_post_accumulate_grad_hook(self._mark_accumulated))
+            accumulator = _grad_accumulator(p)
+            if accumulator is not None:
+                ref = weakref.ref(p)
+                self._handles.append(accumulator.register_hook(lambda *_: self._mark_accumulated(ref())))
+                self._accumulators.append(accumulator)  # the hook lives as long as the node
 
-    def _mark_accumulated(self, p: torch.Tensor) -> None:
-        if p.grad is not None:
+    def _mark_accumulated(self, p: torch.Tensor | None) -> None:
+        if p is not None and p.grad is not None:
             self._mark_gradient(p.grad)
 
     def _mark_gradient(self, grad: torch.Tensor) -> None:
@@ -194,7 +226,7 @@ class TensorMemoryMeter(TorchDispatchMode):
 
     def _check_peak(self) -> None:
         if self.timeline is not None:
-            self.timeline.append((self.ops, self.current))
+            self.timeline.append((self.ops, time.perf_counter(), self.current))
         if self.current >= self.peak:
             self.peak = self.current
             self.peak_split = dict(self._totals)
@@ -207,6 +239,17 @@ class TensorMemoryMeter(TorchDispatchMode):
         """Remember an op index (a step boundary) for plots."""
         self.marks.append((self.ops, label))
 
+    def begin(self, phase: str) -> None:
+        """A phase (``backward``, ``step``, ``clear``) starts now; nested begins of the same phase are ignored."""
+        if self.timeline is not None and phase not in self._open_phases:
+            self._open_phases[phase] = time.perf_counter()
+
+    def end(self, phase: str) -> None:
+        """The phase begun last under this name ends now."""
+        start = self._open_phases.pop(phase, None)
+        if start is not None:
+            self.phases.append((phase, start, time.perf_counter()))
+
     def report(self) -> MemoryReport:
         """Peak, its split and the current live bytes."""
         return MemoryReport(self.peak, dict(self.peak_split), self.current)
@@ -214,6 +257,10 @@ class TensorMemoryMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
         self.ops += 1
+        if self.unsized is not None:
+            name = str(func.overloadpacket)
+            if name in UNSIZED_BY_FAKE:
+                self.unsized[name] = self.unsized.get(name, 0) + 1
         flat, _ = tree_flatten(out)
         for t in flat:
             if isinstance(t, torch.Tensor):
@@ -225,10 +272,13 @@ class TensorMemoryMeter(TorchDispatchMode):
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.watch_optimizer(opt)
         self._in_step += 1
+        self.begin("step")
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._in_step -= 1
         self._classify_state(opt)
+        if not self._in_step:
+            self.end("step")
 
     def __enter__(self) -> "TensorMemoryMeter":
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -244,29 +294,85 @@ class TensorMemoryMeter(TorchDispatchMode):
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
+            self._accumulators.clear()
 
 
-class CudaPeakMeter:
-    """The CUDA caching allocator's peak over a block: ``max_memory_allocated`` after a reset.
+class CudaPhaseMeter:
+    """The CUDA caching allocator, read per phase: allocated, reserved and peak for forward, backward, step, clear.
 
-    Only meaningful on a GPU; the split into categories is not available from
-    the allocator, so :meth:`report` gives the total only.
+    At every phase boundary the device is synchronised, the peak since the
+    previous boundary is credited to the phase that was running (``forward``
+    when none of the others was: data loading and the forward pass) and the
+    allocator's peak counter is reset. The overall peak is the largest of
+    them. ``snapshot``: a path where the allocator's history
+    (``torch.cuda.memory._record_memory_history``) is dumped on exit, for
+    https://pytorch.org/memory_viz.
+
+    Not run by this project's tests on a GPU: they skip without CUDA.
     """
 
-    def __init__(self, device: torch.device | int | None = None) -> None:
-        self.device = device
-        self.peak = 0
-        self.start = 0
+    PHASES = ("forward", "backward", "step", "clear")
 
-    def __enter__(self) -> "CudaPeakMeter":
+    def __init__(self, device: torch.device | int | None = None, snapshot: str | None = None) -> None:
+        self.device = device
+        self.snapshot = snapshot
+        self.peak = 0
+        self.phases: dict[str, dict[str, int]] = {}
+        self._stack: list[str] = []
+        self._handles: list[Any] = []
+
+    def _boundary(self) -> None:
+        torch.cuda.synchronize(self.device)
+        phase = self._stack[-1] if self._stack else "forward"
+        stats = self.phases.setdefault(phase, {"allocated": 0, "reserved": 0, "peak": 0})
+        peak = torch.cuda.max_memory_allocated(self.device)
+        stats["peak"] = max(stats["peak"], peak)
+        stats["allocated"] = torch.cuda.memory_allocated(self.device)
+        stats["reserved"] = torch.cuda.memory_reserved(self.device)
+        self.peak = max(self.peak, peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def begin(self, phase: str) -> None:
+        """Close the running segment and open ``phase``."""
+        self._boundary()
+        self._stack.append(phase)
+
+    def end(self, phase: str) -> None:
+        """Close ``phase`` (and anything opened inside it that was left open)."""
+        if phase not in self._stack:
+            return
+        self._boundary()
+        while self._stack and self._stack.pop() != phase:
+            pass
+
+    def _pre_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self.begin("step")
+
+    def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self.end("step")
+
+    def __enter__(self) -> "CudaPhaseMeter":
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        if self.snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.start = torch.cuda.memory_allocated(self.device)
+        self._handles = [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        torch.cuda.synchronize(self.device)
-        self.peak = torch.cuda.max_memory_allocated(self.device)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._stack.clear()
+        self._boundary()
+        if self.snapshot:
+            try:
+                torch.cuda.memory._dump_snapshot(self.snapshot)
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
 
     def report(self) -> MemoryReport:
+        """The overall peak (the allocator has no split into categories)."""
         return MemoryReport(self.peak, {}, torch.cuda.memory_allocated(self.device))

@@ -2,14 +2,15 @@
 
 Each predicate reads the events a :class:`~gradlint.runtime.tracer.Tracer`
 recorded and returns the :class:`Violation` s it saw, each with the user lines
-involved, plus one sentence saying what was checked when nothing was wrong.
+involved, plus one sentence saying what was checked when nothing was wrong, or
+why the trace never exercised the rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from gradlint.events import EventKind
 from gradlint.runtime.tracer import Event
@@ -29,6 +30,20 @@ class Violation:
     evidence: str
     lines: frozenset[tuple[str, int]]
     anywhere: bool = False
+
+
+class Checked(NamedTuple):
+    """What a predicate found on a trace.
+
+    ``summary`` says what was checked when nothing was wrong, or, when
+    ``exercised`` is false, why the trace never put the rule to the test (no
+    accumulation happened, no scaled backward ran): such a trace can neither
+    confirm nor refute a finding.
+    """
+
+    violations: list[Violation]
+    summary: str
+    exercised: bool = True
 
 
 @dataclasses.dataclass
@@ -98,7 +113,7 @@ def step_records(events: list[Event]) -> list[StepRecord]:
     return records
 
 
-def gl001(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl001(records: list[StepRecord], events: list[Event]) -> Checked:
     """A step used gradients accumulated across backwards of different steps."""
     found = []
     for r in records:
@@ -115,10 +130,12 @@ def gl001(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                 )
             )
     later = [r for r in records if r.previous is not None]
-    return found, f"each of the {len(later)} steps after the first started from cleared gradients"
+    if not later:
+        return Checked(found, "needs at least two optimizer steps to decide", exercised=False)
+    return Checked(found, f"each of the {len(later)} steps after the first started from cleared gradients")
 
 
-def gl002(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl002(records: list[StepRecord], events: list[Event]) -> Checked:
     """A clear ran after the last backward and before the step: the step saw no gradients."""
     found = []
     for r in records:
@@ -135,10 +152,10 @@ def gl002(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                 frozenset({_site(r.event), *map(_site, zeros)}),
             )
         )
-    return found, f"all {len(records)} steps saw the gradients of their backwards"
+    return Checked(found, f"all {len(records)} steps saw the gradients of their backwards")
 
 
-def gl003(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl003(records: list[StepRecord], events: list[Event]) -> Checked:
     """k>1 backwards per step, but a clear between them let only the last ones reach the step."""
     found = []
     for r in records:
@@ -162,11 +179,11 @@ def gl003(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
         )
     multi = sum(1 for r in records if len(r.backwards) > 1)
     if multi:
-        return found, f"{multi} steps accumulated several backwards and every one reached the step"
-    return found, "every step followed a single backward (no accumulation)"
+        return Checked(found, f"{multi} steps accumulated several backwards and every one reached the step")
+    return Checked(found, "every step followed a single backward: no accumulation happened", exercised=False)
 
 
-def gl004(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl004(records: list[StepRecord], events: list[Event]) -> Checked:
     """A step consumed k>1 backwards of its own window and the losses were not divided by k."""
     found = []
     checked = 0
@@ -188,11 +205,17 @@ def gl004(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                 )
             )
     if checked:
-        return found, f"{checked} accumulating steps had their losses divided by the number of backwards"
-    return found, "no step accumulated more than one backward"
+        return Checked(found, f"{checked} accumulating steps had their losses divided by the number of backwards")
+    if any(len(r.backwards) > 1 for r in records):
+        return Checked(
+            found,
+            "no step summed several backwards: a clear between them left only the last one's gradients",
+            exercised=False,
+        )
+    return Checked(found, "every step followed a single backward: no accumulation happened", exercised=False)
 
 
-def gl005(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl005(records: list[StepRecord], events: list[Event]) -> Checked:
     """Gradients kept allocated: ``zero_grad(set_to_none=False)`` or zeroed-in-place buffers."""
     found = []
     for e in events:
@@ -218,14 +241,14 @@ def gl005(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                     )
                 )
                 break
-    return found, "gradients were freed (None) between steps"
+    return Checked(found, "gradients were freed (None) between steps")
 
 
 def _scaled(event: Event) -> bool:
     return bool(event.facts.get("scaled"))
 
 
-def gl101(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl101(records: list[StepRecord], events: list[Event]) -> Checked:
     """A backward not via ``scaler.scale`` while a scaler steps the optimizer."""
     found = []
     for r in records:
@@ -241,10 +264,12 @@ def gl101(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                     frozenset(map(_site, plain)),
                 )
             )
-    return found, "every backward before a scaler step was scaled"
+    if not any(r.event.facts.get("via_scaler") for r in records):
+        return Checked(found, "no optimizer step went through an enabled GradScaler", exercised=False)
+    return Checked(found, "every backward before a scaler step was scaled")
 
 
-def gl102(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl102(records: list[StepRecord], events: list[Event]) -> Checked:
     """``optimizer.step()`` called directly on gradients from a scaled backward."""
     found = []
     for r in records:
@@ -258,10 +283,17 @@ def gl102(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                     frozenset({_site(r.event)}),
                 )
             )
-    return found, "every step on scaled gradients went through scaler.step"
+    if not any(_scaled(e) for e in events if e.kind is EventKind.BACKWARD):
+        return Checked(found, "no backward ran on a loss scaled by an enabled GradScaler", exercised=False)
+    return Checked(found, "every step on scaled gradients went through scaler.step")
 
 
-def gl103(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def _clips(event: Event) -> bool:
+    """A CLIP event that changes gradients (``get_total_norm`` only measures them)."""
+    return event.facts.get("fn") != "get_total_norm"
+
+
+def gl103(records: list[StepRecord], events: list[Event]) -> Checked:
     """Clipping with no ``unscale_`` since the scaled backward."""
     found = []
     last_scaled: Event | None = None
@@ -270,7 +302,7 @@ def gl103(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
             last_scaled = e
         elif e.kind in (EventKind.UNSCALE, EventKind.STEP):
             last_scaled = None
-        elif e.kind is EventKind.CLIP and last_scaled is not None:
+        elif e.kind is EventKind.CLIP and last_scaled is not None and _clips(e):
             found.append(
                 Violation(
                     "GL103",
@@ -279,10 +311,13 @@ def gl103(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                     frozenset({_site(e)}),
                 )
             )
-    return found, "every clip of scaled gradients came after unscale_"
+    clips = any(e.kind is EventKind.CLIP and _clips(e) for e in events)
+    if not clips or not any(_scaled(e) for e in events if e.kind is EventKind.BACKWARD):
+        return Checked(found, "no clipping ran on gradients of a backward scaled by an enabled GradScaler", exercised=False)
+    return Checked(found, "every clip of scaled gradients came after unscale_")
 
 
-def gl104(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl104(records: list[StepRecord], events: list[Event]) -> Checked:
     """``scaler.step`` twice for an optimizer with no ``scaler.update()`` in between."""
     found = []
     pending: dict[tuple[str, str], Event] = {}
@@ -301,10 +336,12 @@ def gl104(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                     )
                 )
             pending[key] = e
-    return found, "scaler.update() ran between scaler steps"
+    if not any(e.kind is EventKind.STEP and e.facts.get("via_scaler") for e in events):
+        return Checked(found, "no optimizer step went through an enabled GradScaler", exercised=False)
+    return Checked(found, "scaler.update() ran between scaler steps")
 
 
-def gl301(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl301(records: list[StepRecord], events: list[Event]) -> Checked:
     """A scheduler stepped more than once between two steps of its optimizer."""
     found = []
     counts: dict[str, list[Event]] = {}
@@ -327,10 +364,12 @@ def gl301(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                         frozenset(map(_site, seen)),
                     )
                 )
-    return found, "every scheduler stepped at most once per optimizer step"
+    if not any(e.kind is EventKind.SCHED_STEP for e in events):
+        return Checked(found, "no LR scheduler stepped", exercised=False)
+    return Checked(found, "every scheduler stepped at most once per optimizer step")
 
 
-def gl302(records: list[StepRecord], events: list[Event]) -> tuple[list[Violation], str]:
+def gl302(records: list[StepRecord], events: list[Event]) -> Checked:
     """More than one synchronising backward per optimizer step under DDP."""
     found = []
     ddp = any(e.facts.get("synced") for e in events if e.kind is EventKind.BACKWARD)
@@ -347,11 +386,11 @@ def gl302(records: list[StepRecord], events: list[Event]) -> tuple[list[Violatio
                 )
             )
     if not ddp:
-        return found, "no DDP all-reduce was observed"
-    return found, "each step synchronised gradients on one backward only"
+        return Checked(found, "no DDP all-reduce was observed", exercised=False)
+    return Checked(found, "each step synchronised gradients on one backward only")
 
 
-PREDICATES: dict[str, Callable[[list[StepRecord], list[Event]], tuple[list[Violation], str]]] = {
+PREDICATES: dict[str, Callable[[list[StepRecord], list[Event]], Checked]] = {
     "GL001": gl001,
     "GL002": gl002,
     "GL003": gl003,
@@ -366,8 +405,8 @@ PREDICATES: dict[str, Callable[[list[StepRecord], list[Event]], tuple[list[Viola
 }
 
 
-def evaluate(events: list[Event]) -> dict[str, tuple[list[Violation], str]]:
-    """Run every predicate on a trace: ``{code: (violations, what was checked)}``."""
+def evaluate(events: list[Event]) -> dict[str, Checked]:
+    """Run every predicate on a trace: ``{code: Checked(violations, what was checked, exercised)}``."""
     records = step_records(events)
     return {code: predicate(records, events) for code, predicate in PREDICATES.items()}
 

@@ -15,7 +15,9 @@ initial learning rate.)
 What cannot work with gradients that no longer exist after backward is refused
 with :class:`ReleaseUnsupported`: a ``GradScaler`` (it must see every gradient
 before any step to skip steps on inf/NaN), gradient accumulation (each backward
-already stepped), and gradient clipping (there is no whole gradient to clip).
+already stepped), and gradient clipping or norm measurement after backward, by
+any of torch's clipping functions however they were imported (there is no
+whole gradient left).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.clipping import ClipInterceptor
+from gradlint.runtime.tracer import in_backward
 
 _MISSING = object()
 _ACTIVE: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer -> GradientRelease
 _RELEASED_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> GradientRelease
-_guards: Patcher | None = None
+_guards: "_Guards | None" = None
 
 
 class ReleaseUnsupported(RuntimeError):
@@ -67,16 +71,24 @@ class GradientRelease:
             for p in group["params"]:
                 if p in _RELEASED_PARAMS:
                     raise ReleaseUnsupported("a parameter is already released by another optimizer")
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._handles.append(p.register_post_accumulate_grad_hook(self._step_param))
-                    _RELEASED_PARAMS[p] = self
+        self._hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._had_grad: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.keep_zeros = False  # the loop's last clear was zero_grad(set_to_none=False)
+        self._hook_new_parameters()
         optimizer.step = types.MethodType(_released_step, optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = types.MethodType(_released_zero_grad, optimizer)  # type: ignore[method-assign]
         if not _ACTIVE:
             _install_guards()
         _ACTIVE[optimizer] = self
+
+    def _hook_new_parameters(self) -> None:
+        """Hook every parameter of the groups that requires grad and is not hooked yet."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p not in self._hooked:
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._step_param))
+                    self._hooked[p] = True
+                    _RELEASED_PARAMS[p] = self
 
     # ------------------------------------------------------------------ per-parameter step
     def _group_of(self, p: torch.Tensor) -> dict[str, Any]:
@@ -106,11 +118,15 @@ class GradientRelease:
     def _step_param(self, p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        if self._step_calls and self._stepped[id(p)]:
+        if self._stepped[id(p)]:
             raise ReleaseUnsupported(
                 "gradient accumulation cannot be combined with gradient release: a second backward reached a "
                 "parameter before optimizer.step(); each backward already stepped and freed its gradient"
             )
+        self._step_now(p)
+
+    def _step_now(self, p: torch.Tensor) -> None:
+        """Step ``p`` alone on its current gradient, then free the gradient."""
         live = self._group_of(p)
         sub = self._sub_optimizer(p)
         group = sub.param_groups[0]
@@ -124,15 +140,36 @@ class GradientRelease:
                 live[k] = v
         p.grad = None
         self._stepped[id(p)] += 1
+        self._had_grad[p] = True
+
+    def _catch_up(self) -> None:
+        """At the loop's ``step()``: step what the hooks could not, as the plain loop would.
+
+        A parameter added with ``add_param_group`` or unfrozen after set-up has
+        no hook yet, so its gradient is still there: step it now and hook it
+        for the next backward. After ``zero_grad(set_to_none=False)`` the plain
+        loop steps every parameter that ever had a gradient, on a zero
+        gradient where backward did not reach it this time.
+        """
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._step_now(p)
+                elif self.keep_zeros and p in self._had_grad and not self._stepped[id(p)]:
+                    p.grad = torch.zeros_like(p)
+                    self._step_now(p)
+        self._hook_new_parameters()
 
     def _on_user_step(self) -> None:
         accumulated = bool(self._stepped) and max(self._stepped.values()) > 1
-        self._stepped.clear()
         if accumulated:
+            self._stepped.clear()
             raise ReleaseUnsupported(
                 "gradient accumulation cannot be combined with gradient release: several backwards ran before "
                 "optimizer.step(), and each of them already stepped the parameters"
             )
+        self._catch_up()
+        self._stepped.clear()
         self._step_calls += 1
         for callback in self.step_callbacks:
             callback()
@@ -186,13 +223,20 @@ _released_step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
 
 
 def _released_zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
-    """``zero_grad()`` of a released optimizer: gradients are already freed."""
+    """``zero_grad()`` of a released optimizer: remember how the loop clears, and clear what is not released.
+
+    Released gradients are already freed; a parameter without a hook yet (added
+    or unfrozen since the last step) still has one, cleared as the plain loop would.
+    """
+    _ACTIVE[optimizer].keep_zeros = not set_to_none
+    type(optimizer).zero_grad(optimizer, set_to_none)
 
 
 # ---------------------------------------------------------------------- refusals
 def _refuse_scaler(original: Callable) -> Callable:
     def guarded(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        if optimizer in _ACTIVE:
+        # a disabled scaler (enabled=False, or no CUDA) passes straight to optimizer.step()
+        if optimizer in _ACTIVE and scaler.is_enabled():
             raise ReleaseUnsupported(
                 "a GradScaler cannot be used with gradient release: it must check every gradient for inf/NaN "
                 "before any parameter steps; use bf16 autocast without a scaler"
@@ -202,37 +246,57 @@ def _refuse_scaler(original: Callable) -> Callable:
     return guarded
 
 
-def _refuse_clip(original: Callable) -> Callable:
-    def guarded(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-        if any(p in _RELEASED_PARAMS for p in params):
+def _refuse_clip(name: str, original: Callable) -> Callable:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        # Outside backward there is no whole gradient left to clip or measure: each
+        # was stepped and freed as soon as it existed (a clip inside a release hook,
+        # on the one parameter at hand, is fine).
+        if not in_backward():
             raise ReleaseUnsupported(
-                "gradient clipping cannot be combined with gradient release: each gradient is stepped and freed "
-                "as soon as it exists, so there is no whole gradient to clip"
+                f"gradient clipping cannot be combined with gradient release: {name} needs the gradients "
+                "after backward, but each one was stepped and freed as soon as it existed"
             )
-        return original(params, *args, **kwargs)
+        return original(*args, **kwargs)
 
     return guarded
 
 
+def _note_module_clear(original: Callable) -> Callable:
+    def zero_grad(module: torch.nn.Module, set_to_none: bool = True) -> None:
+        releases = {id(r): r for p in module.parameters() if (r := _RELEASED_PARAMS.get(p)) is not None}
+        for release in releases.values():
+            release.keep_zeros = not set_to_none
+        return original(module, set_to_none)
+
+    return zero_grad
+
+
+class _Guards:
+    """The refusals in force while any optimizer is released."""
+
+    def __init__(self) -> None:
+        from torch.amp.grad_scaler import GradScaler
+
+        self._patcher = Patcher()
+        self._patcher.wrap(GradScaler, "unscale_", _refuse_scaler)
+        self._patcher.wrap(GradScaler, "step", _refuse_scaler)
+        self._patcher.wrap(torch.nn.Module, "zero_grad", _note_module_clear)
+        self._clipping = ClipInterceptor(_refuse_clip)
+
+    def remove(self) -> None:
+        self._clipping.restore()
+        self._patcher.restore()
+
+
 def _install_guards() -> None:
     global _guards
-    from torch.amp.grad_scaler import GradScaler
-    from torch.nn.utils import clip_grad
-
-    _guards = Patcher()
-    _guards.wrap(GradScaler, "unscale_", _refuse_scaler)
-    _guards.wrap(GradScaler, "step", _refuse_scaler)
-    for name in ("clip_grad_norm_", "clip_grad_value_"):
-        guarded = _refuse_clip(getattr(clip_grad, name))
-        for owner in (clip_grad, torch.nn.utils):
-            _guards.set(owner, name, guarded)
+    _guards = _Guards()
 
 
 def _remove_guards() -> None:
     global _guards
     if _guards is not None:
-        _guards.restore()
+        _guards.remove()
         _guards = None
 
 

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import traceback
 from typing import Sequence
 
 from gradlint.events import EventKind
 from gradlint.findings import Finding
 from gradlint.runtime.launch import RAISED, Outcome, run_script
-from gradlint.runtime.predicates import Violation
+from gradlint.runtime.predicates import Violation, same_file
 from gradlint.runtime.tracer import Event, Tracer
 from gradlint.runtime.verdicts import CONFIRMED, Verdict, judge, unreported
 
 
 class RunError(Exception):
-    """The script could not be judged (it raised, exited, or never stepped an optimizer)."""
+    """The script could not be judged (it raised, exited, or never stepped an optimizer).
+
+    ``events``: what the tracer saw before that; ``traceback``: the script's
+    own traceback when it raised (the tool's frames left out).
+    """
+
+    def __init__(self, message: str, events: Sequence[Event] = (), traceback: str = "") -> None:
+        super().__init__(message)
+        self.events = list(events)
+        self.traceback = traceback
 
 
 @dataclasses.dataclass
@@ -35,12 +45,17 @@ class RunReport:
         return any(v.status == CONFIRMED for v in self.verdicts)
 
 
-def trace_script(path: str, args: Sequence[str] = (), steps: int = 5) -> tuple[Tracer, Outcome]:
-    """Run ``path`` under a :class:`Tracer` that stops it after ``steps`` optimizer steps."""
+def trace_script(
+    path: str, args: Sequence[str] = (), steps: int = 5, watch_lines: Sequence[int] = ()
+) -> tuple[Tracer, Outcome]:
+    """Run ``path`` under a :class:`Tracer` that stops it after ``steps`` optimizer steps.
+
+    ``tracer.executed`` receives ``(path, line)`` for each of ``watch_lines`` that ran.
+    """
     path = os.path.abspath(path)
-    tracer = Tracer(max_steps=steps, line_files=[path])
+    tracer = Tracer(max_steps=steps)
     with tracer:
-        outcome = run_script(path, args)
+        outcome = run_script(path, args, watch_lines, lambda line: tracer.executed.add((path, line)))
     return tracer, outcome
 
 
@@ -49,17 +64,22 @@ def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = 
 
     Raises :class:`RunError` when the script fails or no optimizer step ran.
     """
-    tracer, outcome = trace_script(path, args, steps)
+    watch = sorted({f.line for f in findings if same_file(f.path, path)})
+    tracer, outcome = trace_script(path, args, steps, watch)
     if not outcome.ok:
         if outcome.how == RAISED:
-            raise RunError(f"the script raised {outcome.detail} after {tracer.steps} optimizer steps")
-        raise RunError(f"the script called sys.exit({outcome.detail}) after {tracer.steps} optimizer steps")
+            raise RunError(
+                f"the script raised {outcome.detail} after {tracer.steps} optimizer steps",
+                tracer.events,
+                user_traceback(outcome.exc, path) if outcome.exc else "",
+            )
+        raise RunError(f"the script called sys.exit({outcome.detail}) after {tracer.steps} optimizer steps", tracer.events)
     if tracer.steps == 0:
         backwards = sum(1 for e in tracer.events if e.kind is EventKind.BACKWARD)
         if backwards:
             raise RunError(f"the script ran {backwards} backwards but never stepped a torch.optim optimizer")
         raise RunError("no optimizer step ran: the script has no training loop gradlint can follow")
-    verdicts = judge(findings, tracer.events, tracer.executed)
+    verdicts = judge(findings, tracer.events, tracer.executed, tracer.disabled_scalers)
     return RunReport(
         os.path.abspath(path),
         outcome,
@@ -71,17 +91,40 @@ def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = 
     )
 
 
+def user_traceback(exc: BaseException, script: str) -> str:
+    """The traceback of ``exc`` from the script's first frame on, as Python would print it."""
+    script = os.path.abspath(script)
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__)).rstrip()
+
+
 def format_events(events: list[Event], max_steps: int = 3) -> list[str]:
-    """The event sequence grouped by optimizer step, for the first ``max_steps`` steps."""
-    lines, current, step = [], [], 0
-    for e in events:
+    """The event sequence grouped by loop step, for the first ``max_steps`` steps.
+
+    The STEP events of one backward under gradient release (one per optimizer)
+    close a single group.
+    """
+    lines: list[str] = []
+    current: list[Event] = []
+    step = 0
+    for i, e in enumerate(events):
         current.append(e)
-        if e.kind is EventKind.STEP:
-            step += 1
-            if step <= max_steps:
-                lines.append(f"  step {step}:")
-                lines.extend(f"    {x.describe()}" for x in current)
-            current = []
+        if e.kind is not EventKind.STEP:
+            continue
+        following = events[i + 1] if i + 1 < len(events) else None
+        if (
+            following is not None
+            and following.kind is EventKind.STEP
+            and following.facts.get("loop_step") == e.facts.get("loop_step")
+        ):
+            continue
+        step += 1
+        if step <= max_steps:
+            lines.append(f"  step {step}:")
+            lines.extend(f"    {x.describe()}" for x in current)
+        current = []
     if current and step < max_steps:
         lines.append(f"  after step {step}:")
         lines.extend(f"    {x.describe()}" for x in current)

@@ -16,9 +16,9 @@ as without it, and leaving the ``with`` block restores every patched function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import inspect
-import sys
 import weakref
 from typing import Any, Iterable
 
@@ -27,7 +27,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.events import EventKind
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.clipping import ClipInterceptor
 from gradlint.runtime.sites import Site, user_site
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine is running a backward on this thread (we are inside one of its hooks)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 class StopTraining(BaseException):
@@ -57,7 +63,7 @@ class Event:
         return f"{self.kind.value}{inner} @ {self.site}"
 
 
-_SHOWN_FACTS = {"set_to_none", "scaled", "factor", "via_scaler", "skipped", "synced", "fn"}
+_SHOWN_FACTS = {"set_to_none", "scaled", "factor", "via_scaler", "skipped", "synced", "fn", "released"}
 
 
 def _short(value: Any) -> str:
@@ -122,9 +128,16 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     return factor
 
 
+@functools.lru_cache(maxsize=64)
+def _signature(function: Any) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def _set_to_none(function: Any, args: tuple, kwargs: dict) -> bool:
+    if not kwargs and len(args) == 1:
+        return True  # zero_grad() with no arguments: the default, set_to_none=True
     try:
-        bound = inspect.signature(function).bind(*args, **kwargs)
+        bound = _signature(function).bind(*args, **kwargs)
     except TypeError:
         return True
     bound.apply_defaults()
@@ -137,17 +150,16 @@ class Tracer:
     ``max_steps``: raise :class:`StopTraining` when optimizer step number
     ``max_steps + 1`` is about to run, so exactly ``max_steps`` steps happen and
     everything between the last step and the next one is still seen.
-    ``line_files``: record which lines of these files executed (for "not reached").
+    ``executed``: ``(path, line)`` pairs the runner reports as run (for "not reached").
     """
 
-    def __init__(self, max_steps: int | None = None, line_files: Iterable[str] = ()) -> None:
+    def __init__(self, max_steps: int | None = None) -> None:
         self.max_steps = max_steps
         self.events: list[Event] = []
         self.steps = 0
         self.executed: set[tuple[str, int]] = set()
-        self._line_files = frozenset(line_files)
         self._patcher = Patcher()
-        self._labels: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._labels: dict[int, tuple[weakref.ref, str]] = {}  # id -> (object, label): cheaper than a weak-key dict
         self._label_counts: dict[str, int] = {}
         self._watched: dict[int, weakref.ref] = {}
         self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
@@ -157,19 +169,22 @@ class Tracer:
         self._allreduces = 0
         self._depth = 0
         self._scaler_in_step: str | None = None
-        self._previous_trace: Any = None
+        self._released: dict[str, int] = {}
+        self.release_loop = False  # the loop steps inside backward (gradient release)
+        self.disabled_scalers: set[str] = set()  # GradScalers seen with enabled=False: every call passes through
         self.active = False
 
     # ---------------------------------------------------------------- labels
     def label(self, obj: Any) -> str:
         """A stable short name for an optimizer, scaler or scheduler: ``SGD#0``."""
-        name = self._labels.get(obj)
-        if name is None:
-            kind = type(obj).__name__
-            n = self._label_counts.get(kind, 0)
-            self._label_counts[kind] = n + 1
-            name = f"{kind}#{n}"
-            self._labels[obj] = name
+        known = self._labels.get(id(obj))
+        if known is not None and known[0]() is obj:
+            return known[1]
+        kind = type(obj).__name__
+        n = self._label_counts.get(kind, 0)
+        self._label_counts[kind] = n + 1
+        name = f"{kind}#{n}"
+        self._labels[id(obj)] = (weakref.ref(obj), name)
         return name
 
     def watch(self, optimizer: torch.optim.Optimizer) -> str:
@@ -193,7 +208,9 @@ class Tracer:
                 if owners is None:
                     owners = self._param_owners[p] = set()
                     if p.requires_grad and p.is_leaf:
-                        self._patcher.keep(p.register_post_accumulate_grad_hook(self._on_grad_accumulated))
+                        # A gradient hook, not a post-accumulate one: torch-optimi's
+                        # prepare_for_gradient_release refuses parameters that have those.
+                        self._patcher.keep(p.register_hook(self._reached_hook(owners)))
                 owners.add(key)
 
     def _live_optimizers(self) -> dict[int, torch.optim.Optimizer]:
@@ -215,33 +232,57 @@ class Tracer:
         self.events.append(event)
         return event
 
-    def _on_grad_accumulated(self, param: torch.Tensor) -> None:
-        owners = self._param_owners.get(param)
-        if owners:
+    def _reached_hook(self, owners: set[int]) -> Any:
+        """A gradient hook that marks the optimizers in ``owners`` (a live set) as reached by this backward."""
+
+        def reached(grad: torch.Tensor) -> None:
             self._touched.update(owners)
+
+        return reached
 
     # ---------------------------------------------------------------- hooks and patches
     def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         name = self.watch(opt)
-        if self.max_steps is not None and self.steps >= self.max_steps:
-            raise StopTraining(f"stopped after {self.steps} optimizer steps")
+        if in_backward():
+            # Gradient release (torch-optimi, a post-accumulate hook): a parameter
+            # stepped inside backward. The backward as a whole is one loop step.
+            self._released[name] = self._released.get(name, 0) + 1
+            return
+        self._check_budget()
         self.steps += 1
         self._record(
             EventKind.STEP,
             name,
             via_scaler=self._scaler_in_step,
             grads=grad_state(self._params(opt)),
+            loop_step=self.steps,
         )
+
+    def _check_budget(self) -> None:
+        if self.max_steps is not None and self.steps >= self.max_steps:
+            raise StopTraining(f"stopped after {self.steps} optimizer steps")
+
+    def _record_released_steps(self) -> None:
+        """One loop step for a backward whose parameters were stepped inside it."""
+        if not self._released:
+            return
+        self.steps += 1
+        self.release_loop = True
+        for name, count in self._released.items():
+            self._record(EventKind.STEP, name, grads="released", released=count, loop_step=self.steps)
+        self._released = {}
 
     def _wrap_backward(self, original: Any) -> Any:
         tracer = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if tracer._depth:
+            if tracer._depth or in_backward():
                 return original(*args, **kwargs)
+            if tracer.release_loop:
+                tracer._check_budget()
             first = args[0] if args else next(iter(kwargs.values()), None)
             loss = first[0] if isinstance(first, (list, tuple)) and first else first
-            scaler = tracer._scaled.get(loss) if isinstance(loss, torch.Tensor) else None
+            scaler = tracer._scaled.get(loss) if tracer._scaled and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
             before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
             factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
@@ -249,14 +290,17 @@ class Tracer:
             tracer._touched = set()
             tracer._allreduces = 0
             tracer._depth += 1
+            tracer._released = {}
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 tracer._depth -= 1
                 touched = [live[k] for k in tracer._touched if k in live]
                 event.facts["touched"] = sorted(tracer.label(opt) for opt in touched)
                 event.facts["before"] = {tracer.label(opt): before[id(opt)] for opt in touched}
                 event.facts["synced"] = tracer._allreduces
+            tracer._record_released_steps()
+            return result
 
         return backward
 
@@ -302,6 +346,7 @@ class Tracer:
         tracer = self
 
         def scale(scaler: Any, outputs: Any) -> Any:
+            tracer._scaler_enabled(scaler)
             result = original(scaler, outputs)
             if isinstance(result, torch.Tensor) and result is not outputs:
                 tracer._scaled[result] = tracer.label(scaler)
@@ -313,6 +358,8 @@ class Tracer:
         tracer = self
 
         def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracer._scaler_enabled(scaler):
+                return original(scaler, optimizer, *args, **kwargs)  # a plain optimizer.step()
             name = tracer.label(scaler)
             steps_before = tracer.steps
             tracer._scaler_in_step = name
@@ -324,10 +371,21 @@ class Tracer:
                 tracer._scaler_in_step = None
             if tracer.steps == steps_before:
                 # inf/NaN found: the scaler skipped the optimizer step.
-                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped")
+                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped", loop_step=tracer.steps)
             return result
 
         return step
+
+    def _scaler_enabled(self, scaler: Any) -> bool:
+        """Whether ``scaler`` does anything; a disabled one (``enabled=False``, or no CUDA) passes everything through."""
+        enabled = scaler.is_enabled()
+        if not enabled:
+            self.disabled_scalers.add(self.label(scaler))
+        return enabled
+
+    def _scaler_target(self, scaler: Any, target: str) -> str | bool:
+        """The event target for a scaler call, or ``False`` (record nothing) when the scaler is disabled."""
+        return target if self._scaler_enabled(scaler) else False
 
     def _wrap_sched_step(self, original: Any) -> Any:
         tracer = self
@@ -393,20 +451,9 @@ class Tracer:
         self._patcher.set(DDP, "register_comm_hook", register_comm_hook)
         self._patcher.set(DDP, "forward", ddp_forward)
 
-    def _line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename in self._line_files:
-            return self._local_line_tracer
-        return None
-
-    def _local_line_tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        if event == "line":
-            self.executed.add((frame.f_code.co_filename, frame.f_lineno))
-        return self._local_line_tracer
-
     # ---------------------------------------------------------------- install
     def __enter__(self) -> "Tracer":
         from torch.amp.grad_scaler import GradScaler
-        from torch.nn.utils import clip_grad as clip_module
         from torch.optim import lr_scheduler
         from torch.optim.optimizer import (
             Optimizer,
@@ -416,29 +463,31 @@ class Tracer:
         if self.active:
             raise RuntimeError("a Tracer cannot be entered twice")
         p = self._patcher
-        p.set(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
+        # Tensor.backward calls torch.autograd.backward through the module attribute:
+        # one wrapper sees both spellings (torch/_tensor.py).
         p.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         p.set(Optimizer, "zero_grad", self._wrap_zero(Optimizer.zero_grad, "optimizer"))
         p.set(torch.nn.Module, "zero_grad", self._wrap_zero(torch.nn.Module.zero_grad, "module"))
         p.set(Optimizer, "__init__", self._wrap_optimizer_init(Optimizer.__init__))
         p.keep(register_optimizer_step_pre_hook(self._on_step))
 
-        for fn_name in ("clip_grad_norm_", "clip_grad_value_"):
-            wrapped = self._wrap_plain(getattr(clip_module, fn_name), EventKind.CLIP, fn=fn_name)
-            for owner in (clip_module, torch.nn.utils):
-                p.set(owner, fn_name, wrapped)
+        self._clipping = ClipInterceptor(lambda name, original: self._wrap_plain(original, EventKind.CLIP, fn=name))
 
         p.set(GradScaler, "scale", self._wrap_scale(GradScaler.scale))
         p.set(
             GradScaler,
             "unscale_",
-            self._wrap_plain(GradScaler.unscale_, EventKind.UNSCALE, target_of=lambda s, o, *a: self.watch(o)),
+            self._wrap_plain(
+                GradScaler.unscale_, EventKind.UNSCALE, target_of=lambda s, o, *a: self._scaler_target(s, self.watch(o))
+            ),
         )
         p.set(GradScaler, "step", self._wrap_scaler_step(GradScaler.step))
         p.set(
             GradScaler,
             "update",
-            self._wrap_plain(GradScaler.update, EventKind.SCALER_UPDATE, target_of=lambda s, *a: self.label(s)),
+            self._wrap_plain(
+                GradScaler.update, EventKind.SCALER_UPDATE, target_of=lambda s, *a: self._scaler_target(s, self.label(s))
+            ),
         )
         for cls in _scheduler_classes(lr_scheduler.LRScheduler):
             p.set(cls, "step", self._wrap_sched_step(cls.__dict__["step"]))
@@ -447,15 +496,11 @@ class Tracer:
         for obj in gc.get_objects():  # optimizers built before tracing started
             if issubclass(type(obj), Optimizer):
                 self._follow(obj)
-        if self._line_files:
-            self._previous_trace = sys.gettrace()
-            sys.settrace(self._line_tracer)
         self.active = True
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._line_files:
-            sys.settrace(self._previous_trace)
+        self._clipping.restore()
         self._patcher.restore()
         self.active = False
 

@@ -18,7 +18,7 @@ for path in sys.argv[1:]:
         dist.destroy_process_group()
     backwards = [e for e in report.events if e.kind.value == "BACKWARD"]
     synced = [e.facts["synced"] for e in backwards]
-    violations = {code: len(v) for code, (v, _) in evaluate(report.events).items() if v}
+    violations = {code: len(v) for code, (v, _, _) in evaluate(report.events).items() if v}
     print(f"rank {rank} {os.path.basename(path)} synced={synced} violations={violations}")
     for v in report.verdicts:
         print(f"rank {rank} {os.path.basename(path)} {v.finding.code} {v.status}: {v.evidence}")

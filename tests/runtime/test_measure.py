@@ -8,7 +8,19 @@ import pytest
 from click.testing import CliRunner
 
 from gradlint.runtime.commands import measure_command
-from gradlint.runtime.measure import AS_WRITTEN, MODES, RELEASE, SET_TO_NONE, max_param_difference, measure_script
+from gradlint.runtime.measure import (
+    AS_WRITTEN,
+    MODES,
+    RELEASE,
+    SET_TO_NONE,
+    _phase_spans,
+    max_param_difference,
+    measure_script,
+)
+
+
+def plain_phases(result):
+    return [p for p in result.phases if p[0] != "step" or result.mode != RELEASE]
 
 TINY_LM = ["--blocks", "1", "--width", "32", "--heads", "2", "--hidden", "64", "--vocab", "64", "--seq", "8", "--batch", "2"]
 
@@ -31,12 +43,12 @@ def test_three_modes_on_a_small_transformer_and_fake_reproduces_them_to_the_byte
     base = real[0]
     for r in real:
         assert max_param_difference(base, r) == 0.0  # AdamW's per-tensor kernel: release is bitwise equal
-        assert len(r.step_times) == 2 and all(t > 0 for t in r.step_times)
+        assert len(r.step_times) == 10 and all(t > 0 for t in r.step_times)  # 12 timed steps, first interval dropped
         assert r.curve and max(b for _, b in r.curve) <= r.memory.peak
 
 
 def test_release_lowers_the_peak_of_a_parameter_heavy_loop(fixtures_dir):
-    results, refused = measure_script(os.path.join(fixtures_dir, "run_wide_mlp.py"), steps=3)
+    results, refused = measure_script(os.path.join(fixtures_dir, "run_wide_mlp.py"), steps=3, time_steps=0)
     modes = _by_mode(results)
     plain, release = modes[AS_WRITTEN].memory, modes[RELEASE].memory
     assert refused is None
@@ -46,6 +58,16 @@ def test_release_lowers_the_peak_of_a_parameter_heavy_loop(fixtures_dir):
     assert release.split["gradients"] <= 512 * 512 * 4
     assert modes[SET_TO_NONE].memory.peak <= plain.peak
     assert max_param_difference(modes[AS_WRITTEN], modes[RELEASE]) == 0.0
+    # the plotted step: its own clock in seconds, and its phases in order
+    for r in results:
+        names = [name for name, _, _ in sorted(r.phases, key=lambda p: p[1])]
+        assert names[0] == "clear" and "backward" in names
+        end = max(t for t, _ in r.curve)
+        assert 0 < end < 60 and all(0 <= a <= b <= end + 1e-3 for _, a, b in r.phases)
+    assert [n for n, _, _ in sorted(plain_phases(modes[AS_WRITTEN]), key=lambda p: p[1])][-1] == "step"
+    spans = _phase_spans(modes[AS_WRITTEN])
+    assert {name for name, _, _ in spans} == {"forward", "backward", "step", "clear"}
+    assert all(a1 <= a2 for (_, a1, _), (_, a2, _) in zip(spans, spans[1:]))
 
 
 def test_cli_prints_the_table_and_writes_the_plot(fixtures_dir, tmp_path):
@@ -59,10 +81,18 @@ def test_cli_prints_the_table_and_writes_the_plot(fixtures_dir, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_release_refusal_is_reported_not_fatal(fixtures_dir):
-    results, refused = measure_script(os.path.join(fixtures_dir, "run_clean_accumulation.py"), steps=2)
+@pytest.mark.parametrize(
+    "name,args,reason",
+    [
+        ("run_clean_accumulation.py", ["4"], "gradient accumulation cannot be combined with gradient release"),
+        ("run_clean_accumulation.py", ["1"], "gradient clipping cannot be combined with gradient release"),
+        ("run_clean_scaler.py", [], "a GradScaler cannot be used with gradient release"),
+    ],
+)
+def test_release_refusal_is_reported_not_fatal(fixtures_dir, name, args, reason):
+    results, refused = measure_script(os.path.join(fixtures_dir, name), args, steps=2, time_steps=3)
     assert [r.mode for r in results] == [AS_WRITTEN, SET_TO_NONE]
-    assert "gradient release" in refused or "accumulation" in refused or "clipping" in refused
+    assert refused.startswith(reason), refused
 
 
 def test_cli_exit_2_on_a_failing_script(tmp_path):
@@ -84,3 +114,40 @@ def test_fake_7b_shaped_model_completes_with_a_plausible_size(fixtures_dir):
     # fp32 AdamW: parameters + gradients + two moments is 16 bytes per parameter, before activations
     assert plain.peak >= 16 * n_params
     assert _by_mode(results)[RELEASE].memory.split["gradients"] < plain.split["gradients"]
+
+
+CLIP_PRELUDE = """\
+import torch
+from torch import nn
+{imports}
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(10):
+    optimizer.zero_grad()
+    nn.functional.mse_loss(model(torch.randn(4, 8)), torch.randn(4, 1)).backward()
+    {clip}
+    optimizer.step()
+"""
+
+READS_GRADIENTS = {
+    "early-bound clip_grad_norm_": ("from torch.nn.utils import clip_grad_norm_", "clip_grad_norm_(model.parameters(), 0.5)", "clipping"),
+    "clip_grad module": ("from torch.nn.utils import clip_grad", "clip_grad.clip_grad_value_(model.parameters(), 0.1)", "clipping"),
+    "get_total_norm for logging": (
+        "from torch.nn.utils import get_total_norm",
+        "print(float(get_total_norm([p.grad for p in model.parameters() if p.grad is not None])))",
+        "clipping",
+    ),
+    "manual clipping": ("", "[p.grad.mul_(0.5) for p in model.parameters()]", "fails under gradient release"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS_GRADIENTS))
+def test_release_is_not_measured_when_the_loop_needs_gradients_after_backward(tmp_path, name):
+    imports, clip, reason = READS_GRADIENTS[name]
+    script = tmp_path / "train.py"
+    script.write_text(CLIP_PRELUDE.format(imports=imports, clip=clip))
+    results, refused = measure_script(str(script), steps=2, time_steps=0)
+    assert [r.mode for r in results] == [AS_WRITTEN, SET_TO_NONE]
+    assert refused is not None and reason in refused

@@ -127,6 +127,27 @@ def test_gradscaler_is_refused():
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_a_disabled_scaler_is_not_refused_and_trains_as_the_plain_loop():
+    def train(release):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        handle = GradientRelease(opt) if release else None
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale(model(torch.randn(2, 5, generator=gen)).square().sum()).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        if handle:
+            handle.remove()
+        return list(model.parameters())
+
+    for a, b in zip(train(False), train(True)):
+        assert torch.equal(a, b)
+
+
 def test_clipping_is_refused():
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -139,16 +160,65 @@ def test_clipping_is_refused():
     assert torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) > 0
 
 
-def test_accumulation_is_refused():
+# bound before release is enabled, as `from torch.nn.utils import clip_grad_norm_` at the top of a script does
+from torch.nn.utils import clip_grad_norm_ as early_clip_grad_norm_  # noqa: E402
+from torch.nn.utils.clip_grad import clip_grad_value_ as early_clip_grad_value_  # noqa: E402
+
+CLIPPING_CALLS = {
+    "early-bound clip_grad_norm_": lambda m: early_clip_grad_norm_(m.parameters(), 1.0),
+    "early-bound clip_grad_value_": lambda m: early_clip_grad_value_(m.parameters(), 0.1),
+    "clip_grad.clip_grad_norm_": lambda m: torch.nn.utils.clip_grad.clip_grad_norm_(m.parameters(), 1.0),
+    "clip_grads_with_norm_": lambda m: torch.nn.utils.clip_grads_with_norm_(list(m.parameters()), 1.0, torch.tensor(2.0)),
+    "get_total_norm": lambda m: torch.nn.utils.get_total_norm([p.grad for p in m.parameters() if p.grad is not None]),
+    "deprecated clip_grad_norm": lambda m: torch.nn.utils.clip_grad_norm(m.parameters(), 1.0),
+    "filtered parameter list": lambda m: torch.nn.utils.clip_grad_norm_([p for p in m.parameters() if p.grad is not None], 1.0),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", sorted(CLIPPING_CALLS))
+def test_every_way_to_reach_clipping_is_refused(name):
+    call = CLIPPING_CALLS[name]
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with GradientRelease(opt):
-        for _ in range(2):
-            model(torch.randn(2, 5)).sum().backward()
-        with pytest.raises(ReleaseUnsupported, match="accumulation"):
-            opt.step()
+        model(torch.randn(2, 5)).sum().backward()
+        with pytest.raises(ReleaseUnsupported, match="clipping"):
+            call(model)
+    # the same function objects clip again once release is off
+    model(torch.randn(2, 5)).sum().backward()
+    before = [p.grad.clone() for p in model.parameters()]
+    call(model)
+    if "norm" not in name or "with_norm" in name or "clip_grad_norm" in name:
+        assert any(not torch.equal(a, p.grad) for a, p in zip(before, model.parameters()))
+
+
+def test_clipping_inside_a_release_hook_is_allowed():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+
+    def clip_one(p):  # runs before release's own hook, registered later, steps and frees p.grad
+        torch.nn.utils.clip_grad_norm_(p, 1e-3)
+        norms.append(float(p.grad.norm()))
+
+    handles = [p.register_post_accumulate_grad_hook(clip_one) for p in model.parameters()]
+    with GradientRelease(opt):
         model(torch.randn(2, 5)).sum().backward()
         opt.step()
+    for h in handles:
+        h.remove()
+    assert len(norms) == 6 and all(n <= 1e-3 * (1 + 1e-5) for n in norms)
+
+
+@pytest.mark.parametrize("steps_before", [0, 1])
+def test_accumulation_is_refused_on_the_second_backward_of_a_step(steps_before):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with GradientRelease(opt):
+        for _ in range(steps_before):
+            model(torch.randn(2, 5)).sum().backward()
+            opt.step()
         model(torch.randn(2, 5)).sum().backward()
         with pytest.raises(ReleaseUnsupported, match="accumulation"):
             model(torch.randn(2, 5)).sum().backward()
@@ -157,3 +227,64 @@ def test_accumulation_is_refused():
 def test_lbfgs_is_refused():
     with pytest.raises(ReleaseUnsupported, match="LBFGS"):
         GradientRelease(torch.optim.LBFGS(_model().parameters()))
+
+
+def _train_changing(release, setup, steps=8, zero_kwargs=None, clear_module=False):
+    """A loop whose set-up changes while it trains: ``setup(i, model, opt)`` runs before step ``i``."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"a": nn.Linear(5, 8), "b": nn.Linear(8, 2), "c": nn.Linear(5, 2)})
+    model["b"].requires_grad_(False)
+    opt = torch.optim.AdamW(list(model["a"].parameters()) + list(model["b"].parameters()), lr=1e-2, weight_decay=0.1)
+    handle = enable_gradient_release(opt) if release else None
+    data = torch.randn(steps, 4, 5, generator=torch.Generator().manual_seed(1))
+    for i in range(steps):
+        setup(i, model, opt)
+        (model if clear_module else opt).zero_grad(**(zero_kwargs or {}))
+        x = data[i]
+        out = model["b"](model["a"](x).relu())
+        if i % 3 != 2:  # "c" is reached on two steps out of three only
+            out = out + model["c"](x)
+        out.square().mean().backward()
+        opt.step()
+    if handle:
+        handle.remove()
+    return model
+
+
+def _add_group(i, model, opt):
+    if i == 2:
+        opt.add_param_group({"params": list(model["c"].parameters()), "lr": 5e-3})
+
+
+def _unfreeze(i, model, opt):
+    if i == 3:
+        model["b"].requires_grad_(True)
+
+
+CHANGES = {
+    "add_param_group": (_add_group, None),
+    "unfrozen after set-up": (_unfreeze, None),
+    "both, set_to_none=False": (lambda i, m, o: (_add_group(i, m, o), _unfreeze(i, m, o)), {"set_to_none": False}),
+}
+BOTH = CHANGES["both, set_to_none=False"][0]
+
+
+def test_module_zero_grad_set_to_none_false_matches_the_plain_loop():
+    plain = _train_changing(False, BOTH, zero_kwargs={"set_to_none": False}, clear_module=True)
+    released = _train_changing(True, BOTH, zero_kwargs={"set_to_none": False}, clear_module=True)
+    other = _train_changing(False, BOTH, clear_module=True)  # set_to_none=True trains differently here
+    assert not torch.equal(plain["c"].weight, other["c"].weight)
+    for (key, a), (_, b) in zip(plain.named_parameters(), released.named_parameters()):
+        assert torch.equal(a, b), key
+
+
+@pytest.mark.parametrize("name", sorted(CHANGES))
+def test_parameters_added_or_unfrozen_after_set_up_are_stepped_as_in_the_plain_loop(name):
+    setup, zero_kwargs = CHANGES[name]
+    plain = _train_changing(False, setup, zero_kwargs=zero_kwargs)
+    released = _train_changing(True, setup, zero_kwargs=zero_kwargs)
+    untouched = _train_changing(False, lambda i, m, o: None)
+    for (key, a), (_, b) in zip(plain.named_parameters(), released.named_parameters()):
+        assert torch.equal(a, b), key
+    # the change mattered: without it, "b" and "c" would not have moved
+    assert not torch.equal(plain["c"].weight, untouched["c"].weight) or not torch.equal(plain["b"].weight, untouched["b"].weight)

@@ -42,7 +42,7 @@ def test_buggy_fixture_is_confirmed_on_its_marker(name, code, fixtures_dir, mark
 def test_correct_twin_shows_no_violation_at_all(name, fixtures_dir):
     tracer, outcome = trace_script(os.path.join(fixtures_dir, name))
     assert outcome.ok and tracer.steps == 5
-    for code, (violations, checked) in evaluate(tracer.events).items():
+    for code, (violations, _, _) in evaluate(tracer.events).items():
         assert violations == [], (code, violations)
 
 
@@ -158,5 +158,5 @@ def test_fixed_twin_of_a_buggy_script_shows_no_violation(name):
     """What ``gradlint --fix`` produces is right when it runs, not only when it is read."""
     tracer, outcome = trace_script(os.path.join(FIXTURES, "fixed", name))
     assert outcome.ok and tracer.steps == 5
-    for code, (violations, checked) in evaluate(tracer.events).items():
+    for code, (violations, _, _) in evaluate(tracer.events).items():
         assert violations == [], (code, violations)

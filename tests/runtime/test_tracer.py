@@ -105,3 +105,17 @@ def test_loss_factor_reads_the_constant_at_the_root():
     assert loss_factor(loss * x.sum()) == 1.0  # not a constant
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     assert loss_factor(scaler.scale(loss / 4), skip_first_scale=True) == 0.25
+
+
+def test_clipping_is_recorded_however_it_was_imported():
+    from torch.nn.utils import clip_grad_norm_  # bound before tracing, as at the top of a script
+    from torch.nn.utils.clip_grad import clip_grad_value_
+
+    model = nn.Linear(3, 1)
+    with Tracer() as tracer:
+        model(torch.randn(2, 3)).sum().backward()
+        clip_grad_norm_(model.parameters(), 1.0)  # calls get_total_norm and clip_grads_with_norm_ inside
+        clip_grad_value_(model.parameters(), 0.1)
+        torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    clips = [e.facts["fn"] for e in tracer.events if e.kind is EventKind.CLIP]
+    assert clips == ["clip_grad_norm_", "clip_grad_value_", "get_total_norm"]

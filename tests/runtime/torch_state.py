@@ -37,6 +37,8 @@ def torch_patch_points():
     from torch.nn.utils import clip_grad
     from torch.optim import lr_scheduler, optimizer
 
+    from gradlint.runtime.clipping import CLIPPING_FUNCTIONS
+
     return {
         "Tensor.backward": torch.Tensor.__dict__["backward"],
         "autograd.backward": torch.autograd.backward,
@@ -46,6 +48,10 @@ def torch_patch_points():
         "clip_grad_norm_": torch.nn.utils.clip_grad_norm_,
         "clip_grad.clip_grad_norm_": clip_grad.clip_grad_norm_,
         "clip_grad_value_": torch.nn.utils.clip_grad_value_,
+        "clipping functions": {
+            name: [c.cell_contents for c in getattr(clip_grad, attribute).__closure__ or ()]
+            for name, attribute in CLIPPING_FUNCTIONS.items()
+        },
         "GradScaler": {k: GradScaler.__dict__[k] for k in ("scale", "unscale_", "step", "update")},
         "LRScheduler.step": lr_scheduler.LRScheduler.__dict__["step"],
         "ReduceLROnPlateau.step": lr_scheduler.ReduceLROnPlateau.__dict__["step"],
