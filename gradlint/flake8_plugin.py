@@ -21,7 +21,7 @@ from typing import Any
 
 from gradlint import __version__
 from gradlint.config import narrow_selectors
-from gradlint.linter import check_module, might_fire, parse
+from gradlint.linter import check_module, cyclic_gc_paused, might_fire, parse
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError
 
@@ -52,12 +52,16 @@ class GradlintChecker:
         text = "".join(self.lines)
         if not might_fire(text, self.rules):
             return
-        try:
-            module = parse(text)
-        except SourceError as error:
-            yield 1, 0, f"GL000 gradlint could not check this file: {error}", type(self)
+        with cyclic_gc_paused():
+            try:
+                module = parse(text)
+            except SourceError as error:
+                module, failure = None, error
+            else:
+                result = check_module(module, self.filename, self.rules, text, noqa=False)
+        if module is None:
+            yield 1, 0, f"GL000 gradlint could not check this file: {failure}", type(self)
             return
-        result = check_module(module, self.filename, self.rules, text, noqa=False)
         if result.error:
             yield 1, 0, f"GL000 gradlint could not check this file: {result.error}", type(self)
         for finding in result.findings:

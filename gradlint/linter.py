@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import libcst as cst
 
@@ -96,6 +98,35 @@ def parse(text: str) -> cst.Module:
     return module
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Hold Python's cyclic garbage collector off while one file is parsed and checked; restored on the way out.
+
+    Parsing allocates hundreds of thousands of LibCST nodes, and every few
+    hundred allocations the collector would traverse the young ones again, and
+    every so often the whole growing heap: about a fifth of a file's time. The
+    tree holds no reference cycles, so reference counting frees it; cycles made
+    meanwhile are collected once the collector runs again.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def parse_and_check(text: str, path: str, rules: Sequence[type[Rule]]) -> FileResult:
+    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`)."""
+    with cyclic_gc_paused():
+        try:
+            module = parse(text)
+        except SourceError as error:
+            return FileResult(path, error=str(error))
+        return check_module(module, path, rules, text)
+
+
 def check_module(
     module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None, *, noqa: bool = True
 ) -> FileResult:
@@ -118,7 +149,7 @@ def check_module(
         except Exception as error:  # noqa: BLE001
             return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
     if findings and noqa:
-        suppressed = noqa_lines(text if text is not None else module.code)
+        suppressed = noqa_lines(text if text is not None else module.code, {f.line for f in findings})
         findings = [f for f in findings if not is_suppressed(f.code, f.line, suppressed)]
     return FileResult(path, sorted(set(findings)))
 
@@ -154,11 +185,7 @@ def lint_text(text: str, path: str = "<string>", config: Config | None = None, *
     rules = config.rules_for(path, ALL_RULES)
     if not rules or (prefilter and not might_fire(text, rules)):
         return FileResult(path)
-    try:
-        module = parse(text)
-    except SourceError as error:
-        return FileResult(path, error=str(error))
-    return check_module(module, path, rules, text)
+    return parse_and_check(text, path, rules)
 
 
 def lint_file(path: str, config: Config | None = None, *, prefilter: bool = True) -> FileResult:

@@ -68,6 +68,7 @@ class Positions:
         self._line_ranges: dict[int, tuple[dict[cst.CSTNode, CodeRange], int] | None] = {}
         self._pairs: dict[int, dict[int, ast.stmt]] = {}  # id(LibCST block) -> Python's statement per statement
         self._whole: dict[cst.CSTNode, CodeRange] | None = None
+        self._lines_agree: bool | None = None  # _no_lone_cr's answer, once known
         # Lines are counted on "\n"; an old Mac "\r" file goes through LibCST whole.
         self._by_statement = module.default_newline in ("\n", "\r\n")
 
@@ -118,8 +119,11 @@ class Positions:
         return self[node].start.line
 
     def _no_lone_cr(self) -> bool:
-        """Whether Python and LibCST count the same lines: no carriage return stands alone."""
-        return self.text is not None and "\r" not in self.text.replace("\r\n", "")
+        """Whether Python and LibCST count the same lines: no carriage return stands alone (decided once per module)."""
+        if self._lines_agree is None:
+            text = self.text
+            self._lines_agree = text is not None and text.count("\r") == text.count("\r\n")
+        return self._lines_agree
 
     def _in_line(self, node: cst.CSTNode) -> CodeRange | None:
         """The position of a node inside a statement line or a compound statement's header, from that code alone.

@@ -26,7 +26,7 @@ def call_of(name: str) -> "re.Pattern[str]":
     It matches every way a call can be written (``opt.step()``, ``opt.step (``,
     ``(loss.backward)()``) and skips the word in prose (``backward compatible``).
     """
-    return re.compile(re.escape(name) + r"(?:[\s\\)]|#[^\n]*)*\(")
+    return re.compile(re.escape(name) + r"(?:[\s\\)]|#[^\n]*(?![^\n]))*\(")
 
 
 def word(name: str) -> "re.Pattern[str]":
@@ -41,7 +41,7 @@ def word(name: str) -> "re.Pattern[str]":
 # under another name (``backward as bw``); a STEP is a call of ``step`` or
 # ``optimizer_step``. A scaler is known by a name or constructor containing
 # "scaler" in any case; that search is slow, so it goes last in a tuple.
-BACKWARD = re.compile(r"backward(?:[\s\\)]|#[^\n]*)*(?:\(|as(?!\w))")
+BACKWARD = re.compile(r"backward(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))")
 STEP = call_of("step")
 SCALER = re.compile("caler", re.IGNORECASE)
 

@@ -18,7 +18,7 @@ from gradlint.cache import Cache
 from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
-from gradlint.linter import check_module, might_fire, parse
+from gradlint.linter import might_fire, parse_and_check
 from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
@@ -100,11 +100,7 @@ def _stat(path: str) -> os.stat_result | None:
 
 def check_text(path: str, text: str, codes: tuple[str, ...]) -> FileResult:
     """Parse and check one file's text with the rules named by ``codes``."""
-    try:
-        module = parse(text)
-    except SourceError as error:
-        return FileResult(path, error=str(error))
-    return check_module(module, path, [RULES_BY_CODE[code] for code in codes], text)
+    return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes])
 
 
 def _check_one(task: tuple[str, str, tuple[str, ...], str | None]) -> FileResult:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import operator
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -200,7 +201,6 @@ def _is_factor(node: cst.BaseExpression) -> bool:
 # children, which made it the single largest cost of reading a big module.
 # ``children`` reads the same fields directly, in the order LibCST visits them
 # (its ``_visit_and_replace_children`` names each field as it visits it).
-_FIELD_ORDER: dict[type, tuple[str, ...] | None] = {}
 
 
 def _field_order(node_type: type) -> tuple[str, ...] | None:
@@ -219,22 +219,42 @@ def _field_order(node_type: type) -> tuple[str, ...] | None:
     return tuple(names) if names else None
 
 
+# Per node type, one C call that reads all its fields in visiting order (None: ask LibCST).
+_FIELD_READERS: dict[type, Callable[[cst.CSTNode], tuple[object, ...]] | None] = {}
+
+
+def _field_reader(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]] | None:
+    order = _field_order(node_type)
+    if order is None:
+        return None
+    if len(order) == 1:  # attrgetter of one name gives the value itself, not a tuple
+        name = order[0]
+        return lambda node: (getattr(node, name),)
+    return operator.attrgetter(*order)
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The direct children of a node in source order: LibCST's ``node.children``, read without rebuilding the node."""
     node_type = type(node)
-    if node_type not in _FIELD_ORDER:
-        _FIELD_ORDER[node_type] = _field_order(node_type)
-    order = _FIELD_ORDER[node_type]
-    if order is None:
+    try:
+        read = _FIELD_READERS[node_type]
+    except KeyError:
+        read = _FIELD_READERS[node_type] = _field_reader(node_type)
+    if read is None:
         return list(node.children)
+    node_types = _NODE_TYPES
     result: list[cst.CSTNode] = []
-    for name in order:
-        value = getattr(node, name)
+    for value in read(node):
         kind = type(value)
         if kind is tuple or kind is list:
-            result.extend([item for item in value if _is_node(item)])
-        elif _is_node(value):
-            result.append(value)
+            for item in value:
+                known = node_types.get(type(item))
+                if known or (known is None and _is_node(item)):
+                    result.append(item)
+        else:
+            known = node_types.get(kind)
+            if known or (known is None and _is_node(value)):
+                result.append(value)
     return result
 
 

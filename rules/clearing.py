@@ -266,13 +266,13 @@ def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
     return bool(_MICRO_LOOP_WORDS.search(header))
 
 
-# GL005's prefilter: ``p.grad`` or ``p.grad.data`` followed by ``.zero_``,
+# GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data`` followed by ``.zero_``,
 # ``.fill_``, ``.mul_`` or an assignment, with any blanks, ``)``, line
 # continuations or comments between; every form the model counts as zeroing
 # gradients in place.
-_GAP = r"(?:[\s\\)]|#[^\n]*)*"
+_GAP = r"(?:[\s\\)]|#[^\n]*(?![^\n]))*"
 GRAD_ZEROED_IN_PLACE = re.compile(
-    rf"grad(?<!\wgrad)(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?(?:\.{_GAP}(?:zero_|fill_|mul_)(?!\w)|=(?!=))"
+    rf"\.{_GAP}grad(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?(?:\.{_GAP}(?:zero_|fill_|mul_)(?!\w)|=(?!=))"
 )
 
 

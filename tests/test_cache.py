@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from fixture_markers import FIXTURES
 from gradlint import cache as cache_module
-from gradlint import runner
+from gradlint import linter, runner
 from gradlint.cache import Cache
 from gradlint.cli import main
 from gradlint.config import Config
@@ -31,13 +31,13 @@ for x in data:
 def parses(monkeypatch):
     """Count the files the runner parses."""
     seen: list[int] = []
-    real = runner.parse
+    real = linter.parse  # the runner parses through linter.parse_and_check
 
     def counting(text):
         seen.append(len(text))
         return real(text)
 
-    monkeypatch.setattr(runner, "parse", counting)
+    monkeypatch.setattr(linter, "parse", counting)
     return seen
 
 

@@ -124,3 +124,48 @@ def test_children_and_positions_match_libcst(name, source):
         fast = children(node)
         assert len(fast) == len(real) and all(a is b for a, b in zip(fast, real)), type(node).__name__
         assert positions[node] == expected[node], (type(node).__name__, module.code_for_node(node)[:60])
+
+
+def test_the_collector_is_paused_while_checking_and_restored_after(monkeypatch):
+    import gc
+
+    from gradlint import linter
+
+    seen = []
+    real_parse = linter.parse
+
+    def parse_watched(text):
+        seen.append(gc.isenabled())
+        return real_parse(text)
+
+    monkeypatch.setattr(linter, "parse", parse_watched)
+    assert gc.isenabled()
+    result = linter.lint_text("import torch\nfor x in data:\n    loss.backward()\n    opt.step()\n")
+    assert seen == [False] and gc.isenabled()
+    assert [f.code for f in result.findings] == ["GL001"]
+    assert linter.lint_text("loss.backward(\nopt.step()\n").error  # unparsable: the collector comes back all the same
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        linter.lint_text("loss.backward()\nopt.step()\n")
+        assert not gc.isenabled()  # a caller's own setting is left as it was
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize(
+    ("source", "asked", "expected"),
+    [
+        ("x = 1  # noqa: GL001\ny = 2\n", {1}, {1: frozenset({"GL001"})}),
+        ("x = 1  # noqa: GL001\ny = 2\n", {2}, {}),
+        ("x = 1\ny = 2  # NOQA\n", {2}, {2: frozenset({"*"})}),
+        ('s = """\n# noqa\n"""\n', {2}, {}),  # mentioned on the line, but inside a string: no comment
+    ],
+)
+def test_noqa_lines_asked_gives_the_full_answer_on_the_lines_asked(source, asked, expected):
+    from gradlint.noqa import noqa_lines
+
+    answer = noqa_lines(source, asked)
+    assert {line: codes for line, codes in answer.items() if line in asked} == expected
+    full = noqa_lines(source)
+    assert {line: codes for line, codes in full.items() if line in asked} == expected

@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from fixture_markers import FIXTURES, expected_findings, marker_fixtures
-from gradlint import runner
+from gradlint import linter, runner
 from gradlint.config import Config
 from gradlint.linter import lint_text, might_fire, needed_tokens
 from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
@@ -97,8 +97,8 @@ def test_tuple_tokens_need_all_their_parts():
 
 def test_files_the_prefilter_rejects_are_never_parsed(tmp_path, monkeypatch):
     parsed = []
-    real = runner.parse
-    monkeypatch.setattr(runner, "parse", lambda text: parsed.append(text) or real(text))
+    real = linter.parse  # the runner parses through linter.parse_and_check
+    monkeypatch.setattr(linter, "parse", lambda text: parsed.append(text) or real(text))
     for i in range(30):
         (tmp_path / f"model{i}.py").write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
     (tmp_path / "train.py").write_text("for x in data:\n    loss(x).backward()\n    opt.step()\n")
@@ -143,3 +143,12 @@ def test_prefilter_changes_nothing_on_real_packages(package_sources):
         rejected += 1
         assert outcome(lint_text(text, str(path), EVERY_RULE, prefilter=False)) == (None, []), path
     assert rejected > len(files) // 2
+
+
+def test_a_comment_of_many_hashes_after_a_dot_is_searched_quickly():
+    # The gap between tokens may hold a comment; read as a whole to the line's end,
+    # a comment of many "#" cannot make the search try every way of splitting it.
+    text = "x = y.  " + "#" * 200 + "\n" * 3 + "p.grad = None\n"
+    assert GRAD_ZEROED_IN_PLACE.search(text) is not None  # before: still searching after ten minutes
+    assert call_of("step").search("opt.step  " + "#" * 200 + "\n") is None
+    assert call_of("step").search("opt.step  # (\n") is None  # the "(" is inside the comment
