@@ -1,6 +1,7 @@
 """The rule catalogue: every rule, one module per family.
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
+- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL104)
 - ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 from gradlint.rule import Rule
+from gradlint.rules.accumulation import ClipPerMicroBatch
 from gradlint.rules.amp import BackwardWithoutScaler, ClipBeforeUnscale, ScalerWithoutUpdate, StepBypassesScaler
 from gradlint.rules.clearing import (
     GradsKeptAllocated,
@@ -33,6 +35,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ZeroGradInAccumulation,
     UnscaledAccumulatedLoss,
     GradsKeptAllocated,
+    ClipPerMicroBatch,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
