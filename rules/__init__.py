@@ -2,7 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008)
-- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL104)
+- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
 - ``distributed``: distributed data-parallel training (GL302)
@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from gradlint.rule import Rule
 from gradlint.rules.accumulation import ClipPerMicroBatch
-from gradlint.rules.amp import BackwardWithoutScaler, ClipBeforeUnscale, ScalerWithoutUpdate, StepBypassesScaler
+from gradlint.rules.amp import (
+    BackwardWithoutScaler,
+    ClipBeforeUnscale,
+    ScalerUnscalePerMicroBatch,
+    ScalerWithoutUpdate,
+    StepBypassesScaler,
+)
 from gradlint.rules.clearing import (
     GradsKeptAllocated,
     MissingZeroGrad,
@@ -40,6 +46,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     StepBypassesScaler,
     ClipBeforeUnscale,
     ScalerWithoutUpdate,
+    ScalerUnscalePerMicroBatch,
     GradScalerWithGradientRelease,
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
