@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from gradlint.rule import Rule
-from gradlint.rules.accumulation import ClipPerMicroBatch
+from gradlint.rules.accumulation import ClipPerMicroBatch, LossDividedTwice
 from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
@@ -42,6 +42,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     UnscaledAccumulatedLoss,
     GradsKeptAllocated,
     ClipPerMicroBatch,
+    LossDividedTwice,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

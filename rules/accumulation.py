@@ -11,12 +11,13 @@ from collections.abc import Iterator
 import libcst as cst
 
 from gradlint.events import EventKind
-from gradlint.findings import Severity
-from gradlint.frameworks import framework_settings
+from gradlint.findings import FixKind, Severity
+from gradlint.fixes.accumulation import drop_division
+from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.queries import Accumulation, accumulation, clears, exclusive, frames_inside, home_loop, leaves_before, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import dotted_name, keyword_arg, positional_args
+from gradlint.syntax import bool_literal, dotted_name, keyword_arg, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -188,3 +189,199 @@ def _where(model: LoopModel, acc: Accumulation) -> str:
     if acc.style == "guard":
         return f"under the accumulation guard at line {model.line(acc.frame.node)}"
     return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
+
+
+class LossDividedTwice(Rule):
+    """The loss is divided by the accumulation count by hand, and again by the framework it is handed to.
+
+    **Why it matters.** Some frameworks divide the loss by the number of
+    accumulated micro-batches themselves. accelerate's
+    ``Accelerator.backward`` computes ``loss = loss /
+    self.gradient_accumulation_steps`` before backpropagating (set by
+    ``Accelerator(gradient_accumulation_steps=N)``); Lightning's automatic
+    optimization divides what ``training_step`` returns by
+    ``trainer.accumulate_grad_batches`` (``ClosureResult`` in
+    ``loops/optimization/automatic.py``); DeepSpeed's ``engine.backward``
+    divides by the config's ``gradient_accumulation_steps`` unless called
+    with ``scale_wrt_gas=False``. Dividing by N as well makes every step N
+    times too small: the learning rate is secretly divided by N, and
+    nothing fails.
+
+    **Fix.** Hand the framework the undivided loss.
+
+    **Bad**::
+
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss / args.accum
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the divisor is not visibly the count the framework
+    uses: the same expression as the module's ``Accelerator(
+    gradient_accumulation_steps=...)``, ``Trainer(accumulate_grad_batches=...)``
+    or DeepSpeed config ``"gradient_accumulation_steps"`` (a literal 1 does
+    not count), or the framework's own ``accelerator.gradient_accumulation_steps``,
+    ``engine.gradient_accumulation_steps()`` or
+    ``self.trainer.accumulate_grad_batches``; the ``Accelerator`` is built
+    elsewhere, configured through a plugin or the environment; a DeepSpeed
+    config is read from a file; ``engine.backward(loss, scale_wrt_gas=False)``;
+    the LightningModule sets ``automatic_optimization = False``; the backward
+    belongs to a transformers ``Trainer`` subclass (its accelerator is built
+    with ``num_steps=1`` and the Trainer divides by itself). The fix (unsafe:
+    it changes every step's size) drops the division.
+    """
+
+    code = "GL007"
+    name = "loss-divided-twice"
+    summary = "the loss is divided by the accumulation count by hand and again by the framework"
+    severity = Severity.ERROR
+    fix = FixKind.UNSAFE
+    needs = ("gradient_accumulation_steps", "accumulate_grad_batches")
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        settings = framework_settings(model)
+        trainer_methods = {id(f) for cls in settings.hf_trainers for f in _methods(cls)}
+        for root in model.roots:
+            if id(root.node) in trainer_methods:
+                continue
+            for backward in root.events_of(EventKind.BACKWARD):
+                if backward.call_chain or backward.framework not in ("accelerate", "deepspeed"):
+                    continue
+                yield from self._framework_backward(model, root, backward, settings)
+        for cls in settings.lightning_modules:
+            yield from self._lightning(model, cls, settings)
+
+    def _framework_backward(self, model: LoopModel, root: Root, backward: Event, settings: FrameworkSettings) -> Iterator[Report]:
+        call = backward.node
+        if not isinstance(call, cst.Call) or backward.loss is None:
+            return
+        owner = dotted_name(receiver(call))
+        if backward.framework == "accelerate":
+            counts = settings.accelerator_counts
+            framework = f"`{model.code(call.func)}` divides it again (`Accelerator(gradient_accumulation_steps=...)`)"
+        else:
+            wrt_gas = keyword_arg(call, "scale_wrt_gas")
+            if wrt_gas is not None and bool_literal(wrt_gas.value) is not True:
+                return
+            counts = settings.deepspeed_counts
+            framework = f"`{model.code(call.func)}` divides it again (the DeepSpeed config's `gradient_accumulation_steps`)"
+        position = model.position(call)[:2]
+        for division, divisor in _divisions(model, root.node, backward.loss, position):
+            if _matches(model, divisor, counts) or _own_count(divisor, owner, backward.framework):
+                yield _report(model, division, divisor, framework)
+
+    def _lightning(self, model: LoopModel, cls: cst.ClassDef, settings: FrameworkSettings) -> Iterator[Report]:
+        if _manual_optimization(cls):
+            return
+        step = next((f for f in _methods(cls) if f.name.value == "training_step"), None)
+        if step is None:
+            return
+        framework = "Lightning's automatic optimization divides it again by `accumulate_grad_batches`"
+        for node in walk(step):
+            if not isinstance(node, cst.Return) or node.value is None:
+                continue
+            value = node.value
+            if isinstance(value, cst.Dict):
+                value = next((e.value for e in value.elements if isinstance(e, cst.DictElement) and _is_key(e.key, "loss")), None)
+                if value is None:
+                    continue
+            for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
+                if _matches(model, divisor, settings.lightning_counts) or dotted_name(divisor) == "self.trainer.accumulate_grad_batches":
+                    yield _report(model, division, divisor, framework)
+
+
+def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str) -> Report:
+    return Report(
+        division,
+        f"the loss is divided by `{model.code(divisor)}` here and {framework}: each step is that many times too small",
+        fix=drop_division(model, division),
+    )
+
+
+def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, before: tuple[int, int]) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
+    """Where ``loss`` was divided on its way to ``before``: ``(division, divisor)`` pairs.
+
+    The loss itself (``backward(loss / n)``), or the last assignment to its
+    name before that position in the same function (``loss = x / n``,
+    ``loss /= n``).
+    """
+    if _is_division(loss):
+        return [(loss, loss.right)]
+    name = dotted_name(loss)
+    if name is None:
+        return []
+    last: tuple[tuple[int, int], cst.CSTNode] | None = None
+    for node in walk(scope):
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            pass
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
+            pass
+        else:
+            continue
+        at = model.position(node)[:2]
+        if at < before and (last is None or at > last[0]):
+            last = (at, node)
+    if last is None:
+        return []
+    node = last[1]
+    if isinstance(node, cst.AugAssign):
+        return [(node, node.value)] if isinstance(node.operator, cst.DivideAssign) else []
+    value = node.value
+    return [(value, value.right)] if value is not None and _is_division(value) else []
+
+
+def _is_division(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide)
+
+
+def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.BaseExpression]) -> bool:
+    """Whether the divisor is written as one of the framework's accumulation settings (one that may exceed 1)."""
+    text = model.code(divisor)
+    return any(counts_more_than_one(c) and model.code(c) == text for c in counts)
+
+
+def _own_count(divisor: cst.BaseExpression, owner: str | None, framework: str | None) -> bool:
+    """``accelerator.gradient_accumulation_steps`` / ``engine.gradient_accumulation_steps()`` of the object that backpropagates."""
+    if owner is None:
+        return False
+    if framework == "accelerate":
+        return dotted_name(divisor) == f"{owner}.gradient_accumulation_steps"
+    return isinstance(divisor, cst.Call) and not divisor.args and dotted_name(divisor.func) == f"{owner}.gradient_accumulation_steps"
+
+
+def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+
+def _manual_optimization(cls: cst.ClassDef) -> bool:
+    """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property)."""
+    for function in _methods(cls):
+        if function.name.value == "automatic_optimization":
+            return True
+        for node in walk(function):
+            if isinstance(node, cst.Assign) and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
+                if bool_literal(node.value) is not True:
+                    return True
+    return False
+
+
+def _is_key(node: cst.BaseExpression, key: str) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == key
