@@ -13,6 +13,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.accumulation import drop_division
+from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.queries import Accumulation, accumulation, clears, exclusive, frames_inside, home_loop, leaves_before, steps_with_loops
@@ -320,7 +321,8 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
 
     The loss itself (``backward(loss / n)``), or the last assignment to its
     name before that position in the same function (``loss = x / n``,
-    ``loss /= n``).
+    ``loss /= n``), when it is written in a block that holds the use: one in
+    a branch of its own may not run on the way there.
     """
     if _is_division(loss):
         return [(loss, loss.right)]
@@ -338,13 +340,25 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)
-    if last is None:
+    if last is None or not _on_the_way(model.module, last[1], loss):
         return []
     node = last[1]
     if isinstance(node, cst.AugAssign):
         return [(node, node.value)] if isinstance(node.operator, cst.DivideAssign) else []
     value = node.value
     return [(value, value.right)] if value is not None and _is_division(value) else []
+
+
+def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
+    """Whether ``use`` lies in the block that holds ``assignment`` (not in another branch of an ``if``)."""
+    table = parents(module)
+    block = table.get(assignment)
+    while block is not None and not isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module)):
+        block = table.get(block)
+    node: cst.CSTNode | None = use
+    while node is not None and node is not block:
+        node = table.get(node)
+    return node is not None
 
 
 def _is_division(node: cst.CSTNode) -> bool:
