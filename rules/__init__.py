@@ -2,6 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008)
+- ``parameters``: which parameters an optimizer holds (GL009)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
@@ -26,6 +27,7 @@ from gradlint.rules.clearing import (
     ZeroGradBetweenBackwardAndStep,
     ZeroGradInAccumulation,
 )
+from gradlint.rules.parameters import OptimizerOverFrozenParams
 from gradlint.rules.distributed import AccumulationWithoutNoSync
 from gradlint.rules.release import (
     AccumulationWithGradientRelease,
@@ -43,6 +45,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradsKeptAllocated,
     ClipPerMicroBatch,
     LossDividedTwice,
+    OptimizerOverFrozenParams,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
