@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from gradlint.rule import Rule
-from gradlint.rules.accumulation import ClipPerMicroBatch, LossDividedTwice
+from gradlint.rules.accumulation import ClipPerMicroBatch, LossDividedTwice, NumItemsInBatchIgnored
 from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
@@ -45,6 +45,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradsKeptAllocated,
     ClipPerMicroBatch,
     LossDividedTwice,
+    NumItemsInBatchIgnored,
     OptimizerOverFrozenParams,
     BackwardWithoutScaler,
     StepBypassesScaler,

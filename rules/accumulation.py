@@ -18,7 +18,7 @@ from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framewo
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.queries import Accumulation, accumulation, clears, exclusive, frames_inside, home_loop, leaves_before, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import bool_literal, dotted_name, keyword_arg, positional_args, receiver, walk
+from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -399,3 +399,187 @@ def _manual_optimization(cls: cst.ClassDef) -> bool:
 
 def _is_key(node: cst.BaseExpression, key: str) -> bool:
     return isinstance(node, cst.SimpleString) and node.evaluated_value == key
+
+
+class NumItemsInBatchIgnored(Rule):
+    """A transformers ``Trainer`` subclass overrides ``compute_loss`` with a token-mean loss and ignores ``num_items_in_batch``.
+
+    **Why it matters.** Under gradient accumulation the right loss is the
+    sum over every token of the accumulated micro-batches divided by their
+    total number of tokens. The mean of each micro-batch's own token mean
+    weighs a token of a short (heavily padded) micro-batch more than one of
+    a long micro-batch: the bug transformers fixed in late 2024 by passing
+    ``num_items_in_batch`` (the tokens of the whole accumulated batch) to
+    ``compute_loss``. An override that accepts the argument and returns
+    ``cross_entropy(...)`` with the default mean reduction brings the bug
+    back; and when the model accepts loss keyword arguments the Trainer
+    takes the loss as already normalised and no longer divides it by the
+    accumulation steps (``training_step``'s ``loss_is_scaled_for_ga``).
+
+    **Fix.** Sum the per-token losses and divide by ``num_items_in_batch``
+    when it is given (keep the mean when it is None, outside training).
+
+    **Bad**::
+
+        from transformers import Trainer
+
+
+        class LMTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                outputs = model(**inputs)
+                logits = outputs.logits[..., :-1, :]
+                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100)
+                return (loss, outputs) if return_outputs else loss
+
+    **Good**::
+
+        from transformers import Trainer
+
+
+        class LMTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                outputs = model(**inputs)
+                logits = outputs.logits[..., :-1, :]
+                reduction = "sum" if num_items_in_batch is not None else "mean"
+                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100, reduction=reduction)
+                if num_items_in_batch is not None:
+                    loss = loss / num_items_in_batch
+                return (loss, outputs) if return_outputs else loss
+
+    **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
+    or calls ``super().compute_loss``; its signature has no
+    ``num_items_in_batch``; the returned loss is not visibly a mean
+    cross-entropy (a model's own ``outputs.loss``, a custom loss function,
+    ``reduction="sum"``); nothing shows the mean is over tokens whose number
+    varies per batch (no ``ignore_index``, no ``-100`` labels, no shifted
+    labels, no ``vocab_size``: a classification loss over a fixed number of
+    examples per batch is fine); the class does not derive from
+    ``transformers.Trainer`` or ``Seq2SeqTrainer`` in this module.
+    """
+
+    code = "GL008"
+    name = "num-items-in-batch-ignored"
+    summary = "a Trainer's compute_loss returns a token mean and ignores num_items_in_batch"
+    severity = Severity.ERROR
+    fix = None  # the normalisation depends on how the loss is built
+    needs = (("compute_loss", "num_items_in_batch"),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for cls in framework_settings(model).hf_trainers:
+            function = next((f for f in _methods(cls) if f.name.value == "compute_loss"), None)
+            if function is None:
+                continue
+            parameter = _parameter(function, "num_items_in_batch")
+            if parameter is None or _uses_name(function, "num_items_in_batch") or _calls_super(function, "compute_loss"):
+                continue
+            for loss in _returned_losses(model, function):
+                if _is_mean_cross_entropy(model, function, loss) and _over_tokens(function):
+                    yield Report(
+                        parameter.name,
+                        f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
+                        f"mean over this micro-batch's tokens (line {model.line(loss)}): under gradient accumulation a "
+                        f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
+                        f"by `num_items_in_batch`",
+                    )
+                    break
+
+
+def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
+    params = function.params
+    return next((p for p in (*params.params, *params.kwonly_params) if p.name.value == name), None)
+
+
+def _uses_name(function: cst.FunctionDef, name: str) -> bool:
+    body = function.body
+    return any(isinstance(node, cst.Name) and node.value == name for node in walk(body, into_lambdas=True))
+
+
+def _calls_super(function: cst.FunctionDef, method: str) -> bool:
+    for node in walk(function.body):
+        if isinstance(node, cst.Call) and callee_name(node) == method and isinstance(node.func, cst.Attribute):
+            owner = node.func.value
+            if isinstance(owner, cst.Call) and dotted_name(owner.func) == "super":
+                return True
+    return False
+
+
+def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved."""
+    found: list[cst.BaseExpression] = []
+    for node in walk(function.body):
+        if not isinstance(node, cst.Return) or node.value is None:
+            continue
+        pending = [node.value]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, cst.IfExp):
+                pending.extend((value.body, value.orelse))
+            elif isinstance(value, cst.Tuple) and value.elements:
+                pending.append(value.elements[0].value)
+            else:
+                resolved = _last_value(model, function, value, model.position(node)[:2])
+                if resolved is not None:
+                    found.append(resolved)
+    return found
+
+
+def _last_value(model: LoopModel, function: cst.FunctionDef, value: cst.BaseExpression, before: tuple[int, int]) -> cst.BaseExpression | None:
+    """``value`` itself, or for a name the value of its last assignment before ``before`` in the same block path."""
+    name = dotted_name(value)
+    if name is None or not isinstance(value, cst.Name):
+        return value
+    last: tuple[tuple[int, int], cst.Assign] | None = None
+    for node in walk(function.body):
+        if isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
+            return None  # changed in place or annotated: not followed
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            at = model.position(node)[:2]
+            if at < before and (last is None or at > last[0]):
+                last = (at, node)
+    if last is None or not _on_the_way(model.module, last[1], value):
+        return None
+    return last[1].value
+
+
+_MEAN_LOSSES = {"cross_entropy", "nll_loss"}
+_MEAN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
+
+
+def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression) -> bool:
+    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction."""
+    if not isinstance(loss, cst.Call):
+        return False
+    name = callee_name(loss)
+    if name in _MEAN_LOSSES:
+        return _reduces_by_mean(loss)
+    if isinstance(loss.func, cst.Call) and callee_name(loss.func) in _MEAN_LOSS_CLASSES:
+        return _reduces_by_mean(loss.func)
+    if isinstance(loss.func, cst.Name):
+        built = _last_value(model, function, loss.func, model.position(loss)[:2])
+        return isinstance(built, cst.Call) and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
+    return False
+
+
+def _reduces_by_mean(call: cst.Call) -> bool:
+    reduction = keyword_arg(call, "reduction")
+    if reduction is None:
+        return not any(a.star for a in call.args)
+    return isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "mean"
+
+
+def _over_tokens(function: cst.FunctionDef) -> bool:
+    """Whether the loss is visibly over tokens whose number varies: ``ignore_index``, ``-100``, shifted labels, ``vocab_size``."""
+    for node in walk(function.body, into_lambdas=True):
+        if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "ignore_index":
+            return True
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and number(node.expression) == 100:
+            return True
+        if isinstance(node, cst.Name) and node.value in ("vocab_size", "shift_labels", "shift_logits"):
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value == "vocab_size":
+            return True
+        if isinstance(node, cst.Slice) and (number(node.lower) == 1 if node.lower is not None else False):
+            return True
+    return False
