@@ -1,12 +1,13 @@
-"""What a module shows about the frameworks that account for gradient accumulation themselves.
+"""What a module shows about the frameworks around its training loop.
 
 accelerate's ``Accelerator(gradient_accumulation_steps=N)``, Lightning's
 ``Trainer(accumulate_grad_batches=N)`` and a DeepSpeed config with
 ``"gradient_accumulation_steps": N`` each divide the loss by N inside the
 framework. The rules about accumulation need to know which of these
 settings a module makes, and which classes subclass ``LightningModule`` or
-transformers' ``Trainer``. One walk of the module answers, only for the
-files whose text names such a setting (the rules' prefilters see to that).
+transformers' ``Trainer``, and where ``DistributedDataParallel`` wraps a
+model. One walk of the module answers, only for the files whose text names
+such a setting (the rules' prefilters see to that).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _HF_TRAINER = {
     "transformers.trainer_seq2seq.Seq2SeqTrainer",
 }
 _DEEPSPEED_INITIALIZE = {"deepspeed.initialize"}
+_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 
 
 @dataclasses.dataclass
@@ -61,6 +63,8 @@ class FrameworkSettings:
     deepspeed_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
     lightning_modules: list[cst.ClassDef] = dataclasses.field(default_factory=list)
     hf_trainers: list[cst.ClassDef] = dataclasses.field(default_factory=list)
+    # Every ``DistributedDataParallel(...)`` construction.
+    ddp_wraps: list[cst.Call] = dataclasses.field(default_factory=list)
 
 
 _last: tuple[cst.Module, FrameworkSettings] | None = None
@@ -118,6 +122,8 @@ def _read(module: cst.Module) -> FrameworkSettings:
             arg = keyword_arg(call, "accumulate_grad_batches")
             if arg is not None:
                 settings.lightning_counts.append(arg.value)
+        elif names & _DDP:
+            settings.ddp_wraps.append(call)
         elif names & _DEEPSPEED_INITIALIZE:
             for keyword in ("config", "config_params"):
                 arg = keyword_arg(call, keyword)

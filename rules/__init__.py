@@ -6,7 +6,7 @@
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302)
+- ``distributed``: distributed data-parallel training (GL302, GL303)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from gradlint.rules.clearing import (
     ZeroGradInAccumulation,
 )
 from gradlint.rules.parameters import OptimizerOverFrozenParams
-from gradlint.rules.distributed import AccumulationWithoutNoSync
+from gradlint.rules.distributed import AccumulationWithoutNoSync, DdpModelChangedAfterWrap
 from gradlint.rules.release import (
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
@@ -58,6 +58,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradientReleaseCandidate,
     SchedulerStepsPerMicroBatch,
     AccumulationWithoutNoSync,
+    DdpModelChangedAfterWrap,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}
