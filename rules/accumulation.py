@@ -73,7 +73,7 @@ class ClipPerMicroBatch(Rule):
     code = "GL006"
     name = "clip-per-micro-batch"
     summary = "gradients are clipped on every micro-batch of an accumulation, or after the step that used them"
-    severity = Severity.ERROR
+    severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
     needs = ((BACKWARD, STEP, "clip"),)
 
@@ -252,7 +252,7 @@ class LossDividedTwice(Rule):
     code = "GL007"
     name = "loss-divided-twice"
     summary = "the loss is divided by the accumulation count by hand and again by the framework"
-    severity = Severity.ERROR
+    severity = Severity.WARNING
     fix = FixKind.UNSAFE
     needs = ("gradient_accumulation_steps", "accumulate_grad_batches")
 
@@ -462,7 +462,7 @@ class NumItemsInBatchIgnored(Rule):
     code = "GL008"
     name = "num-items-in-batch-ignored"
     summary = "a Trainer's compute_loss returns a token mean and ignores num_items_in_batch"
-    severity = Severity.ERROR
+    severity = Severity.WARNING
     fix = None  # the normalisation depends on how the loss is built
     needs = (("compute_loss", "num_items_in_batch"),)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 import libcst as cst
@@ -15,7 +16,7 @@ from gradlint.rule import STEP, Report, Rule
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
 
 # Calls on a frozen model that leave its parameters as they are.
-_HARMLESS_METHODS = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16"})
+_HARMLESS_METHODS: frozenset[str] = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16"})
 
 
 class OptimizerOverFrozenParams(Rule):
@@ -54,7 +55,11 @@ class OptimizerOverFrozenParams(Rule):
 
     **Stays quiet when** the module unfreezes anything anywhere
     (``requires_grad = True``, ``requires_grad_()``, a flag that is not a
-    literal False: a helper such as ``set_requires_grad(nets, flag)``); the
+    literal False: a helper such as ``set_requires_grad(nets, flag)``) or
+    calls anything named like unfreezing (``unfreeze``, ``thaw``,
+    ``make_trainable``); after the optimizer, the same function hands the
+    model to code this module does not define or calls a method of it that
+    may change it (gradual unfreezing elsewhere); the
     freezing and the optimizer are not in the same block, or the freezing is
     under a condition; between the two the model (or a part of it) is
     assigned anew or handed to other code (``model.fc = nn.Linear(...)``,
@@ -74,9 +79,10 @@ class OptimizerOverFrozenParams(Rule):
         if _unfreezes_anything(model.module):
             return
         stepped = [e.target for root in model.roots for e in root.events_of(EventKind.STEP) if e.target]
+        local = {n.name.value for n in _statements(model.module) if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
         for block in _blocks(model.module):
             frozen: dict[str, cst.CSTNode] = {}
-            for statement in block:
+            for position, statement in enumerate(block):
                 name = _frozen_by(statement)
                 if name is not None:
                     frozen[name] = statement
@@ -85,7 +91,9 @@ class OptimizerOverFrozenParams(Rule):
                 if built is not None:
                     optimizer, call, source = built
                     freeze = _frozen_holder(frozen, source)
-                    if freeze is not None and any(same_object(optimizer, s) for s in stepped):
+                    if freeze is None or not any(same_object(optimizer, s) for s in stepped):
+                        continue
+                    if not _handed_away(source.split(".", 1)[0], block[position + 1 :], local):
                         yield Report(
                             call,
                             f"`{optimizer}` is built over `{source}.parameters()`, frozen at line "
@@ -95,6 +103,37 @@ class OptimizerOverFrozenParams(Rule):
                     continue
                 if frozen:
                     _forget_touched(frozen, statement)
+
+
+# Callees that may switch gradients back on (gradual unfreezing helpers, Lightning's finetuning callbacks).
+_UNFREEZING = re.compile(r"unfreeze|thaw|trainable|set_requires_grad|requires_grad$", re.IGNORECASE)
+# Methods of a model that leave ``requires_grad`` alone.
+_KEEPS_FROZEN = _HARMLESS_METHODS | {"parameters", "named_parameters", "state_dict", "zero_grad", "forward", "modules", "named_modules"}
+
+
+def _handed_away(model_name: str, later: Sequence[cst.CSTNode], local: set[str]) -> bool:
+    """Whether code after the optimizer hands the model to code this module does not show, or calls an unknown method of it."""
+    for statement in later:
+        for node in walk(statement, into_lambdas=True):
+            if not isinstance(node, cst.Call):
+                continue
+            if isinstance(node.func, cst.Attribute) and dotted_name(node.func.value) is not None:
+                if dotted_name(node.func.value).split(".", 1)[0] == model_name and node.func.attr.value not in _KEEPS_FROZEN:
+                    return True
+            passes_model = any((dotted_name(arg.value) or "").split(".", 1)[0] == model_name for arg in node.args)
+            if passes_model and callee_name(node) not in local:
+                return True
+    return False
+
+
+def _statements(module: cst.Module) -> Iterator[cst.CSTNode]:
+    """Every statement-level node of the module, nested ones included (expressions are not entered)."""
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        yield node
+        if type(node) not in TRIVIA and not isinstance(node, cst.BaseExpression):
+            stack.extend(children(node))
 
 
 def _blocks(module: cst.Module) -> Iterator[Sequence[cst.CSTNode]]:
@@ -120,6 +159,8 @@ def _unfreezes_anything(module: cst.Module) -> bool:
         elif isinstance(node, cst.AugAssign) and _is_requires_grad(node.target):
             return True
         elif isinstance(node, cst.Call) and callee_name(node) == "requires_grad_" and not _freezes(node):
+            return True
+        elif isinstance(node, cst.Call) and _UNFREEZING.search(callee_name(node) or ""):
             return True
         if type(node) not in TRIVIA:
             stack.extend(children(node))
