@@ -1,4 +1,4 @@
-"""Rules about mixed precision with a ``GradScaler`` (GL101–GL104)."""
+"""Rules about mixed precision with a ``GradScaler`` (GL101–GL105)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
-from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
+from gradlint.queries import (
+    Accumulation,
+    accumulation,
+    backwards_reaching,
+    exclusive,
+    frames_inside,
+    innermost_loop,
+    leaves_before,
+    region,
+    same_object,
+    stepping_loop,
+    steps_with_loops,
+)
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import dotted_name, receiver
 
@@ -249,3 +261,112 @@ class ScalerWithoutUpdate(Rule):
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
                 )
+
+
+class ScalerUnscalePerMicroBatch(Rule):
+    """``scaler.unscale_(optimizer)`` or ``scaler.update()`` runs on micro-batches that do not step.
+
+    **Why it matters.** A ``GradScaler`` expects one ``unscale_`` per
+    optimizer and one ``update()`` per optimizer step. torch's
+    ``GradScaler.unscale_`` raises ``RuntimeError: unscale_() has already
+    been called on this optimizer since the last update()`` on the second
+    micro-batch of an accumulation; if ``update()`` runs on every micro-batch
+    too, nothing raises but the gradients already unscaled are summed with
+    new, scaled ones, and the scale changes in the middle of the
+    accumulation. ``update()`` alone on a micro-batch that neither stepped
+    nor unscaled fails with ``No inf checks were recorded prior to
+    update.``
+
+    **Fix.** Unscale (and clip) and update under the same guard as
+    ``scaler.step(optimizer)``: ``unscale_`` right before the clip,
+    ``update()`` right after the step.
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(loss_fn(model(x), y) / accum).backward()
+            scaler.unscale_(optimizer)
+            if (i + 1) % accum == 0:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                scaler.unscale_(optimizer)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the optimizer is not stepped through the same
+    scaler; the unscale or update sits under an accumulation guard, in the
+    other branch of the step's ``if``, or leaves the loop before the step
+    (a skipped batch). The fix moves a per-micro-batch ``update()`` that is a
+    statement of its own in a block around the step to right after the step;
+    a per-micro-batch ``unscale_`` is not moved, since the clipping that
+    reads the unscaled gradients has to move with it.
+    """
+
+    code = "GL105"
+    name = "scaler-unscale-per-micro-batch"
+    summary = "scaler.unscale_() or scaler.update() runs on micro-batches that do not step the optimizer"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP, call_of("unscale_"), SCALER), (BACKWARD, STEP, call_of("update"), SCALER))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            seen: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.via_scaler is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None:
+                    continue
+                region_frame = loop if acc.style == "guard" else acc.frame
+                for event in root.events_in(region_frame):
+                    if id(event) in seen or not _belongs_to(event, step):
+                        continue
+                    if not _runs_every_micro_batch(event, loop, acc) or leaves_before(event, step) or exclusive(event, step):
+                        continue
+                    seen.add(id(event))
+                    yield self._report(model, event, step, acc)
+
+    def _report(self, model: LoopModel, event: Event, step: Event, acc: Accumulation) -> Report:
+        where = _accumulation_place(model, acc)
+        if event.kind is EventKind.UNSCALE:
+            return Report(
+                event.node,
+                f"`{model.code(event.node)}` runs on every micro-batch but `{step.via_scaler}.step({step.target})` only "
+                f"runs {where}: the second micro-batch raises `unscale_() has already been called on this optimizer "
+                f"since the last update()`; unscale once, right before clipping and the step",
+            )
+        return Report(
+            event.node,
+            f"`{model.code(event.node)}` runs on every micro-batch but `{step.via_scaler}.step({step.target})` only "
+            f"runs {where}: the loss scale changes in the middle of the accumulation (and with nothing unscaled it "
+            f"raises); update once, right after the step",
+            fix=fixes.move_update_after_step(model, event, step),
+        )
+
+
+def _belongs_to(event: Event, step: Event) -> bool:
+    """An ``unscale_`` of the stepped optimizer through the step's scaler, or an ``update()`` of that scaler."""
+    if event.kind is EventKind.UNSCALE:
+        return same_object(event.via_scaler, step.via_scaler) and (event.target is None or same_object(event.target, step.target))
+    return event.kind is EventKind.SCALER_UPDATE and same_object(event.target, step.via_scaler)
+
+
+def _runs_every_micro_batch(event: Event, loop, acc: Accumulation) -> bool:
+    if acc.style == "guard":
+        return not any(f.accumulation for f in frames_inside(event, loop))
+    return event.inside(acc.frame)
+
+
+def _accumulation_place(model: LoopModel, acc: Accumulation) -> str:
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
