@@ -381,15 +381,19 @@ class EventBuilder:
 
     def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
         args = positional_args(call)
-        if method == "manual_backward":
-            return {"framework": "lightning", "normalised": True, "loss": args[0].value if args else None}
+        if method == "manual_backward":  # Lightning's manual optimization: a plain backward (AMP scaling aside), nothing divided
+            loss = args[0].value if args else None
+            return {"framework": "lightning", "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         if method is None:  # torch.autograd.backward(loss)
             loss = args[0].value if args else None
             return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         recv_last = last_name(recv_name or "")
         if args and (recv_last in _FRAMEWORK_BACKWARD or self._kind(recv_name) is ObjKind.ACCELERATOR):
             framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
-            return {"framework": framework, "normalised": True, "loss": args[0].value}
+            loss = args[0].value
+            if framework == "fabric":  # Fabric.backward divides by nothing: Fabric has no accumulation setting
+                return {"framework": framework, "normalised": self._normalised(loss, scope), "loss": loss}
+            return {"framework": framework, "normalised": True, "loss": loss}
         scaled = False
         recv = _uncast(recv)
         loss = recv

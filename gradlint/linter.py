@@ -97,14 +97,22 @@ def parse(text: str) -> cst.Module:
 
 
 def check_module(
-    module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None, *, noqa: bool = True
+    module: cst.Module,
+    path: str,
+    rules: Sequence[type[Rule]],
+    text: str | None = None,
+    *,
+    noqa: bool = True,
+    per_batch: Iterable[str] | None = None,
 ) -> FileResult:
     """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule.
 
     ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
+    ``per_batch`` names the functions the run calls once per batch (:mod:`gradlint.project_index`);
+    None: the module alone is the run, its own loops decide.
     """
     try:
-        model = build_model(module, text)
+        model = build_model(module, text, per_batch)
     except RecursionError:  # LibCST writes code back out recursively
         return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run

@@ -61,6 +61,7 @@ class Frame:
     count: cst.BaseExpression | None = None
     context: str | None = None  # WITH: "no_sync", "accumulate", "autocast"
     exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
+    called_by: str | None = None  # LOOP over a whole function: who runs it once per batch (for messages)
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""

@@ -15,7 +15,7 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import dotted_name, walk
+from gradlint.syntax import callee_name, dotted_name, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -70,6 +70,13 @@ def home_loop(root: Root, step: Event) -> Frame | None:
         if EventKind.BACKWARD in root.kinds_in(loop):
             return loop
     return None
+
+
+def loop_phrase(model: LoopModel, loop: Frame) -> str:
+    """Where a training loop is, for messages: its line, or the function that is one iteration of it."""
+    if loop.called_by is not None and isinstance(loop.node, cst.FunctionDef):
+        return f"in `{loop.node.name.value}` at line {model.line(loop.node.name)} ({loop.called_by})"
+    return f"in the loop at line {model.line(loop.node)}"
 
 
 def innermost_loop(event: Event) -> Frame | None:
@@ -233,7 +240,21 @@ def rebuilt_in(loop: Frame, name: str | None) -> bool:
         return False
     for node in walk(loop.node.body):
         if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
-            return True
-        if isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
-            return True
+            value = node.value
+        elif isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
+            value = node.value
+        else:
+            continue
+        if loop.called_by is not None and _fetches_optimizer(value):
+            continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
+        return True
     return False
+
+
+def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
+    """``self.optimizer``, ``self.optimizers()``, ``self.optimizers()[0]``: the existing optimizer, not a new one."""
+    if isinstance(value, cst.Subscript):
+        value = value.value
+    if isinstance(value, cst.Call) and callee_name(value) == "optimizers":
+        return True
+    return isinstance(value, (cst.Name, cst.Attribute))

@@ -19,6 +19,7 @@ from gradlint.queries import (
     frames_inside,
     innermost_loop,
     leaves_before,
+    loop_phrase,
     region,
     same_object,
     stepping_loop,
@@ -257,7 +258,7 @@ class ScalerWithoutUpdate(Rule):
                     continue
                 yield Report(
                     step.node,
-                    f"`{step.via_scaler}.step({step.target})` runs in the loop at line {model.line(loop.node)} "
+                    f"`{step.via_scaler}.step({step.target})` runs {loop_phrase(model, loop)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
                 )

@@ -19,6 +19,7 @@ from gradlint.queries import (
     clears_between_backward_and_step,
     frames_inside,
     leaves_before,
+    loop_phrase,
     param_sources,
     rebuilt_in,
     same_object,
@@ -79,8 +80,7 @@ class MissingZeroGrad(Rule):
                 yield Report(
                     step.node,
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
-                    f"cleared in the loop at line {model.line(loop.node)}: each step also applies every earlier "
-                    f"step's gradients",
+                    f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients",
                     fix=fixes.add_zero_grad(model, step),
                 )
 
@@ -244,7 +244,7 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if backward.normalised or backward.framework is not None or backward.with_context("accumulate"):
+                    if backward.normalised or backward.framework in _DIVIDING_FRAMEWORKS or backward.with_context("accumulate"):
                         continue
                     yield Report(
                         backward.node,
@@ -253,6 +253,10 @@ class UnscaledAccumulatedLoss(Rule):
                         fix=fixes.divide_loss(model, backward, acc),
                     )
 
+
+# Backwards left alone: frameworks that divide the loss by their own accumulation count, and
+# closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
+_DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
 
 # An inner loop whose header says it runs over micro-batches.
 _MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
