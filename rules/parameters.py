@@ -204,16 +204,16 @@ def _frozen_by(statement: cst.CSTNode) -> str | None:
     if isinstance(bound, cst.Tuple) and statement.iter.func.attr.value == "named_parameters" and len(bound.elements) == 2:
         bound = bound.elements[1].value
     variable = dotted_name(bound)
-    body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else []
-    if not variable or not body:
-        return None
-    for line in body:
-        if not isinstance(line, cst.SimpleStatementLine):
+    if isinstance(statement.body, cst.IndentedBlock):  # one statement per line
+        lines = statement.body.body
+        if not all(isinstance(line, cst.SimpleStatementLine) for line in lines):
             return None
-        for small in line.body:
-            if not _freezes_variable(small, variable):
-                return None
-    return owner
+        smalls = [small for line in lines for small in line.body]
+    else:  # ``for p in model.parameters(): p.requires_grad = False``
+        smalls = list(statement.body.body)
+    if not variable or not smalls:
+        return None
+    return owner if all(_freezes_variable(small, variable) for small in smalls) else None
 
 
 def _freezes_variable(small: cst.BaseSmallStatement, variable: str) -> bool:
