@@ -63,8 +63,8 @@ class ClipPerMicroBatch(Rule):
     **Stays quiet when** the clip only measures the norm
     (``max_norm=float("inf")``); the clip sits under an accumulation guard or
     leaves the loop before the step; inside ``accelerator.accumulate()``, when
-    the module builds its ``Accelerator`` without any accumulation setting
-    (every batch then syncs); after the step, when a backward or another step
+    the module builds its ``Accelerator`` without an accumulation setting
+    that may exceed 1 (every batch then syncs); after the step, when a backward or another step
     follows the clip in the same iteration (it may be meant for them) or the
     loop never clears the stepped optimizer's gradients (the clipped values
     would then reach the next step).
@@ -119,8 +119,8 @@ class ClipPerMicroBatch(Rule):
             if not root.events_of(EventKind.STEP, context):
                 continue
             settings = framework_settings(model)
-            if settings.accelerator_without_accumulation and not settings.accelerator_counts:
-                return
+            if settings.accelerator_built and not settings.accelerator_may_accumulate:
+                return  # every batch syncs, so every batch may clip
             yield Report(
                 clip.node,
                 f"`{model.code(clip.node)}` runs on every micro-batch inside `accumulate()` at line "
