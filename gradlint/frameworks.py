@@ -55,8 +55,10 @@ class FrameworkSettings:
 
     # The value given as ``gradient_accumulation_steps=`` to each ``Accelerator(...)``.
     accelerator_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
-    # Whether some ``Accelerator(...)`` is built with no accumulation setting at all (it then syncs every batch).
-    accelerator_without_accumulation: bool = False
+    # Whether the module builds an ``Accelerator(...)``, and whether one of them may accumulate (a count that may
+    # exceed 1, a ``gradient_accumulation_plugin``, ``**kwargs``); one that cannot syncs on every batch.
+    accelerator_built: bool = False
+    accelerator_may_accumulate: bool = False
     # The value given as ``accumulate_grad_batches=`` to each Lightning ``Trainer(...)``.
     lightning_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
     # The ``"gradient_accumulation_steps"`` of each DeepSpeed config the module passes to ``deepspeed.initialize``.
@@ -113,11 +115,16 @@ def _read(module: cst.Module) -> FrameworkSettings:
     for call in calls:
         names = imports.qualify(call.func)
         if names & _ACCELERATOR:
+            settings.accelerator_built = True
             arg = keyword_arg(call, "gradient_accumulation_steps")
             if arg is not None:
                 settings.accelerator_counts.append(arg.value)
-            elif keyword_arg(call, "gradient_accumulation_plugin") is None and not any(a.star for a in call.args):
-                settings.accelerator_without_accumulation = True
+            if (
+                (arg is not None and counts_more_than_one(arg.value))
+                or keyword_arg(call, "gradient_accumulation_plugin") is not None
+                or any(a.star for a in call.args)
+            ):
+                settings.accelerator_may_accumulate = True
         elif names & _LIGHTNING_TRAINER:
             arg = keyword_arg(call, "accumulate_grad_batches")
             if arg is not None:

@@ -63,8 +63,8 @@ class ClipPerMicroBatch(Rule):
     **Stays quiet when** the clip only measures the norm
     (``max_norm=float("inf")``); the clip sits under an accumulation guard or
     leaves the loop before the step; inside ``accelerator.accumulate()``, when
-    the module builds its ``Accelerator`` without any accumulation setting
-    (every batch then syncs); after the step, when a backward or another step
+    the module builds its ``Accelerator`` without an accumulation setting
+    that may exceed 1 (every batch then syncs); after the step, when a backward or another step
     follows the clip in the same iteration (it may be meant for them) or the
     loop never clears the stepped optimizer's gradients (the clipped values
     would then reach the next step).
@@ -75,7 +75,7 @@ class ClipPerMicroBatch(Rule):
     summary = "gradients are clipped on every micro-batch of an accumulation, or after the step that used them"
     severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
-    needs = ((BACKWARD, STEP, "clip"),)
+    needs = ((BACKWARD, STEP, "clip_grad"),)  # clip_grad_norm_, clip_grad_value_, clip_gradients
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -112,14 +112,15 @@ class ClipPerMicroBatch(Rule):
 
     def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:
         """Clips inside ``accelerator.accumulate()`` with no ``if accelerator.sync_gradients:`` around them."""
-        if framework_settings(model).accelerator_without_accumulation and not framework_settings(model).accelerator_counts:
-            return
         for clip in root.events_of(EventKind.CLIP):
             context = _accumulate_frame(clip)
             if context is None or not _clips(clip) or any(f.kind is FrameKind.BRANCH and f.accumulation for f in clip.frames):
                 continue
             if not root.events_of(EventKind.STEP, context):
                 continue
+            settings = framework_settings(model)
+            if settings.accelerator_built and not settings.accelerator_may_accumulate:
+                return  # every batch syncs, so every batch may clip
             yield Report(
                 clip.node,
                 f"`{model.code(clip.node)}` runs on every micro-batch inside `accumulate()` at line "
@@ -254,7 +255,8 @@ class LossDividedTwice(Rule):
     summary = "the loss is divided by the accumulation count by hand and again by the framework"
     severity = Severity.WARNING
     fix = FixKind.UNSAFE
-    needs = ("gradient_accumulation_steps", "accumulate_grad_batches")
+    # accelerate and DeepSpeed: a backward and the setting; Lightning: the setting and the training_step returning the loss.
+    needs = ((BACKWARD, "gradient_accumulation_steps"), ("accumulate_grad_batches", "training_step", "LightningModule"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settings = framework_settings(model)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
@@ -268,39 +268,41 @@ class _Sites:
         self.order_of: dict[int, int] = {}
         self._wrap_calls = wrap_calls
         self._count = 0
-        body = scope.body.body if isinstance(scope, cst.FunctionDef) and isinstance(scope.body, cst.IndentedBlock) else (
-            scope.body if isinstance(scope, cst.Module) else []
-        )
-        self._block(body, (), ())
+        self._block(scope.body if isinstance(scope, cst.Module) else _suite(scope.body), (), ())
 
     def _block(self, statements, loops, branches) -> None:
         for statement in statements:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
                 continue
-            if isinstance(statement, cst.SimpleStatementLine):
+            if isinstance(statement, cst.BaseSmallStatement):  # a one-line suite: ``if last: model.cpu()``
+                self._small(statement, loops, branches)
+            elif isinstance(statement, cst.SimpleStatementLine):
                 for small in statement.body:
                     self._small(small, loops, branches)
             elif isinstance(statement, cst.If):
                 self._expression(statement.test, loops, branches)
-                self._block(statement.body.body, loops, branches + (statement,))
+                self._block(_suite(statement.body), loops, branches + (statement,))
                 orelse = statement.orelse
                 if isinstance(orelse, cst.If):
                     self._block([orelse], loops, branches + (statement,))
                 elif orelse is not None:
-                    self._block(orelse.body.body, loops, branches + (statement,))
+                    self._block(_suite(orelse.body), loops, branches + (statement,))
             elif isinstance(statement, (cst.For, cst.While)):
                 self._expression(statement.iter if isinstance(statement, cst.For) else statement.test, loops, branches)
-                self._block(statement.body.body, loops + (statement,), branches)
+                self._block(_suite(statement.body), loops + (statement,), branches)
                 if statement.orelse is not None:
-                    self._block(statement.orelse.body.body, loops, branches)
+                    self._block(_suite(statement.orelse.body), loops, branches)
             elif isinstance(statement, cst.With):
                 for item in statement.items:
                     self._expression(item.item, loops, branches)
-                self._block(statement.body.body, loops, branches)
+                self._block(_suite(statement.body), loops, branches)
             elif isinstance(statement, cst.Try):
-                for block in (statement.body, *(h.body for h in statement.handlers), statement.orelse, statement.finalbody):
-                    if block is not None:
-                        self._block(block.body if isinstance(block, cst.IndentedBlock) else block.body.body, loops, branches)
+                self._block(_suite(statement.body), loops, branches)
+                for handler in statement.handlers:
+                    self._block(_suite(handler.body), loops, branches)
+                for part in (statement.orelse, statement.finalbody):
+                    if part is not None:
+                        self._block(_suite(part.body), loops, branches)
 
     def _small(self, small: cst.BaseSmallStatement, loops, branches) -> None:
         self._expression(small, loops, branches)
@@ -318,6 +320,11 @@ class _Sites:
                 self.wraps.append(_Wrap(site, None, dotted_name(_unmoved(args[0].value)) if args else None))
             elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cpu", "cuda", "to", *_CASTS):
                 self.moves.append(site)
+
+
+def _suite(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
+    """The statements of an indented block, or the small statements of a one-line suite."""
+    return suite.body
 
 
 class _Training:

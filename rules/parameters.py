@@ -12,8 +12,14 @@ from gradlint.findings import Severity
 from gradlint.model import LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import same_object
-from gradlint.rule import STEP, Report, Rule
+from gradlint.rule import STEP, Report, Rule, call_of
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
+
+# GL009's prefilter: a freezing statement, ``x.requires_grad = False`` (an attribute, not the
+# ``requires_grad=False`` keyword of a constructor) or ``x.requires_grad_(False)``.
+FREEZES = re.compile(
+    r"\.[\s\\]*requires_grad[\s\\]*=[\s\\]*False|requires_grad_[\s\\]*\([\s\\]*(?:requires_grad[\s\\]*=[\s\\]*)?False"
+)
 
 # Calls on a frozen model that leave its parameters as they are.
 _HARMLESS_METHODS: frozenset[str] = frozenset({"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16"})
@@ -73,13 +79,13 @@ class OptimizerOverFrozenParams(Rule):
     summary = "an optimizer is built only over parameters frozen with requires_grad = False: it updates nothing"
     severity = Severity.ERROR
     fix = None  # which parameters should train is the author's choice
-    needs = (("requires_grad", "False", STEP),)
+    needs = ((FREEZES, call_of("parameters"), STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         if _unfreezes_anything(model.module):
             return
         stepped = [e.target for root in model.roots for e in root.events_of(EventKind.STEP) if e.target]
-        local = {n.name.value for n in _statements(model.module) if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
+        local: set[str] | None = None  # the functions and classes the module defines, read when first needed
         for block in _blocks(model.module):
             frozen: dict[str, cst.CSTNode] = {}
             for position, statement in enumerate(block):
@@ -93,6 +99,8 @@ class OptimizerOverFrozenParams(Rule):
                     freeze = _frozen_holder(frozen, source)
                     if freeze is None or not any(same_object(optimizer, s) for s in stepped):
                         continue
+                    if local is None:
+                        local = {n.name.value for n in _statements(model.module) if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
                     if not _handed_away(source.split(".", 1)[0], block[position + 1 :], local):
                         yield Report(
                             call,
@@ -196,16 +204,16 @@ def _frozen_by(statement: cst.CSTNode) -> str | None:
     if isinstance(bound, cst.Tuple) and statement.iter.func.attr.value == "named_parameters" and len(bound.elements) == 2:
         bound = bound.elements[1].value
     variable = dotted_name(bound)
-    body = statement.body.body if isinstance(statement.body, cst.IndentedBlock) else []
-    if not variable or not body:
-        return None
-    for line in body:
-        if not isinstance(line, cst.SimpleStatementLine):
+    if isinstance(statement.body, cst.IndentedBlock):  # one statement per line
+        lines = statement.body.body
+        if not all(isinstance(line, cst.SimpleStatementLine) for line in lines):
             return None
-        for small in line.body:
-            if not _freezes_variable(small, variable):
-                return None
-    return owner
+        smalls = [small for line in lines for small in line.body]
+    else:  # ``for p in model.parameters(): p.requires_grad = False``
+        smalls = list(statement.body.body)
+    if not variable or not smalls:
+        return None
+    return owner if all(_freezes_variable(small, variable) for small in smalls) else None
 
 
 def _freezes_variable(small: cst.BaseSmallStatement, variable: str) -> bool:
