@@ -40,6 +40,18 @@ class MissingZeroGrad(Rule):
     **Fix.** Call ``optimizer.zero_grad()`` once per step, right after
     ``optimizer.step()`` (or at the top of the loop).
 
+    **Loops it reads**: ``for`` and ``while`` loops; a step function that
+    every loop of its package calling it leaves the gradient work to
+    (``trainer.train_step(batch)``, in this module or another); a Lightning
+    ``training_step`` under manual optimization (Lightning calls it once
+    per batch and clears nothing itself).
+
+    **Stays quiet when** anything in the loop clears that optimizer, its
+    model or an unknown target; the optimizer is handed to code the module
+    does not show; a fresh optimizer over fresh tensors is built each
+    iteration; a loop calling the step function does gradient work of its
+    own beside the call (the clear may be there).
+
     **Bad**::
 
         for x, y in loader:
@@ -206,7 +218,10 @@ class UnscaledAccumulatedLoss(Rule):
 
     **Fix.** Divide the loss before ``backward()``: ``(loss / accum).backward()``,
     ``loss = loss / accum`` or ``loss /= accum``. Frameworks that divide for you
-    (``accelerator.backward``) need nothing.
+    (``accelerator.backward``, DeepSpeed's ``engine.backward``) need nothing;
+    Lightning's ``manual_backward`` and Fabric's ``fabric.backward`` divide by
+    nothing (Lightning refuses ``accumulate_grad_batches`` under manual
+    optimization), so the loss handed to them must be divided.
 
     **Bad**::
 
