@@ -10,7 +10,8 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
-from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, LoopModel
+from gradlint.frameworks import counts_more_than_one, framework_settings
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, FrameKind, LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import (
     Accumulation,
@@ -162,6 +163,18 @@ class ZeroGradInAccumulation(Rule):
             if (i + 1) % accum == 0:
                 optimizer.step()
                 optimizer.zero_grad()
+
+    Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
+    with ``gradient_accumulation_steps``), accelerate skips the prepared
+    optimizer's ``step()`` and ``zero_grad()`` until the micro-batch that
+    syncs; ``model.zero_grad()`` or a ``p.grad = None`` loop there runs on
+    every micro-batch and is flagged too.
+
+    **Stays quiet when** the clear is under the same guard as the step (or
+    ``if accelerator.sync_gradients:``), leaves the loop early (``if not
+    finite: zero_grad(); continue``), falls between backward and step
+    (GL002's finding), or clears the prepared optimizer inside
+    ``accumulate()``.
     """
 
     code = "GL003"
@@ -174,6 +187,9 @@ class ZeroGradInAccumulation(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
         for root in model.roots:
+            for report in _ungated_clears_in_accumulate(model, root):
+                if report.node not in settled:
+                    yield report
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
             for step, loop in steps_with_loops(root):
@@ -200,6 +216,39 @@ class ZeroGradInAccumulation(Rule):
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
+
+
+def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
+    """Clears inside ``with accelerator.accumulate(model):`` that accelerate does not skip between steps.
+
+    accelerate's ``accumulate()`` skips a prepared optimizer's ``step()`` and
+    ``zero_grad()`` until the micro-batch that syncs (``AcceleratedOptimizer``
+    checks ``gradient_state.sync_gradients``); ``model.zero_grad()`` and a
+    hand-written ``p.grad = None`` loop are plain PyTorch and run every time.
+    Only where the module builds its ``Accelerator`` with an accumulation
+    count that may be above 1: without one, every micro-batch syncs.
+    """
+    settings = framework_settings(model)
+    if not any(counts_more_than_one(count) for count in settings.accelerator_counts):
+        return
+    for step in root.events_of(EventKind.STEP):
+        if step.via_scaler is not None or step.framework is not None:
+            continue
+        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+        if block is None or any(f.accumulation for f in frames_inside(step, block)):
+            continue
+        for zero in root.events_of(EventKind.ZERO, block):
+            if zero.target_kind is ObjKind.OPTIMIZER or not clears(model, zero, step.target):
+                continue
+            if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
+                continue
+            yield Report(
+                zero.node,
+                f"`{model.code(zero.node)}` runs on every micro-batch inside `accumulate()` at line "
+                f"{model.line(block.node)}, which skips only the prepared optimizer's `step()` and `zero_grad()` "
+                f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
+                f"clear with `{step.target}.zero_grad()`",
+            )
 
 
 def _where(model: LoopModel, acc: Accumulation) -> str:
