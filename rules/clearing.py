@@ -12,13 +12,15 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
 from gradlint.frameworks import counts_more_than_one, framework_settings
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, FrameKind, LoopModel
-from gradlint.objects import ObjKind
+from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
     Accumulation,
     accumulation,
     clears,
     clears_between_backward_and_step,
+    exclusive,
     frames_inside,
+    innermost_loop,
     leaves_before,
     loop_phrase,
     param_sources,
@@ -40,6 +42,11 @@ class MissingZeroGrad(Rule):
 
     **Fix.** Call ``optimizer.zero_grad()`` once per step, right after
     ``optimizer.step()`` (or at the top of the loop).
+
+    Also flagged: one optimizer stepped twice in one iteration with another
+    backward between and no clear (``loss_a.backward(); opt.step();
+    loss_b.backward(); opt.step()``): the second step applies the first
+    backward's gradients again.
 
     **Loops it reads**: ``for`` and ``while`` loops; a step function that
     every loop of its package calling it leaves the gradient work to
@@ -96,6 +103,47 @@ class MissingZeroGrad(Rule):
                     f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients",
                     fix=fixes.add_zero_grad(model, step),
                 )
+            yield from _steps_reapplying_gradients(model, root)
+
+
+def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
+    """A second step of one optimizer in the same iteration, after another backward and no clear since the first.
+
+    ``loss_a.backward(); opt.step(); loss_b.backward(); opt.step()``: the
+    second step sees ``loss_a``'s gradients plus ``loss_b``'s and applies
+    ``loss_a``'s a second time.
+    """
+    for loop in root.loops():
+        events = root.events_in(loop)
+        last_step: dict[str, Event] = {}  # optimizer (last name) -> its latest step so far in this loop
+        since: dict[str, list[Event]] = {}  # events after that step
+        for event in events:
+            for seen in since.values():
+                seen.append(event)
+            if event.kind is not EventKind.STEP or event.target is None or event.framework == "closure":
+                continue
+            if innermost_loop(event) is not loop:
+                continue
+            key = last_name(event.target)
+            first = last_step.get(key)
+            if first is not None and first.loops == event.loops and not exclusive(first, event):
+                between = since[key][:-1]
+                backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
+                handled = any(
+                    (e.kind is EventKind.ZERO and clears(model, e, event.target))
+                    or (e.kind == HANDOFF and same_object(e.target, event.target))
+                    for e in between
+                )
+                if backward is not None and not handled:
+                    yield Report(
+                        event.node,
+                        f"`{event.target}` steps at line {model.line(first.node)} and again at line "
+                        f"{model.line(event.node)} in the same iteration, with a backward at line "
+                        f"{model.line(backward.node)} between and no clear: the second step applies the first "
+                        f"step's gradients again; clear `{event.target}` before the second backward",
+                    )
+            last_step[key] = event
+            since[key] = []
 
 
 class ZeroGradBetweenBackwardAndStep(Rule):
