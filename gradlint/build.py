@@ -10,23 +10,24 @@ import libcst as cst
 from gradlint.event_builder import EventBuilder
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
-from gradlint.project_index import alone_in_its_run, scan_calls
+from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
 from gradlint.syntax import bool_literal
 
 
-def build_model(module: cst.Module, text: str | None = None, per_batch: Iterable[str] | None = None) -> LoopModel:
+def build_model(module: cst.Module, text: str | None = None, context: Iterable[str] | None = None) -> LoopModel:
     """Build the loop model of one parsed module.
 
     ``text``, its source when the caller has it, saves regenerating it.
-    ``per_batch`` names the functions that some loop of the run calls once
-    per batch and leaves all gradient work to (:mod:`gradlint.project_index`):
-    each such function's root is read as one iteration of a loop. None:
-    the module alone is the run, and its own loops decide.
+    ``context`` is what the other files of the run say about this one's
+    functions (:meth:`gradlint.project_index.ProjectIndex.context_of`): the
+    per-batch bodies, each read as one iteration of a loop, and the functions
+    a caller unscales gradients around. None: the module alone is the run.
     """
-    if per_batch is None:
-        per_batch = alone_in_its_run(scan_calls(text if text is not None else module.code))
-    per_batch = frozenset(per_batch)
+    if context is None:
+        context = alone_in_its_run(scan_calls(text if text is not None else module.code))
+    known = Context.of(context)
+    per_batch = known.per_batch
     index = ModuleIndex(module)
     index.text = text
     builder = EventBuilder(index)
@@ -50,6 +51,8 @@ def build_model(module: cst.Module, text: str | None = None, per_batch: Iterable
         release=find_release(index),
         text=text,
         index=index,
+        called_in_loop=known.called_in_loop,
+        unscaled_by_caller=known.unscaled_by_caller,
     )
 
 

@@ -103,16 +103,16 @@ def check_module(
     text: str | None = None,
     *,
     noqa: bool = True,
-    per_batch: Iterable[str] | None = None,
+    context: Iterable[str] | None = None,
 ) -> FileResult:
     """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule.
 
     ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
-    ``per_batch`` names the functions the run calls once per batch (:mod:`gradlint.project_index`);
-    None: the module alone is the run, its own loops decide.
+    ``context`` is what the other files of the run say about the module's functions
+    (:mod:`gradlint.project_index`); None: the module alone is the run.
     """
     try:
-        model = build_model(module, text, per_batch)
+        model = build_model(module, text, context)
     except RecursionError:  # LibCST writes code back out recursively
         return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run

@@ -173,6 +173,8 @@ class LoopModel:
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
     text: str | None = None  # the source, when the caller has it: positions are read against it
     index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
+    called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
+    unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:

@@ -50,16 +50,45 @@ class FileCalls:
     shared: frozenset[str] = frozenset()  # names called from a loop that does gradient work of its own
     defines: frozenset[str] = frozenset()  # the names of the functions and methods the file defines
     imports: frozenset[str] = frozenset()  # the first part of every module it imports absolutely
+    after_unscale: frozenset[str] = frozenset()  # names called by a function (or the module body) that also calls unscale_
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
-        return [sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports)]
+        return [sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports), sorted(self.after_unscale)]
 
     @classmethod
     def from_json(cls, data: list[list[str]]) -> "FileCalls":
         """The inverse of :meth:`to_json`."""
-        alone, shared, defines, imports = data
-        return cls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports))
+        alone, shared, defines, imports, after_unscale = data
+        return cls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+
+
+# In a file's context, the prefixes of a function some loop of the run calls, and of one
+# some caller of the run unscales gradients around; a plain name is a per-batch body.
+CALLED_IN_LOOP = "called:"
+UNSCALED_BY_CALLER = "unscaled:"
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the other files of a run say about one file's functions, read back from its context names."""
+
+    per_batch: frozenset[str] = frozenset()  # called once per batch by loops that leave the gradient work to them
+    called_in_loop: frozenset[str] = frozenset()  # called from some loop of the run
+    unscaled_by_caller: frozenset[str] = frozenset()  # called by a function that also calls unscale_
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> "Context":
+        """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
+        per_batch, called, unscaled = set(), set(), set()
+        for name in names:
+            if name.startswith(CALLED_IN_LOOP):
+                called.add(name[len(CALLED_IN_LOOP):])
+            elif name.startswith(UNSCALED_BY_CALLER):
+                unscaled.add(name[len(UNSCALED_BY_CALLER):])
+            else:
+                per_batch.add(name)
+        return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled))
 
 
 def scan_calls(text: str) -> FileCalls:
@@ -74,9 +103,14 @@ def scan_calls(text: str) -> FileCalls:
     shared: set[str] = set()
     defines: set[str] = set()
     imports: set[str] = set()
+    after_unscale: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            defines.add(node.name)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defines.add(node.name)
+            called, _ = _loop_calls(node)
+            if "unscale_" in _plain_calls(node):
+                after_unscale |= called
         elif isinstance(node, ast.Import):
             imports.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
@@ -86,14 +120,30 @@ def scan_calls(text: str) -> FileCalls:
             for name in called:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
-    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports))
+    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+
+
+def _plain_calls(scope: ast.AST) -> set[str]:
+    """Every called last name in a scope's own body (nested functions and classes left out)."""
+    names = set()
+    stack = list(getattr(scope, "body", []))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SKIPPED):
+            continue
+        if isinstance(node, ast.Call):
+            name, _ = _callee(node.func)
+            if name is not None:
+                names.add(name)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def _loop_calls(loop: ast.AST) -> tuple[set[str], bool]:
     """The project-callable names a loop's body calls, and whether it does gradient work spelled out in it."""
     called: set[str] = set()
     work = False
-    stack = list(loop.body) + list(getattr(loop, "orelse", []))
+    stack = list(getattr(loop, "body", [])) + list(getattr(loop, "orelse", []))
     while stack:
         node = stack.pop()
         if isinstance(node, _SKIPPED):
@@ -142,22 +192,38 @@ class ProjectIndex:
         unit_of = _units([path for path, _ in files], {path: calls.imports for path, calls in files})
         alone: dict[str, set[str]] = {}
         shared: dict[str, set[str]] = {}
+        unscaled: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
             shared.setdefault(unit, set()).update(calls.shared)
+            unscaled.setdefault(unit, set()).update(calls.after_unscale)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
+        self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
+        self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
-        """What a file's findings depend on beyond its own text: the per-batch names among its functions."""
-        per_batch = self._per_batch.get(self._unit_of.get(path, path), frozenset())
-        return tuple(sorted(per_batch & calls.defines))
+        """What a file's findings depend on beyond its own text, among its own functions' names.
+
+        The per-batch bodies; prefixed ``called:``, those some loop of the unit calls;
+        prefixed ``unscaled:``, those some function of the unit calls in a body that
+        also calls ``unscale_`` (:class:`Context` reads them back).
+        """
+        unit = self._unit_of.get(path, path)
+        per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
+        called = self._called.get(unit, frozenset()) & calls.defines
+        unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
+        return (
+            tuple(sorted(per_batch))
+            + tuple(CALLED_IN_LOOP + name for name in sorted(called))
+            + tuple(UNSCALED_BY_CALLER + name for name in sorted(unscaled))
+        )
 
 
-def alone_in_its_run(calls: FileCalls) -> frozenset[str]:
-    """The per-batch names of a file checked on its own (the flake8 plugin, ``lint_text``): its own loops decide."""
-    return frozenset(calls.alone - calls.shared) & calls.defines
+def alone_in_its_run(calls: FileCalls) -> tuple[str, ...]:
+    """The context of a file checked on its own (the flake8 plugin, ``lint_text``): its own code decides."""
+    return ProjectIndex([("<alone>", calls)]).context_of("<alone>", calls)
 
 
 def _units(paths: list[str], imports: dict[str, frozenset[str]]) -> dict[str, str]:

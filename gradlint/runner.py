@@ -94,7 +94,7 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
             cache.put_calls(key, calls)
         files.append(_File(item, rules, codes, key, text, data, calls))
     project = ProjectIndex((f.path, f.calls) for f in files)
-    pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, per-batch names
+    pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
     pending_keys: list[str | None] = []
     for file in files:
         context = project.context_of(file.path, file.calls)
@@ -134,18 +134,18 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def check_text(path: str, text: str, codes: tuple[str, ...], per_batch: tuple[str, ...] = ()) -> FileResult:
-    """Parse and check one file's text with the rules named by ``codes``; ``per_batch`` as for :func:`build_model`."""
+def check_text(path: str, text: str, codes: tuple[str, ...], context: tuple[str, ...] = ()) -> FileResult:
+    """Parse and check one file's text with the rules named by ``codes``; ``context`` as for :func:`build_model`."""
     try:
         module = parse(text)
     except SourceError as error:
         return FileResult(path, error=str(error))
-    return check_module(module, path, [RULES_BY_CODE[code] for code in codes], text, per_batch=per_batch)
+    return check_module(module, path, [RULES_BY_CODE[code] for code in codes], text, context=context)
 
 
 def _check_one(task: tuple[str, str, tuple[str, ...], tuple[str, ...]]) -> FileResult:
-    path, text, codes, per_batch = task
-    return check_text(path, text, codes, per_batch)
+    path, text, codes, context = task
+    return check_text(path, text, codes, context)
 
 
 def _check_all(tasks: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]], jobs: int) -> list[FileResult]:

@@ -192,6 +192,16 @@ class ClipBeforeUnscale(Rule):
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
+
+    Also flagged: a step function that clips and then calls
+    ``scaler.step(opt)`` with no ``unscale_`` before the clip, called from a
+    loop of the run (in this module or another of its package) that does
+    the scaled backward.
+
+    **Stays quiet when** an ``unscale_`` runs between the scaled backward and
+    the clip (in the step function, or in any function of the run that calls
+    it), the clip is accelerate's or another framework's (they unscale
+    first), or the backward that reaches the clip is not scaled.
     """
 
     code = "GL103"
@@ -216,6 +226,39 @@ class ClipBeforeUnscale(Rule):
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
                             fix=fixes.unscale_before_clip(model, root.events[position:], event, last_backward),
                         )
+                    elif not reaching:
+                        yield from _clip_before_scaler_step(model, root, event, position)
+
+
+def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int) -> Iterator[Report]:
+    """A step function that clips and then steps through a ``GradScaler``, its scaled backward left to a caller.
+
+    ``scaler.step(opt)`` means the gradients arrive scaled; with no
+    ``unscale_`` before the clip, they are clipped scaled. Only for a
+    function some loop of the run calls; quiet when a caller of this module
+    inlines it (the caller's view decides), or when some function of the run
+    that calls it also calls ``unscale_``.
+    """
+    function = root.node
+    if not isinstance(function, cst.FunctionDef) or function.name.value not in model.called_in_loop:
+        return
+    if function.name.value in model.unscaled_by_caller:
+        return
+    if any(e.kind is EventKind.UNSCALE for e in root.events[:position]):
+        return
+    if any(r is not root and any(e.node is clip.node for e in r.events) for r in model.roots):
+        return
+    for later in root.events[position + 1 :]:
+        if later.kind is EventKind.UNSCALE and not exclusive(later, clip):
+            return
+        if later.kind is EventKind.STEP and later.via_scaler is not None and not exclusive(later, clip):
+            yield Report(
+                clip.node,
+                f"gradients are clipped before `{later.via_scaler}.step({later.target})` at line {model.line(later.node)} "
+                f"with no `unscale_` first, here or in any caller of `{function.name.value}`: the backward its callers "
+                f"scale leaves them multiplied by the loss scale; call `{later.via_scaler}.unscale_({later.target})` first",
+            )
+            return
 
 
 class ScalerWithoutUpdate(Rule):
