@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 import libcst as cst
@@ -57,6 +58,27 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
         return True
     known_models = set().union(*model.all_param_sources().values())
     return owner not in known_models
+
+
+# Helpers that take the optimizer for something else than clearing, by what their name says.
+_NOT_CLEARING = re.compile(
+    r"clip|learning_rate|(^|_)lr($|_)|schedul|warmup|save|checkpoint|load|log|print|summar|report|state_dict",
+    re.IGNORECASE,
+)
+
+
+def handoff_may_clear(handoff: Event) -> bool:
+    """Whether code the module does not show, handed the optimizer, may clear its gradients.
+
+    Unknown code is taken to clear unless its name says what else it does
+    (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer, epoch)``,
+    ``save_checkpoint(model, optimizer)``).
+    """
+    name = callee_name(handoff.node) if isinstance(handoff.node, cst.Call) else None
+    return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
+
+
+_CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
 
 
 def order_of(events: Iterable[Event]) -> dict[int, int]:

@@ -20,6 +20,7 @@ from gradlint.queries import (
     clears_between_backward_and_step,
     exclusive,
     frames_inside,
+    handoff_may_clear,
     innermost_loop,
     leaves_before,
     loop_phrase,
@@ -58,7 +59,10 @@ class MissingZeroGrad(Rule):
     model or an unknown target; the optimizer is handed to code the module
     does not show; a fresh optimizer over fresh tensors is built each
     iteration; a loop calling the step function does gradient work of its
-    own beside the call (the clear may be there).
+    own beside the call (the clear may be there). Code the module does not
+    show that is handed the optimizer is taken to clear it, unless its name
+    says what else it does (``clip_gradient(optimizer, 1.0)``,
+    ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(...)``).
 
     **Bad**::
 
@@ -93,7 +97,7 @@ class MissingZeroGrad(Rule):
                 checked.add(key)
                 if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
+                if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
                     continue
                 if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
@@ -131,7 +135,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(
                     (e.kind is EventKind.ZERO and clears(model, e, event.target))
-                    or (e.kind == HANDOFF and same_object(e.target, event.target))
+                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e))
                     for e in between
                 )
                 if backward is not None and not handled:
