@@ -8,10 +8,11 @@ the Python files of that commit are read out of a bare git mirror
 (``DIR/<owner>+<name>/repo``, or ``DIR/<owner>+<name>`` itself) into a work
 folder, gradlint checks them (no cache, no configuration, JSON output), and
 every finding is joined with ``bench/realworld/verdicts.tsv`` by repository,
-path, code and the stripped text of the flagged line, so that a verdict
-survives line shifts. The script prints one markdown table (findings, true,
-false, untriaged and precision per rule and overall) and the untriaged
-findings, ready to be triaged and appended to the verdicts.
+path, code and the stripped text of the flagged line (and which of several
+identical lines it is), so that a verdict survives line shifts. The script
+prints one markdown table (findings, true, false, untriaged and precision per
+rule and overall) and the untriaged findings, ready to be triaged and
+appended to the verdicts.
 
 Nothing is downloaded: without the mirrors the script says so and exits 2.
 It is not part of the test suite.
@@ -32,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent / "realworld"
 REPOS = HERE / "repos.tsv"
 VERDICTS = HERE / "verdicts.tsv"
-VERDICT_COLUMNS = ["repository", "commit", "path", "code", "line_text", "verdict", "reason"]
+VERDICT_COLUMNS = ["repository", "commit", "path", "code", "line_text", "occurrence", "verdict", "reason"]
 
 
 @dataclass(frozen=True)
@@ -46,11 +47,16 @@ class Finding:
     code: str
     line_text: str
     message: str
+    occurrence: int = 1
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
-        """What a verdict is filed under: it does not move when lines above are added."""
-        return (self.repository, self.path, self.code, self.line_text)
+    def key(self) -> tuple[str, str, str, str, int]:
+        """What a verdict is filed under: it does not move when lines above are added.
+
+        ``occurrence`` tells apart findings of one code on identical lines of one file
+        (the n-th such finding from the top).
+        """
+        return (self.repository, self.path, self.code, self.line_text, self.occurrence)
 
 
 def read_tsv(path: Path) -> list[dict[str, str]]:
@@ -66,7 +72,10 @@ def load_verdicts(rows: list[dict[str, str]]) -> dict[tuple[str, str, str, str],
     for row in rows:
         if row["verdict"] not in ("true", "false"):
             raise ValueError(f"verdict must be true or false, not {row['verdict']!r}: {row}")
-        verdicts[(row["repository"], row["path"], row["code"], row["line_text"].strip())] = row
+        key = (row["repository"], row["path"], row["code"], row["line_text"].strip(), int(row.get("occurrence") or 1))
+        if key in verdicts:
+            raise ValueError(f"two verdicts for one finding: {row}")
+        verdicts[key] = row
     return verdicts
 
 
@@ -160,13 +169,15 @@ def run_gradlint(tree: Path, select: str | None) -> list[dict]:
 
 
 def findings_of(repository: str, commit: str, tree: Path, raw: list[dict]) -> list[Finding]:
-    """Findings with the stripped text of each flagged line."""
-    found = []
-    for item in raw:
+    """Findings with the stripped text of each flagged line, numbered among identical ones."""
+    found, seen = [], Counter()
+    for item in sorted(raw, key=lambda item: (item["path"], item["line"], item["column"], item["code"])):
         lines = (tree / item["path"]).read_text(encoding="utf-8", errors="replace").splitlines()
         text = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else ""
         path = Path(item["path"]).as_posix().removeprefix("./")
-        found.append(Finding(repository, commit, path, item["line"], item["code"], text, item["message"]))
+        seen[(path, item["code"], text)] += 1
+        occurrence = seen[(path, item["code"], text)]
+        found.append(Finding(repository, commit, path, item["line"], item["code"], text, item["message"], occurrence))
     return found
 
 
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.writer(handle, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
             writer.writerow(VERDICT_COLUMNS + ["line", "message"])
             for f in untriaged:
-                writer.writerow([f.repository, f.commit, f.path, f.code, f.line_text, "", "", f.line, f.message])
+                writer.writerow([f.repository, f.commit, f.path, f.code, f.line_text, f.occurrence, "", "", f.line, f.message])
     return 0
 
 
