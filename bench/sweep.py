@@ -140,6 +140,7 @@ def extract_python(git_dir: Path, commit: str, target: Path) -> int:
         ["git", f"--git-dir={git_dir}", "cat-file", "--batch"],
         input="".join(f"{sha}\n" for sha, _ in blobs).encode(), check=True, capture_output=True,
     ).stdout
+    target.mkdir(parents=True, exist_ok=True)
     written, offset = 0, 0
     for sha, path in blobs:
         end = batch.index(b"\n", offset)
