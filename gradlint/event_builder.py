@@ -16,6 +16,7 @@ from gradlint.syntax import (
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
+    contains_division,
     dotted_name,
     keyword_arg,
     method_name,
@@ -40,6 +41,8 @@ _ACCUMULATION_WORDS = re.compile(
     re.IGNORECASE,
 )
 _FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
+_ENGINE_NAME = re.compile(r"(^|_)(ds_|deepspeed_)?engine$|^deepspeed", re.IGNORECASE)
+_LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 
@@ -307,11 +310,17 @@ class EventBuilder:
             emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
             return
         if method in ("zero_", "fill_", "mul_") and _is_grad(recv):
+            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value):
+                emit(GRAD_DIVIDE)  # p.grad.mul_(1 / n)
+                return
             if method == "zero_" or _is_zero_literal(positional_args(call)):
                 owner, kind = self._grad_owner(recv, scope)
                 emit(EventKind.ZERO, target=owner, target_kind=kind, set_to_none=False, manual=True)
             return
         if method in ("div_",) and _is_grad(recv):
+            emit(GRAD_DIVIDE)
+            return
+        if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
             return
         recv_kind = self._kind(recv_name)
@@ -387,9 +396,22 @@ class EventBuilder:
             loss = args[0].value if args else None
             return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         recv_last = last_name(recv_name or "")
-        if args and (recv_last in _FRAMEWORK_BACKWARD or self._kind(recv_name) is ObjKind.ACCELERATOR):
+        recv_kind = self._kind(recv_name)
+        if args and (recv_last in _FRAMEWORK_BACKWARD or recv_kind is ObjKind.ACCELERATOR):
             framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
             return {"framework": framework, "normalised": True, "loss": args[0].value}
+        if args and (recv_kind is ObjKind.ENGINE or _ENGINE_NAME.search(recv_last)):
+            # DeepSpeed's engine.backward divides by its gradient_accumulation_steps and syncs at the boundary
+            # (deepspeed/runtime/engine.py: _scale_loss_by_gas), whatever the engine is called.
+            return {"framework": "deepspeed", "normalised": True, "loss": args[0].value}
+        if args and (recv_kind is ObjKind.OPTIMIZER or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
+            # ``optimizer.backward(loss)`` (fp16 optimizers of apex, fairseq, Megatron) or a helper handed the loss:
+            # what is backpropagated is the argument, scaled by a loss scale at most.
+            loss = args[0].value
+            return {"loss": loss, "normalised": self._normalised(loss, scope)}
+        if args and positional_args(call)[0].keyword is None and method == "backward":
+            # ``y.backward(dy)``: a given upstream gradient, not a mean loss to divide.
+            return {"loss": recv, "upstream": True, "normalised": recv is not None and self._normalised(recv, scope)}
         scaled = False
         recv = _uncast(recv)
         loss = recv
@@ -413,6 +435,10 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()):
             return True
         for value in self._assigned(name, scope.function):
+            if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
+                # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
+                if self._normalised(positional_args(value)[0].value, scope):
+                    return True
             if isinstance(value, cst.Call):
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
@@ -491,6 +517,14 @@ def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.Ba
         if arg.keyword is not None:
             bindings[arg.keyword.value] = arg.value
     return bindings
+
+
+def _scales_gradients(call: cst.Call, method: str | None) -> bool:
+    """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided at once."""
+    name = callee_name(call) or ""
+    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name == "clip_gradients":
+        return False
+    return any(contains_division(arg.value) for arg in call.args)
 
 
 def _is_grad(node: cst.BaseExpression | None) -> bool:

@@ -29,7 +29,7 @@ from gradlint.syntax import (
 
 # The node types ``ModuleIndex._note`` looks at; the scan skips the call for all others.
 _NOTED = frozenset(
-    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg}
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg, cst.Call}
 )
 
 
@@ -192,6 +192,12 @@ class ModuleIndex:
             if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
                     self.divided_names.setdefault(function, set()).add(name)
+        elif kind is cst.Call:
+            # ``loss.mul_(mb_size / batch_size)`` / ``loss.div_(n)``: the loss normalised in place
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value in ("mul_", "div_") and type(func.value) is cst.Name and node.args:
+                if func.attr.value == "div_" or scales_down(node.args[0].value) or _is_fraction(node.args[0].value):
+                    self.divided_names.setdefault(function, set()).add(func.value.value)
         elif kind is cst.WithItem and node.asname is not None:
             self._assign(node.asname.name, node.item, function)
         elif kind is cst.Return and node.value is not None and function is not None:
@@ -290,7 +296,7 @@ class ModuleIndex:
         if isinstance(call, cst.Call) and callee_name(call) in ("prepare", "setup", "initialize"):
             args = positional_args(call)
             if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
-                return {1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
+                return {0: ObjInfo(ObjKind.ENGINE), 1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
             if value.position < len(args):
                 return self._classify_value(args[value.position].value)
         return None

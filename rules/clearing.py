@@ -25,6 +25,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
+from gradlint.syntax import dotted_name, walk
 
 
 class MissingZeroGrad(Rule):
@@ -184,10 +185,25 @@ class ZeroGradInAccumulation(Rule):
                         Report(
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step"
+                            f"{_undivided_too(model, root, acc)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
+
+
+def _undivided_too(model: LoopModel, root, acc: Accumulation) -> str:
+    """GL004's half of the same loop, told in GL003's message: one problem, one finding."""
+    undivided = [b for b in acc.backwards if not _divided_for_step(b)]
+    if not undivided or _deliberate_sum(model, root, acc):
+        return ""
+    count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
+    return f"; once the clear moves, also divide the loss of the backward at line {model.line(undivided[0].node)} by {count}"
+
+
+def _divided_for_step(backward: Event) -> bool:
+    """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
+    return backward.normalised or backward.framework is not None or backward.with_context("accumulate") or backward.upstream
 
 
 def _where(model: LoopModel, acc: Accumulation) -> str:
@@ -242,9 +258,13 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
                     continue
+                if _cleared_every_micro_batch(model, root, step, loop, acc):
+                    continue  # nothing accumulates: GL003 reports the clear, the one line to change
+                if _deliberate_sum(model, root, acc):
+                    continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if backward.normalised or backward.framework is not None or backward.with_context("accumulate"):
+                    if _divided_for_step(backward):
                         continue
                     yield Report(
                         backward.node,
@@ -252,6 +272,75 @@ class UnscaledAccumulatedLoss(Rule):
                         f"but the loss is not divided by {count}: each step is that many times too large",
                         fix=fixes.divide_loss(model, backward, acc),
                     )
+
+
+def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:
+    """Whether a clear of the step's optimizer runs on every micro-batch (GL003's finding): then nothing piles up."""
+    if acc.style == "guard":
+        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
+    else:
+        zeros = root.events_of(EventKind.ZERO, acc.frame)
+    return any(clears(model, z, step.target) and not leaves_before(z, step) for z in zeros)
+
+
+# A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
+_SUM_COMMENT = re.compile(r"\bsum(med)?\b|scaled by|nominal batch|deliberate", re.IGNORECASE)
+# A hyper-parameter tuned for the summed gradient of a nominal batch: ``hyp["weight_decay"] *= bs * accumulate / nbs``.
+_HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE)
+
+
+def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
+    """Whether the code says the sum over micro-batches is meant.
+
+    A loss built with ``reduction="sum"``, a comment beside the loss saying so,
+    or weight decay / learning rate scaled by the accumulation count (a recipe
+    tuned for the summed gradient of a nominal batch, as yolov5's).
+    """
+    index = model.index
+    if index is None:
+        return False
+    function = root.node if isinstance(root.node, cst.FunctionDef) else None
+    table = index.assignments.get(function, {})
+    for backward in acc.backwards:
+        name = dotted_name(backward.loss) if backward.loss is not None else None
+        for value in table.get(name, []) if name else []:
+            value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
+            if any(isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == "reduction"
+                   and isinstance(n.value, cst.SimpleString) and n.value.evaluated_value == "sum" for n in walk(value)):
+                return True
+            if _SUM_COMMENT.search(_comment_of(model, value)):
+                return True
+    counts = _accumulation_names(model, acc)
+    if not counts:
+        return False
+    for node in walk(root.node):
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
+                if {n.value for n in walk(node.value) if isinstance(n, cst.Name)} & counts:
+                    return True
+    return False
+
+
+def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
+    """The names that hold the number of micro-batches: the count, or the guard's accumulation-like names."""
+    source = acc.count if acc.count is not None else (acc.frame.node.test if isinstance(acc.frame.node, cst.If) else None)
+    if source is None:
+        return set()
+    names = {n.value for n in walk(source) if isinstance(n, cst.Name)}
+    if acc.count is not None:
+        return names
+    return {n for n in names if re.search(r"accum", n, re.IGNORECASE)}
+
+
+def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
+    """The comment at the end of the line holding ``node``'s statement, if any."""
+    parents = model.parents or {}
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        node = parents.get(node)
+    if node is None or node.trailing_whitespace.comment is None:
+        return ""
+    return node.trailing_whitespace.comment.value
 
 
 # An inner loop whose header says it runs over micro-batches.

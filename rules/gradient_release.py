@@ -63,7 +63,7 @@ def released_roots(model: LoopModel) -> Iterator[tuple[Root, list[ReleaseSetup]]
 
 def _released_sites(model: LoopModel, sites: list[Site]) -> Iterator[tuple[Site, ReleaseSetup]]:
     for site in sites:
-        if site.function in model.release.hooks or runs_without_release(site.branches):
+        if site.function in model.release.hooks or runs_without_release(site.branches, model.release.flags):
             continue
         setups = model.release.with_setup(site.function)
         if setups:
@@ -134,7 +134,7 @@ class GradScalerWithGradientRelease(Rule):
             return
         for root, setups in released_roots(model):
             for event in root.events:
-                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event)):
+                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event), model.release.flags):
                     yield Report(
                         event.node,
                         f"this backward is scaled by a GradScaler while {_describe(model, setups[0])} applies and "
@@ -214,7 +214,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
     seen: set[int] = set()
     for loop in root.loops():
         events = root.events_in(loop)
-        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e))]
+        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e), model.release.flags)]
         if not backwards:
             continue
         for event in events:
@@ -227,7 +227,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
                 if not any(not b.inside(frame) for b in backwards):
                     continue
                 around = event.frames[: len(event.frames) - len(inner) + depth]
-                if runs_without_release(_branches_of(around)):
+                if runs_without_release(_branches_of(around), model.release.flags):
                     continue
                 seen.add(id(frame.node))
                 yield frame.node, "the optimizer work under this accumulation guard waits for several micro-batches"
@@ -235,7 +235,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
             if home_loop(root, step) is not loop or id(step.node) in seen:
                 continue
             acc = accumulation(root, step, loop)
-            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step)):
+            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step), model.release.flags):
                 seen.add(id(step.node))
                 yield step.node, f"`{step.target}` steps once after several backwards of the loop at line {model.line(acc.frame.node)}"
 
@@ -280,7 +280,7 @@ class ClippingWithGradientRelease(Rule):
             return
         for root, setups in released_roots(model):
             for clip in root.events:
-                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip)):
+                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip), model.release.flags):
                     continue
                 if _clips_another_model(clip, setups):
                     continue
