@@ -11,7 +11,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
-from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
+from gradlint.queries import backwards_reaching, home_loop, innermost_loop, region, same_object, stepping_loop
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import dotted_name, receiver
 
@@ -238,9 +238,9 @@ class ScalerWithoutUpdate(Rule):
             for step in root.events:
                 if step.kind is not EventKind.STEP or step.via_scaler is None:
                     continue
-                loop = innermost_loop(step)
+                loop = home_loop(root, step)
                 if loop is None:
-                    continue  # a per-step helper: the loop that calls it is checked where it is inlined
+                    continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
                 if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
                     continue
                 yield Report(

@@ -25,7 +25,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
-from gradlint.syntax import dotted_name, walk
+from gradlint.syntax import callee_name, dotted_name, walk
 
 
 class MissingZeroGrad(Rule):
@@ -75,6 +75,8 @@ class MissingZeroGrad(Rule):
                     continue
                 if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
                     continue
+                if _released(model, step.target):
+                    continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
@@ -84,6 +86,11 @@ class MissingZeroGrad(Rule):
                     f"step's gradients",
                     fix=fixes.add_zero_grad(model, step),
                 )
+
+
+def _released(model: LoopModel, optimizer: str | None) -> bool:
+    """Whether ``optimizer`` is set up for gradient release (optimi, torchtune, a per-parameter optimizer dict in hooks)."""
+    return any(s.optimizer is not None and same_object(s.optimizer, optimizer) for s in model.release.setups)
 
 
 class ZeroGradBetweenBackwardAndStep(Rule):
@@ -397,12 +404,20 @@ class GradsKeptAllocated(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.uses_cuda_graphs:
             return
+        if model.index is not None and model.index.grads_used_as_buffers:
+            return  # .grad is pre-allocated, added or copied into, or read whole: set to None it would break the code
         for root in model.roots:
             for event in root.events:
                 if event.kind is not EventKind.ZERO or event.set_to_none is not False:
                     continue
                 if event.target_kind is ObjKind.TENSOR:
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
+                if _inside_own_zero_grad(model, event):
+                    continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
+                if _no_next_backward(root, event):
+                    continue  # one backward, no step: nothing is kept between steps
+                if _kept_on_purpose(model, root, event):
+                    continue
                 if event.manual:
                     message = (
                         f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
@@ -414,3 +429,55 @@ class GradsKeptAllocated(Rule):
                         f"`set_to_none=True` frees them"
                     )
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
+
+
+def _function_around(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    parents = model.parents or {}
+    node = parents.get(node)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = parents.get(node)
+    return node
+
+
+def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
+    """Whether the zeroing is written inside a class's ``zero_grad`` method (``_zero_grad_group_helper`` too)."""
+    function = _function_around(model, event.node)
+    while function is not None:
+        if "zero_grad" in function.name.value and model.index is not None and model.index.class_of.get(function):
+            return True
+        function = _function_around(model, function)
+    return False
+
+
+def _no_next_backward(root, event: Event) -> bool:
+    """Whether the clear is in code that never steps and no loop around it backpropagates again (a one-off gradient check)."""
+    if EventKind.STEP in root.kinds_in(None):
+        return False
+    return not any(EventKind.BACKWARD in root.kinds_in(loop) for loop in event.loops)
+
+
+# A comment beside ``set_to_none=False`` that gives a reason about the buffers.
+_REASON_COMMENT = re.compile(r"none|keep|kept|buffer|alloc|memory|graph|pointer|reuse|in.place|resident|stable", re.IGNORECASE)
+# A comment saying the buffers are kept on purpose.
+_KEEP_COMMENT = re.compile(r"resident|keep\w*\b.*\b(grad|buffer)|stable\b.*\b(buffer|address|pointer)|data_ptr|peak.memory", re.IGNORECASE)
+
+
+def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
+    """Whether the code says the buffers stay: a comment beside an explicit ``set_to_none=False``, a comment in the
+    function about keeping them resident, or a test that mocks ``zero_grad`` to check the argument it receives."""
+    lines = (model.text if model.text is not None else model.module.code).splitlines()
+    line = model.line(event.node)
+    if not event.manual:
+        beside = lines[line - 1] if line - 1 < len(lines) else ""
+        above = lines[line - 2].strip() if line >= 2 else ""
+        comments = [text.partition("#")[2] for text in (beside, above) if "#" in text]
+        if any(_REASON_COMMENT.search(c) for c in comments):
+            return True
+    start, _, end, _ = model.position(root.node)
+    if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
+        return True
+    for node in walk(root.node):
+        if isinstance(node, cst.Call) and callee_name(node) in ("patch", "object"):
+            if any(isinstance(a.value, cst.SimpleString) and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
+                return True
+    return False

@@ -114,7 +114,14 @@ class GradScalerWithGradientRelease(Rule):
         if not release.setups or "scaler" in release.refused:
             return
         reported = False
-        for site, setup in _released_sites(model, release.scalers):
+        scalers = list(_released_sites(model, release.scalers))
+        autocasts = list(_released_sites(model, release.fp16_autocasts))
+        # One problem, one finding: a float16 autocast and its scaler are reported once, at the autocast
+        # (switching it to bfloat16 is the change; the scaler then goes too).
+        paired = {id(s.node): s for s, _ in scalers if any(a.function is s.function for a, _ in autocasts)}
+        for site, setup in scalers:
+            if id(site.node) in paired:
+                continue
             reported = True
             yield Report(
                 site.node,
@@ -122,13 +129,15 @@ class GradScalerWithGradientRelease(Rule):
                 f"gradient at once for its inf/NaN check and unscale, but release has already applied and freed "
                 f"each one; use bfloat16 autocast, which needs no scaler",
             )
-        for site, setup in _released_sites(model, release.fp16_autocasts):
+        for site, setup in autocasts:
             reported = True
+            scaler = next((s for s in paired.values() if s.function is site.function), None)
+            also = f", and drop the GradScaler at line {model.line(scaler.node)}" if scaler is not None else ""
             yield Report(
                 site.node,
                 f"float16 autocast `{model.code(site.node)}` is used together with {_describe(model, setup)}: "
                 f"float16 needs a GradScaler, which needs every gradient at once, and release frees each one as "
-                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler",
+                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler{also}",
             )
         if reported:
             return
