@@ -336,6 +336,11 @@ class EventBuilder:
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
             return
+        if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:
+            # Opacus: virtual steps pile up clipped per-sample gradients; step() averages them over the whole
+            # virtual batch (PrivacyEngine.virtual_step / step), so the loss needs no division.
+            emit(GRAD_DIVIDE)
+            return
         recv_kind = self._kind(recv_name)
         if method == "step":
             args = positional_args(call)

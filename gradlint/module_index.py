@@ -217,7 +217,7 @@ class ModuleIndex:
             self._returned.setdefault(function, []).append(node.value)
         elif (kind is cst.Attribute or kind is cst.Name) and not self.uses_cuda_graphs:
             name = dotted_name(node) or ""
-            if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")):
+            if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")) or "cudagraph" in name.lower() or "cuda_graph" in name.lower():
                 self.uses_cuda_graphs = True
         elif kind is cst.Arg and node.keyword is not None and node.keyword.value == "capturable":
             if bool_literal(node.value) is True:

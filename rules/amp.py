@@ -234,6 +234,8 @@ class ScalerWithoutUpdate(Rule):
     needs = ((STEP, SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        updated = _steps_updated_somewhere(model)
+        settled = Settled()
         for root in model.roots:
             for step in root.events:
                 if step.kind is not EventKind.STEP or step.via_scaler is None:
@@ -241,11 +243,27 @@ class ScalerWithoutUpdate(Rule):
                 loop = home_loop(root, step)
                 if loop is None:
                     continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
-                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
-                    continue
-                yield Report(
+                if step.node in updated or step.node in settled:
+                    continue  # a caller's training loop updates the scaler after calling this code
+                yield settled.note(Report(
                     step.node,
                     f"`{step.via_scaler}.step({step.target})` runs in the loop at line {model.line(loop.node)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
-                )
+                ))
+
+
+def _steps_updated_somewhere(model: LoopModel) -> set:
+    """The scaler steps that some root runs in a training loop (one that backpropagates) which also updates that scaler."""
+    updated = set()
+    for root in model.roots:
+        for step in root.events:
+            if step.kind is not EventKind.STEP or step.via_scaler is None:
+                continue
+            for loop in step.loops:
+                if EventKind.BACKWARD not in root.kinds_in(loop):
+                    continue
+                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
+                    updated.add(step.node)
+                    break
+    return updated

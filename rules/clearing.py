@@ -306,9 +306,8 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     index = model.index
     if index is None:
         return False
-    function = root.node if isinstance(root.node, cst.FunctionDef) else None
-    table = index.assignments.get(function, {})
     for backward in acc.backwards:
+        table = index.assignments.get(_function_around(model, backward.node), {})  # where the loss is made, even when inlined
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
@@ -320,7 +319,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
-    for node in walk(root.node):
+    for node in walk(_function_around(model, acc.frame.node) or model.module):
         if isinstance(node, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
@@ -450,9 +449,11 @@ def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
 
 
 def _no_next_backward(root, event: Event) -> bool:
-    """Whether the clear is in code that never steps and no loop around it backpropagates again (a one-off gradient check)."""
-    if EventKind.STEP in root.kinds_in(None):
-        return False
+    """Whether the clear is in code that backpropagates but never steps, and no loop around it backpropagates again
+    (a one-off gradient check)."""
+    kinds = root.kinds_in(None)
+    if EventKind.STEP in kinds or EventKind.BACKWARD not in kinds:
+        return False  # a clearing helper alone is judged as written
     return not any(EventKind.BACKWARD in root.kinds_in(loop) for loop in event.loops)
 
 
