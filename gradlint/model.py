@@ -88,6 +88,7 @@ class Event:
     loss: cst.BaseExpression | None = None  # BACKWARD: the expression backpropagated
     has_args: bool = False  # SCHED_STEP: stepped with an argument (a metric or an epoch)
     call_chain: tuple[cst.Call, ...] = ()  # the helper calls this event was inlined through
+    upstream: bool = False  # BACKWARD: ``y.backward(dy)`` feeds a given gradient, there is no mean loss to divide
 
     @property
     def loops(self) -> tuple[Frame, ...]:

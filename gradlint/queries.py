@@ -44,6 +44,8 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     """
     if zero.kind is not EventKind.ZERO:
         return False
+    if any(f.branch == "except" for f in zero.frames):
+        return False  # a clear in an ``except`` handler recovers from a failed batch: it is not the loop's clear
     if zero.target_kind is ObjKind.TENSOR:
         return optimizer is None or not param_sources(model, optimizer)
     if zero.target is None or optimizer is None:

@@ -17,6 +17,7 @@ from gradlint.queries import (
     backwards_reaching,
     exclusive,
     frames_inside,
+    home_loop,
     innermost_loop,
     leaves_before,
     loop_phrase,
@@ -290,21 +291,39 @@ class ScalerWithoutUpdate(Rule):
     needs = ((STEP, SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        updated = _steps_updated_somewhere(model)
+        settled = Settled()
         for root in model.roots:
             for step in root.events:
                 if step.kind is not EventKind.STEP or step.via_scaler is None:
                     continue
-                loop = innermost_loop(step)
+                loop = home_loop(root, step)
                 if loop is None:
-                    continue  # a per-step helper: the loop that calls it is checked where it is inlined
-                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
-                    continue
-                yield Report(
+                    continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
+                if step.node in updated or step.node in settled:
+                    continue  # a caller's training loop updates the scaler after calling this code
+                yield settled.note(Report(
                     step.node,
                     f"`{step.via_scaler}.step({step.target})` runs {loop_phrase(model, loop)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
-                )
+                ))
+
+
+def _steps_updated_somewhere(model: LoopModel) -> set:
+    """The scaler steps that some root runs in a training loop (one that backpropagates) which also updates that scaler."""
+    updated = set()
+    for root in model.roots:
+        for step in root.events:
+            if step.kind is not EventKind.STEP or step.via_scaler is None:
+                continue
+            for loop in step.loops:
+                if EventKind.BACKWARD not in root.kinds_in(loop):
+                    continue
+                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
+                    updated.add(step.node)
+                    break
+    return updated
 
 
 class ScalerUnscalePerMicroBatch(Rule):

@@ -30,6 +30,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
+from gradlint.syntax import callee_name, dotted_name, walk
 
 
 class MissingZeroGrad(Rule):
@@ -99,6 +100,8 @@ class MissingZeroGrad(Rule):
                     continue
                 if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
                     continue
+                if _released(model, step.target):
+                    continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
@@ -148,6 +151,11 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                     )
             last_step[key] = event
             since[key] = []
+
+
+def _released(model: LoopModel, optimizer: str | None) -> bool:
+    """Whether ``optimizer`` is set up for gradient release (optimi, torchtune, a per-parameter optimizer dict in hooks)."""
+    return any(s.optimizer is not None and same_object(s.optimizer, optimizer) for s in model.release.setups)
 
 
 class ZeroGradBetweenBackwardAndStep(Rule):
@@ -264,7 +272,8 @@ class ZeroGradInAccumulation(Rule):
                         Report(
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step"
+                            f"{_undivided_too(model, root, acc)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
@@ -301,6 +310,25 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
                 f"clear with `{step.target}.zero_grad()`",
             )
+
+
+def _undivided_too(model: LoopModel, root, acc: Accumulation) -> str:
+    """GL004's half of the same loop, told in GL003's message: one problem, one finding."""
+    undivided = [b for b in acc.backwards if not _divided_for_step(b)]
+    if not undivided or _deliberate_sum(model, root, acc):
+        return ""
+    count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
+    return f"; once the clear moves, also divide the loss of the backward at line {model.line(undivided[0].node)} by {count}"
+
+
+def _divided_for_step(backward: Event) -> bool:
+    """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
+    return (
+        backward.normalised
+        or backward.framework in _DIVIDING_FRAMEWORKS
+        or backward.with_context("accumulate")
+        or backward.upstream
+    )
 
 
 def _where(model: LoopModel, acc: Accumulation) -> str:
@@ -358,9 +386,13 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
                     continue
+                if _cleared_every_micro_batch(model, root, step, loop, acc):
+                    continue  # nothing accumulates: GL003 reports the clear, the one line to change
+                if _deliberate_sum(model, root, acc):
+                    continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if backward.normalised or backward.framework in _DIVIDING_FRAMEWORKS or backward.with_context("accumulate"):
+                    if _divided_for_step(backward):
                         continue
                     yield Report(
                         backward.node,
@@ -373,6 +405,75 @@ class UnscaledAccumulatedLoss(Rule):
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
 _DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
+
+
+def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:
+    """Whether a clear of the step's optimizer runs on every micro-batch (GL003's finding): then nothing piles up."""
+    if acc.style == "guard":
+        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
+    else:
+        zeros = root.events_of(EventKind.ZERO, acc.frame)
+    return any(clears(model, z, step.target) and not leaves_before(z, step) for z in zeros)
+
+
+# A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
+_SUM_COMMENT = re.compile(r"\bsum(med)?\b|scaled by|nominal batch|deliberate", re.IGNORECASE)
+# A hyper-parameter tuned for the summed gradient of a nominal batch: ``hyp["weight_decay"] *= bs * accumulate / nbs``.
+_HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE)
+
+
+def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
+    """Whether the code says the sum over micro-batches is meant.
+
+    A loss built with ``reduction="sum"``, a comment beside the loss saying so,
+    or weight decay / learning rate scaled by the accumulation count (a recipe
+    tuned for the summed gradient of a nominal batch, as yolov5's).
+    """
+    index = model.index
+    if index is None:
+        return False
+    for backward in acc.backwards:
+        table = index.assignments.get(_function_around(model, backward.node), {})  # where the loss is made, even when inlined
+        name = dotted_name(backward.loss) if backward.loss is not None else None
+        for value in table.get(name, []) if name else []:
+            value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
+            if any(isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == "reduction"
+                   and isinstance(n.value, cst.SimpleString) and n.value.evaluated_value == "sum" for n in walk(value)):
+                return True
+            if _SUM_COMMENT.search(_comment_of(model, value)):
+                return True
+    counts = _accumulation_names(model, acc)
+    if not counts:
+        return False
+    for node in walk(_function_around(model, acc.frame.node) or model.module):
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
+                if {n.value for n in walk(node.value) if isinstance(n, cst.Name)} & counts:
+                    return True
+    return False
+
+
+def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
+    """The names that hold the number of micro-batches: the count, or the guard's accumulation-like names."""
+    source = acc.count if acc.count is not None else (acc.frame.node.test if isinstance(acc.frame.node, cst.If) else None)
+    if source is None:
+        return set()
+    names = {n.value for n in walk(source) if isinstance(n, cst.Name)}
+    if acc.count is not None:
+        return names
+    return {n for n in names if re.search(r"accum", n, re.IGNORECASE)}
+
+
+def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
+    """The comment at the end of the line holding ``node``'s statement, if any."""
+    parents = model.parents or {}
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        node = parents.get(node)
+    if node is None or node.trailing_whitespace.comment is None:
+        return ""
+    return node.trailing_whitespace.comment.value
+
 
 # An inner loop whose header says it runs over micro-batches.
 _MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
@@ -428,12 +529,20 @@ class GradsKeptAllocated(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.uses_cuda_graphs:
             return
+        if model.index is not None and model.index.grads_used_as_buffers:
+            return  # .grad is pre-allocated, added or copied into, or read whole: set to None it would break the code
         for root in model.roots:
             for event in root.events:
                 if event.kind is not EventKind.ZERO or event.set_to_none is not False:
                     continue
                 if event.target_kind is ObjKind.TENSOR:
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
+                if _inside_own_zero_grad(model, event):
+                    continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
+                if _no_next_backward(root, event):
+                    continue  # one backward, no step: nothing is kept between steps
+                if _kept_on_purpose(model, root, event):
+                    continue
                 if event.manual:
                     message = (
                         f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
@@ -445,3 +554,57 @@ class GradsKeptAllocated(Rule):
                         f"`set_to_none=True` frees them"
                     )
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
+
+
+def _function_around(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    parents = model.parents or {}
+    node = parents.get(node)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = parents.get(node)
+    return node
+
+
+def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
+    """Whether the zeroing is written inside a class's ``zero_grad`` method (``_zero_grad_group_helper`` too)."""
+    function = _function_around(model, event.node)
+    while function is not None:
+        if "zero_grad" in function.name.value and model.index is not None and model.index.class_of.get(function):
+            return True
+        function = _function_around(model, function)
+    return False
+
+
+def _no_next_backward(root, event: Event) -> bool:
+    """Whether the clear is in code that backpropagates but never steps, and no loop around it backpropagates again
+    (a one-off gradient check)."""
+    kinds = root.kinds_in(None)
+    if EventKind.STEP in kinds or EventKind.BACKWARD not in kinds:
+        return False  # a clearing helper alone is judged as written
+    return not any(EventKind.BACKWARD in root.kinds_in(loop) for loop in event.loops)
+
+
+# A comment beside ``set_to_none=False`` that gives a reason about the buffers.
+_REASON_COMMENT = re.compile(r"none|keep|kept|buffer|alloc|memory|graph|pointer|reuse|in.place|resident|stable", re.IGNORECASE)
+# A comment saying the buffers are kept on purpose.
+_KEEP_COMMENT = re.compile(r"resident|keep\w*\b.*\b(grad|buffer)|stable\b.*\b(buffer|address|pointer)|data_ptr|peak.memory", re.IGNORECASE)
+
+
+def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
+    """Whether the code says the buffers stay: a comment beside an explicit ``set_to_none=False``, a comment in the
+    function about keeping them resident, or a test that mocks ``zero_grad`` to check the argument it receives."""
+    lines = (model.text if model.text is not None else model.module.code).splitlines()
+    line = model.line(event.node)
+    if not event.manual:
+        beside = lines[line - 1] if line - 1 < len(lines) else ""
+        above = lines[line - 2].strip() if line >= 2 else ""
+        comments = [text.partition("#")[2] for text in (beside, above) if "#" in text]
+        if any(_REASON_COMMENT.search(c) for c in comments):
+            return True
+    start, _, end, _ = model.position(root.node)
+    if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
+        return True
+    for node in walk(root.node):
+        if isinstance(node, cst.Call) and callee_name(node) in ("patch", "object"):
+            if any(isinstance(a.value, cst.SimpleString) and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
+                return True
+    return False

@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.frameworks import framework_settings
 from gradlint.model import NO_SYNC, Event, LoopModel, Root
-from gradlint.objects import ObjKind
+from gradlint.objects import ObjKind, kind_of_constructor
 from gradlint.queries import accumulation, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import calls_in_evaluation_order, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
@@ -60,11 +60,16 @@ class AccumulationWithoutNoSync(Rule):
     needs = ((BACKWARD, STEP, "DistributedDataParallel"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        ddp = [name for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL]
-        if not ddp:
+        every_ddp = [name for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL]
+        if not every_ddp:
             return
         for root in model.roots:
+            ddp = _ddp_models_seen_by(model, root, every_ddp)
+            if not ddp:
+                continue  # the DDP wrapper belongs to other code: this root's model is not DDP
             for step, loop in steps_with_loops(root):
+                if _forwards_around_ddp(model, loop, ddp):
+                    continue
                 if NO_SYNC in root.kinds_in(loop):
                     continue
                 acc = accumulation(root, step, loop)
@@ -80,6 +85,43 @@ class AccumulationWithoutNoSync(Rule):
                         f"inside `{ddp[0]}.no_sync()` (or set `require_backward_grad_sync = False` for them)",
                     )
                     break
+
+
+def _ddp_models_seen_by(model: LoopModel, root: Root, every_ddp: list[str]) -> list[str]:
+    """The DDP models code in ``root`` can reach: wrapped in its function (or an enclosing one), at module level, or ``self.`` attributes of its class."""
+    index = model.index
+    function = root.node if isinstance(root.node, cst.FunctionDef) else None
+    if index is None:
+        return every_ddp
+    scopes: list[cst.FunctionDef | None] = [None]
+    while function is not None:
+        scopes.append(function)
+        function = index.parent_function.get(function)
+    method = isinstance(root.node, cst.FunctionDef) and any(index.class_of.get(f) for f in scopes if f is not None)
+    seen = []
+    for name in every_ddp:
+        if name.startswith("self.") and method:
+            seen.append(name)
+        elif any(name in index.assignments.get(scope, {}) and _wraps_ddp(model, index.assignments[scope][name]) for scope in scopes):
+            seen.append(name)
+    return seen
+
+
+def _wraps_ddp(model: LoopModel, values: list) -> bool:
+    """Whether one of the values assigned to a name (in one scope) builds or is the DDP model."""
+    for value in values:
+        if isinstance(value, cst.Call) and any(kind_of_constructor(q) is ObjKind.DDP_MODEL for q in model.index.qualified_names(value.func)):
+            return True
+        if isinstance(value, (cst.Name, cst.Attribute)) and model.info(dotted_name(value)).kind is ObjKind.DDP_MODEL:
+            return True
+    return False
+
+
+def _forwards_around_ddp(model: LoopModel, loop, ddp: list[str]) -> bool:
+    """Whether the loop calls the module a DDP model wraps, and never the DDP model: its backward all-reduces nothing."""
+    wrapped = {model.info(name).wraps for name in ddp} - {None}
+    called = {dotted_name(node.func) for node in walk(loop.node) if isinstance(node, cst.Call)}
+    return bool(wrapped & called) and not (set(ddp) & called)
 
 
 def _synced_for_you(backward: Event) -> bool:

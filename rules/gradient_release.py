@@ -63,7 +63,7 @@ def released_roots(model: LoopModel) -> Iterator[tuple[Root, list[ReleaseSetup]]
 
 def _released_sites(model: LoopModel, sites: list[Site]) -> Iterator[tuple[Site, ReleaseSetup]]:
     for site in sites:
-        if site.function in model.release.hooks or runs_without_release(site.branches):
+        if site.function in model.release.hooks or runs_without_release(site.branches, model.release.flags):
             continue
         setups = model.release.with_setup(site.function)
         if setups:
@@ -114,7 +114,14 @@ class GradScalerWithGradientRelease(Rule):
         if not release.setups or "scaler" in release.refused:
             return
         reported = False
-        for site, setup in _released_sites(model, release.scalers):
+        scalers = list(_released_sites(model, release.scalers))
+        autocasts = list(_released_sites(model, release.fp16_autocasts))
+        # One problem, one finding: a float16 autocast and its scaler are reported once, at the autocast
+        # (switching it to bfloat16 is the change; the scaler then goes too).
+        paired = {id(s.node): s for s, _ in scalers if any(a.function is s.function for a, _ in autocasts)}
+        for site, setup in scalers:
+            if id(site.node) in paired:
+                continue
             reported = True
             yield Report(
                 site.node,
@@ -122,19 +129,21 @@ class GradScalerWithGradientRelease(Rule):
                 f"gradient at once for its inf/NaN check and unscale, but release has already applied and freed "
                 f"each one; use bfloat16 autocast, which needs no scaler",
             )
-        for site, setup in _released_sites(model, release.fp16_autocasts):
+        for site, setup in autocasts:
             reported = True
+            scaler = next((s for s in paired.values() if s.function is site.function), None)
+            also = f", and drop the GradScaler at line {model.line(scaler.node)}" if scaler is not None else ""
             yield Report(
                 site.node,
                 f"float16 autocast `{model.code(site.node)}` is used together with {_describe(model, setup)}: "
                 f"float16 needs a GradScaler, which needs every gradient at once, and release frees each one as "
-                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler",
+                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler{also}",
             )
         if reported:
             return
         for root, setups in released_roots(model):
             for event in root.events:
-                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event)):
+                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event), model.release.flags):
                     yield Report(
                         event.node,
                         f"this backward is scaled by a GradScaler while {_describe(model, setups[0])} applies and "
@@ -214,7 +223,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
     seen: set[int] = set()
     for loop in root.loops():
         events = root.events_in(loop)
-        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e))]
+        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e), model.release.flags)]
         if not backwards:
             continue
         for event in events:
@@ -227,7 +236,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
                 if not any(not b.inside(frame) for b in backwards):
                     continue
                 around = event.frames[: len(event.frames) - len(inner) + depth]
-                if runs_without_release(_branches_of(around)):
+                if runs_without_release(_branches_of(around), model.release.flags):
                     continue
                 seen.add(id(frame.node))
                 yield frame.node, "the optimizer work under this accumulation guard waits for several micro-batches"
@@ -235,7 +244,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
             if home_loop(root, step) is not loop or id(step.node) in seen:
                 continue
             acc = accumulation(root, step, loop)
-            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step)):
+            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step), model.release.flags):
                 seen.add(id(step.node))
                 yield step.node, f"`{step.target}` steps once after several backwards of the loop at line {model.line(acc.frame.node)}"
 
@@ -280,7 +289,7 @@ class ClippingWithGradientRelease(Rule):
             return
         for root, setups in released_roots(model):
             for clip in root.events:
-                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip)):
+                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip), model.release.flags):
                     continue
                 if _clips_another_model(clip, setups):
                     continue
