@@ -98,6 +98,8 @@ class MissingZeroGrad(Rule):
                 checked.add(key)
                 if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
                     continue
+                if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
+                    continue
                 if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
                     continue
                 if _released(model, step.target):
@@ -111,6 +113,18 @@ class MissingZeroGrad(Rule):
                     fix=fixes.add_zero_grad(model, step),
                 )
             yield from _steps_reapplying_gradients(model, root)
+
+
+def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> bool:
+    """Whether a clear of another optimizer may clear this one's parameters: neither shows what it was built over.
+
+    A step function gets its optimizers from elsewhere (``opt_g, opt_d =
+    self.optimizers()``); two of them may hold the same parameters, and then
+    clearing one clears the other.
+    """
+    if param_sources(model, step.target or ""):
+        return False
+    return any(z.target_kind is ObjKind.OPTIMIZER and not param_sources(model, z.target or "") for z in zeros)
 
 
 def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
