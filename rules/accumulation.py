@@ -33,7 +33,9 @@ class ClipPerMicroBatch(Rule):
     no-op on the micro-batches that do not sync, but
     ``accelerator.clip_grad_norm_`` is not (accelerate's own examples guard
     it with ``if accelerator.sync_gradients:``); under DDP those gradients
-    are not even all-reduced yet. Clipping after ``optimizer.step()`` in the
+    are not even all-reduced yet, and with fp16 it unscales on every
+    micro-batch, which raises (accelerate issue #641, fixed in diffusers'
+    scripts by PR #721). Clipping after ``optimizer.step()`` in the
     same iteration is the opposite mistake: the step has already used the
     unclipped gradients, and the clipped ones are cleared before the next
     backward.

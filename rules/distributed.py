@@ -258,7 +258,7 @@ class DdpModelChangedAfterWrap(Rule):
                     site.call,
                     f"`{model.code(site.call)}` {change} the DDP model wrapped at line {model.line(wrap.site.call)}: "
                     f"its parameters get new gradient accumulators and DDP's all-reduce hooks stay on the old ones, so "
-                    f"the replicas silently stop synchronising; move or cast the model before wrapping it",
+                    f"its gradients are no longer all-reduced; move or cast the model before wrapping it",
                 )
 
     def _wraps_in_loop(self, model: LoopModel, sites: "_Sites", trains: "_Training") -> Iterator[Report]:
