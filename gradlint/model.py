@@ -191,7 +191,9 @@ class LoopModel:
 
     def line(self, node: cst.CSTNode) -> int:
         """The 1-based line a node starts on."""
-        return self.position(node)[0]
+        if self._positions is None:
+            self._positions = Positions(self.module, self.text, self.parents)
+        return self._positions.start_line(node)
 
     def code(self, node: cst.CSTNode) -> str:
         """The source text of a node, as written."""

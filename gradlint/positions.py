@@ -108,6 +108,15 @@ class Positions:
             found = statement_of.get(id(node))
         return found
 
+    def start_line(self, node: cst.CSTNode) -> int:
+        """The line ``node`` starts on; for a compound statement (a loop, a guard) read from Python's tree without rendering it."""
+        if isinstance(node, cst.BaseCompoundStatement) and self._by_statement and self._parents is not None and self._no_lone_cr():
+            if not getattr(node, "decorators", ()) and type(self._parents.get(node)) is not cst.If:
+                python = self._python_statement(node)
+                if python is not None:
+                    return python.lineno
+        return self[node].start.line
+
     def _no_lone_cr(self) -> bool:
         """Whether Python and LibCST count the same lines: no carriage return stands alone."""
         return self.text is not None and "\r" not in self.text.replace("\r\n", "")

@@ -74,6 +74,7 @@ def _check_model(text: str) -> int:
             continue
         start, end = code_range.start, code_range.end
         assert model.position(node) == (start.line, start.column + 1, end.line, end.column + 1), (type(node).__name__, code_range)
+        assert model.line(node) == start.line, (type(node).__name__, code_range)
         checked += 1
     return checked
 
