@@ -55,6 +55,14 @@ class BackwardWithoutScaler(Rule):
 
     **Fix.** ``scaler.scale(loss).backward()``.
 
+    **Stays quiet when**
+
+    - another backward of the same loop is scaled (the scaler is optional:
+      ``if scaler: ... else: loss.backward()``);
+    - a framework backpropagates (``accelerator.backward``, Lightning, a
+      DeepSpeed engine), or the loss is rebound to ``scaler.scale(loss)``
+      (also through ``typing.cast``).
+
     **Bad**::
 
         loss.backward()
@@ -113,6 +121,13 @@ class StepBypassesScaler(Rule):
     steps with inf/NaN gradients are not skipped.
 
     **Fix.** ``scaler.step(optimizer)`` followed by ``scaler.update()``.
+
+    **Stays quiet when**
+
+    - the direct step and the scaled backward sit in complementary branches
+      (``if amp: scaler.step(opt) else: opt.step()``), also when each branch
+      calls its own method;
+    - the optimizer is also stepped through the scaler, or steps a closure.
 
     **Bad**::
 
@@ -180,6 +195,12 @@ class ClipBeforeUnscale(Rule):
     scale changes.
 
     **Fix.** Call ``scaler.unscale_(optimizer)`` before clipping.
+
+    **Stays quiet when**
+
+    - ``scaler.unscale_(optimizer)`` runs between the scaled backward and the
+      clip, or the clip only runs on the unscaled branch;
+    - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales first).
 
     **Bad**::
 
@@ -270,6 +291,13 @@ class ScalerWithoutUpdate(Rule):
     one overflow every following step is skipped, and training silently stops.
 
     **Fix.** Call ``scaler.update()`` once per step, after ``scaler.step()``.
+
+    **Stays quiet when**
+
+    - the training loop that runs the step (in this function or in a caller
+      of it) calls ``scaler.update()``;
+    - the step is not in a training loop of its own (a per-batch method, or a
+      loop over optimizers): its caller is judged where it is inlined.
 
     **Bad**::
 

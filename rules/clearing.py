@@ -56,14 +56,25 @@ class MissingZeroGrad(Rule):
     ``training_step`` under manual optimization (Lightning calls it once
     per batch and clears nothing itself).
 
-    **Stays quiet when** anything in the loop clears that optimizer, its
-    model or an unknown target; the optimizer is handed to code the module
-    does not show; a fresh optimizer over fresh tensors is built each
-    iteration; a loop calling the step function does gradient work of its
-    own beside the call (the clear may be there). Code the module does not
-    show that is handed the optimizer is taken to clear it, unless its name
-    says what else it does (``clip_gradient(optimizer, 1.0)``,
-    ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(...)``).
+    **Stays quiet when**
+
+    - the loop clears the optimizer: ``zero_grad()`` on it or its model,
+      ``p.grad = None``, a helper that clears (also one handed a list of
+      optimizers), or a closure run by ``step(closure)``; a clear in an
+      ``except`` handler does not count (it runs only on failed batches);
+    - the optimizer is handed to code the model cannot see, which may clear
+      it, unless the callee's name says what else it does
+      (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
+      epoch)``, ``save_checkpoint(...)``);
+    - a fresh optimizer over fresh tensors is built every iteration;
+    - the optimizer is set up for gradient release (optimi's
+      ``gradient_release=True``, torchtune, a per-parameter optimizer dict
+      stepped in hooks): each gradient is applied and freed during backward;
+    - the backward is ``torch.distributed.autograd.backward``: gradients live
+      in the per-iteration distributed autograd context, never in ``.grad``;
+    - in a step function: a loop calling it does gradient work of its own
+      beside the call (the clear may be there), or the stepped optimizer and
+      a cleared one both come from elsewhere (they may share parameters).
 
     **Bad**::
 
@@ -180,6 +191,16 @@ class ZeroGradBetweenBackwardAndStep(Rule):
 
     **Fix.** Move the clear after the step (or before the backward).
 
+    **Stays quiet when**
+
+    - the clear runs in a closure handed to ``step(closure)``, or in a nested
+      function that steps first and clears after;
+    - the clear sits in a branch that leaves before the step
+      (``if not finite: opt.zero_grad(); continue``) or in an ``except``
+      handler (out-of-memory recovery);
+    - the clear reaches another optimizer's model;
+    - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
+
     **Bad**::
 
         loss.backward()
@@ -221,6 +242,13 @@ class ZeroGradInAccumulation(Rule):
     and the accumulation only slows training down.
 
     **Fix.** Clear under the same guard as the step, right after it.
+
+    **Stays quiet when**
+
+    - the clear is under the same guard as the step, or in the window-start
+      branch of the guard;
+    - the clear sits in a branch that leaves before the step (the micro-batches
+      that never step), or in an ``except`` handler.
 
     **Bad**::
 
@@ -365,6 +393,26 @@ class UnscaledAccumulatedLoss(Rule):
     Lightning's ``manual_backward`` and Fabric's ``fabric.backward`` divide by
     nothing (Lightning refuses ``accumulate_grad_batches`` under manual
     optimization), so the loss handed to them must be divided.
+
+    **Stays quiet when**
+
+    - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
+      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss),
+      also when it then goes through apex's ``amp.scale_loss``, an fp16
+      optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
+    - a framework divides: ``accelerator.backward`` / ``accumulate()``,
+      Lightning, a DeepSpeed engine's ``backward`` (whatever the name
+      ``deepspeed.initialize`` returned it under);
+    - the gradients are divided after accumulating: ``p.grad /= n``,
+      ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
+      ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``;
+    - the backward feeds a given gradient (``y.backward(dy)``): there is no
+      mean loss;
+    - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
+      so, or weight decay / learning rate scaled by the accumulation count
+      (a recipe tuned for a nominal batch);
+    - the clear runs on every micro-batch: nothing accumulates yet, and GL003
+      reports that loop, naming the undivided loss in its message.
 
     **Bad**::
 
@@ -524,6 +572,20 @@ class GradsKeptAllocated(Rule):
     **Fix.** ``optimizer.zero_grad(set_to_none=True)``, or ``model.zero_grad()``
     instead of a manual loop.
 
+    **Stays quiet when**
+
+    - the module uses ``.grad`` as a buffer that must exist: pre-allocated
+      (``p.grad = torch.zeros_like(p)``), added or copied into
+      (``p.grad += g``, ``p.grad.copy_(g)``), or read for every parameter with
+      no None check (``flatten([p.grad for p in params])``);
+    - the zeroing is inside a class's own ``zero_grad``: freeing or zeroing is
+      its caller's choice;
+    - the code backpropagates once and never steps (a gradient comparison);
+    - the buffers are kept on purpose and the code says why: a reason beside
+      ``set_to_none=False``, a comment about keeping them resident, a test
+      that mocks ``zero_grad`` to check its arguments;
+    - the module uses CUDA graphs, or the gradient is one named tensor's.
+
     **Bad**::
 
         optimizer.zero_grad(set_to_none=False)
@@ -551,7 +613,7 @@ class GradsKeptAllocated(Rule):
                     continue
                 if event.target_kind is ObjKind.TENSOR:
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
-                if _inside_own_zero_grad(model, event):
+                if _inside_own_zero_grad(model, event) or _caller_chose_in_place(event):
                     continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
                 if _no_next_backward(root, event):
                     continue  # one backward, no step: nothing is kept between steps
@@ -585,6 +647,16 @@ def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
         if "zero_grad" in function.name.value and model.index is not None and model.index.class_of.get(function):
             return True
         function = _function_around(model, function)
+    return False
+
+
+def _caller_chose_in_place(event: Event) -> bool:
+    """Whether the zeroing is the ``else`` of ``if set_to_none:`` (``set_grads_to_None``...): the caller picked it."""
+    for frame in event.frames:
+        if frame.kind is FrameKind.BRANCH and frame.branch == "else" and isinstance(frame.node, cst.If):
+            name = dotted_name(frame.node.test) if isinstance(frame.node.test, (cst.Name, cst.Attribute)) else None
+            if name and re.search(r"to_?none", name, re.IGNORECASE):
+                return True
     return False
 
 

@@ -31,6 +31,15 @@ class AccumulationWithoutNoSync(Rule):
     ``accelerator.accumulate(model)`` and Lightning/Fabric's
     ``no_backward_sync`` do it for you).
 
+    **Stays quiet when**
+
+    - the micro-batches run inside ``no_sync()`` /
+      ``require_backward_grad_sync = False``, or a framework syncs
+      (accelerate, Lightning, Fabric, a DeepSpeed engine);
+    - no DDP model is reachable from the loop's code (the DDP wrapper belongs
+      to another function), or the loop forwards through the module the DDP
+      model wraps rather than the DDP model itself.
+
     **Bad**::
 
         model = DistributedDataParallel(model)

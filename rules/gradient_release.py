@@ -84,6 +84,13 @@ class GradScalerWithGradientRelease(Rule):
     **Fix.** Use bfloat16 autocast, which needs no scaler, and drop the
     ``GradScaler``. Or keep float16 and turn gradient release off.
 
+    **Stays quiet when**
+
+    - the scaler or autocast is on the branch where release is off (the
+      module's own release switch, learnt from where its set-up sits);
+    - the module refuses the combination with a ``raise``; float16 autocast
+      and its scaler in one function are reported once, at the autocast.
+
     **Bad**::
 
         opt = AdamW(model.parameters(), lr=1e-3, gradient_release=True)
@@ -165,6 +172,11 @@ class AccumulationWithGradientRelease(Rule):
     which accumulates into the optimizer states while releasing gradients
     (``opt.optimizer_accumulation = (i + 1) % accum != 0`` before backward).
     A recipe that raises when both are configured is fine.
+
+    **Stays quiet when**
+
+    - the accumulation runs only with release off, the module refuses it with
+      a ``raise``, or optimi's ``optimizer_accumulation`` is used.
 
     **Bad**::
 
@@ -263,6 +275,14 @@ class ClippingWithGradientRelease(Rule):
     optimizer with update clipping such as StableAdamW, which bounds each
     update without needing every gradient.
 
+    **Stays quiet when**
+
+    - the clip runs inside the release hook (also one returned by a hook
+      factory): it clips one parameter's gradient;
+    - the clip runs only with release off (a flag named for release, or the
+      switch the module tests before setting release up), clips another
+      model, or the module refuses clipping with a ``raise``.
+
     **Bad**::
 
         prepare_for_gradient_release(model, opt)
@@ -355,6 +375,13 @@ class GradientReleaseCandidate(Rule):
     ``zero_grad()`` do nothing, and schedulers keep working.
 
     The bad example is not wrong, only larger than it needs to be.
+
+    **Stays quiet when**
+
+    - the loop accumulates, clips, scales, hands the optimizer away, divides
+      gradients or steps more than one optimizer; the module uses a scaler,
+      DDP, accelerate, CUDA graphs or its own ``.grad`` code, or already
+      releases.
 
     **Bad**::
 
