@@ -156,8 +156,10 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
     return results
 
 
-def lint_text(text: str, path: str = "<string>", config: Config | None = None, *, prefilter: bool = True) -> FileResult:
-    """Check source text as if it were the file ``path``."""
+def lint_text(
+    text: str, path: str = "<string>", config: Config | None = None, *, prefilter: bool = True, context: Iterable[str] | None = None
+) -> FileResult:
+    """Check source text as if it were the file ``path``; ``context`` as for :func:`check_module`."""
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
     if not rules or (prefilter and not might_fire(text, rules)):
@@ -166,7 +168,7 @@ def lint_text(text: str, path: str = "<string>", config: Config | None = None, *
         module = parse(text)
     except SourceError as error:
         return FileResult(path, error=str(error))
-    return check_module(module, path, rules, text)
+    return check_module(module, path, rules, text, context=context)
 
 
 def lint_file(path: str, config: Config | None = None, *, prefilter: bool = True) -> FileResult:

@@ -50,13 +50,22 @@ class _File:
     calls: FileCalls = FileCalls()
 
 
-def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache: Cache | None = None, prefilter: bool = True) -> list[FileResult]:
+def run(
+    paths: Iterable[str],
+    config: Config,
+    *,
+    jobs: int | None = None,
+    cache: Cache | None = None,
+    prefilter: bool = True,
+    contexts: dict[str, tuple[str, ...]] | None = None,
+) -> list[FileResult]:
     """Check every file under ``paths`` with up to ``jobs`` processes; results sorted by path.
 
     Two passes: the first notes what each file's loops call (from the cache
     when its content is unchanged), the second checks each file knowing which
     of its functions the run calls once per batch (:mod:`gradlint.project_index`).
-    A file's cached result is keyed by its content and by that knowledge.
+    A file's cached result is keyed by its content and by that knowledge;
+    ``contexts``, when given, receives it per path (the fixer reads it).
     """
     results: list[FileResult] = []
     files: list[_File] = []
@@ -98,6 +107,8 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
     pending_keys: list[str | None] = []
     for file in files:
         context = project.context_of(file.path, file.calls)
+        if contexts is not None:
+            contexts[file.path] = context
         key = cache.with_context(file.key, context) if cache is not None else None
         cached = cache.get(key, file.path) if cache is not None else None
         if cached is not None:

@@ -100,3 +100,17 @@ def test_worker_processes_give_the_same_findings(monkeypatch):
     two = runner.run([str(CROSSFILE)], Config(root=CROSSFILE), jobs=2)
     assert [(r.path, r.findings) for r in one] == [(r.path, r.findings) for r in two]
     assert sum(len(r.findings) for r in two) >= 2
+
+
+def test_fix_applies_to_a_step_module_whose_loop_is_in_another_file(tmp_path):
+    from gradlint.fixer import fix_paths
+
+    case = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "step_method_in_trainer_module", case)
+    outcomes = fix_paths([str(case)], Config(root=case))
+    fixed = {Path(o.path).name: o for o in outcomes}
+    assert fixed["trainer.py"].fixed == 1
+    assert fixed["trainer.py"].result.findings == []
+    text = (case / "trainer.py").read_text()
+    assert "        self.optimizer.step()  # expect: GL001\n        self.optimizer.zero_grad()\n" in text
+    assert runner.run([str(case)], Config(root=case), jobs=1)[-1].findings == []
