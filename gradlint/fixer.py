@@ -70,7 +70,7 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
     for _ in range(MAX_ROUNDS):
         try:
             module = parse(current)
-            model = build_model(module)
+            model = build_model(module, current)
             findings, candidates = _lint_round(model, path, rules, current, unsafe)
             batch = _non_overlapping(candidates)
             if not batch:
