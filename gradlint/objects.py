@@ -45,6 +45,7 @@ _OPTIMIZER_MODULES = (
     "optimi.",
     "bitsandbytes.optim.",
     "apex.optimizers.",
+    "apex.contrib.optimizers.",
     "timm.optim.",
     "torch_optimizer.",
     "deepspeed.ops.adam.",

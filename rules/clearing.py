@@ -444,8 +444,8 @@ class UnscaledAccumulatedLoss(Rule):
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                if GRAD_DIVIDE in root.kinds_in(loop):
-                    continue
+                if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
+                    continue  # the accumulated gradients are divided by hand
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
                     continue
                 if _cleared_every_micro_batch(model, root, step, loop, acc):
@@ -467,6 +467,29 @@ class UnscaledAccumulatedLoss(Rule):
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
 _DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
+
+
+def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) -> bool:
+    """Whether a gradient division only undoes a factor the loss was multiplied by before backward.
+
+    ``(loss * 2 ** lg_loss_scale).backward()`` then ``p.grad.mul_(1 / 2 ** lg_loss_scale)`` unscales an fp16
+    loss scale: the micro-batches are still summed.
+    """
+    divisor = {dotted_name(n) for n in walk(divide.node) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+    for backward in backwards:
+        assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
+        if backward.loss is None:
+            continue
+        loss_name = dotted_name(backward.loss)
+        factors = {dotted_name(n) for n in walk(backward.loss) if isinstance(n, (cst.Name, cst.Attribute))} - {None, loss_name}
+        factors = {f for f in factors if "grad" not in f and f != "loss"}
+        for name in list(factors):  # ``loss_scale = 2 ** self.lg_loss_scale``: what the factor was made of
+            for value in assignments.get(name, []):
+                if isinstance(value, cst.BaseExpression):
+                    factors |= {dotted_name(n) for n in walk(value) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+        if factors & divisor:
+            return True
+    return False
 
 
 def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:

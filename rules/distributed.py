@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.frameworks import framework_settings
 from gradlint.model import NO_SYNC, Event, LoopModel, Root
-from gradlint.objects import ObjKind, kind_of_constructor
+from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import calls_in_evaluation_order, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
@@ -77,13 +77,13 @@ class AccumulationWithoutNoSync(Rule):
             if not ddp:
                 continue  # the DDP wrapper belongs to other code: this root's model is not DDP
             for step, loop in steps_with_loops(root):
-                if _forwards_around_ddp(model, loop, ddp):
-                    continue
                 if NO_SYNC in root.kinds_in(loop):
                     continue
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
+                if _forwards_around_ddp(model, acc.frame if acc.style == "micro_loop" else loop, ddp):
+                    continue  # the micro-batches' forward is not the DDP model's: their backward all-reduces nothing
                 for backward in acc.backwards:
                     if _synced_for_you(backward):
                         continue
@@ -97,40 +97,36 @@ class AccumulationWithoutNoSync(Rule):
 
 
 def _ddp_models_seen_by(model: LoopModel, root: Root, every_ddp: list[str]) -> list[str]:
-    """The DDP models code in ``root`` can reach: wrapped in its function (or an enclosing one), at module level, or ``self.`` attributes of its class."""
+    """The DDP models code in ``root`` can reach: named in its function, assigned at module level, or ``self.`` attributes of its class."""
     index = model.index
-    function = root.node if isinstance(root.node, cst.FunctionDef) else None
     if index is None:
         return every_ddp
-    scopes: list[cst.FunctionDef | None] = [None]
+    named = {dotted_name(n) for n in walk(root.node) if isinstance(n, (cst.Name, cst.Attribute))}
+    method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
+    module_level = index.assignments.get(None, {})
+    return [
+        name for name in every_ddp
+        if name in named or name in module_level or (method and name.startswith("self."))
+    ]
+
+
+def _in_class(index, function: cst.FunctionDef) -> bool:
     while function is not None:
-        scopes.append(function)
+        if index.class_of.get(function):
+            return True
         function = index.parent_function.get(function)
-    method = isinstance(root.node, cst.FunctionDef) and any(index.class_of.get(f) for f in scopes if f is not None)
-    seen = []
-    for name in every_ddp:
-        if name.startswith("self.") and method:
-            seen.append(name)
-        elif any(name in index.assignments.get(scope, {}) and _wraps_ddp(model, index.assignments[scope][name]) for scope in scopes):
-            seen.append(name)
-    return seen
-
-
-def _wraps_ddp(model: LoopModel, values: list) -> bool:
-    """Whether one of the values assigned to a name (in one scope) builds or is the DDP model."""
-    for value in values:
-        if isinstance(value, cst.Call) and any(kind_of_constructor(q) is ObjKind.DDP_MODEL for q in model.index.qualified_names(value.func)):
-            return True
-        if isinstance(value, (cst.Name, cst.Attribute)) and model.info(dotted_name(value)).kind is ObjKind.DDP_MODEL:
-            return True
     return False
 
 
 def _forwards_around_ddp(model: LoopModel, loop, ddp: list[str]) -> bool:
-    """Whether the loop calls the module a DDP model wraps, and never the DDP model: its backward all-reduces nothing."""
-    wrapped = {model.info(name).wraps for name in ddp} - {None}
-    called = {dotted_name(node.func) for node in walk(loop.node) if isinstance(node, cst.Call)}
-    return bool(wrapped & called) and not (set(ddp) & called)
+    """Whether the loop calls a model other than the DDP ones (the module a DDP model wraps, or a model an optimizer
+    trains), and never a DDP model: its backward all-reduces nothing."""
+    other_models = {model.info(name).wraps for name in ddp} | {m for sources in model.all_param_sources().values() for m in sources}
+    other_models -= {None} | {last_name(name) for name in ddp}
+    called = {dotted_name(node.func) for node in walk(loop.node) if isinstance(node, cst.Call)} - {None}
+    if {last_name(c) for c in called} & {last_name(name) for name in ddp}:
+        return False
+    return any(last_name(c) in other_models for c in called)
 
 
 def _synced_for_you(backward: Event) -> bool:
