@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from gradlint.event_builder import EventBuilder
+from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
 from gradlint.project_index import Context, alone_in_its_run, scan_calls
@@ -61,8 +62,20 @@ def _per_batch_caller(function: cst.FunctionDef) -> str:
 
 
 def _as_iteration(events: list[Event], loop: Frame) -> list[Event]:
-    """A function's events as one iteration of ``loop`` (its caller's loop, or the framework's)."""
-    return [dataclasses.replace(e, frames=(loop,) + e.frames) for e in events]
+    """A function's events as one iteration of ``loop`` (its caller's loop, or the framework's).
+
+    A backward of a loss the function was handed (``def backward_step(self, loss)``)
+    is taken as normalised: the caller may have divided it, and this root does not show.
+    """
+    function = loop.node
+    params = {p.name.value for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+    iteration = []
+    for e in events:
+        changes: dict = {"frames": (loop,) + e.frames}
+        if e.kind is EventKind.BACKWARD and not e.call_chain and isinstance(e.loss, cst.Name) and e.loss.value in params:
+            changes["normalised"] = True
+        iteration.append(dataclasses.replace(e, **changes))
+    return iteration
 
 
 def _lightning_manual_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
