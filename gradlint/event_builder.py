@@ -336,6 +336,15 @@ class EventBuilder:
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
             return
+        if method == "register_comm_hook":
+            # A DDP communication hook that divides the bucket by more than the world size normalises the
+            # accumulated gradients itself (by tokens or micro-batches) when they are all-reduced.
+            args = positional_args(call)
+            hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
+            function = self.index.resolve_function(cst.Call(func=hook), scope.function) if isinstance(hook, (cst.Name, cst.Attribute)) else None
+            if function is not None and _divides_beyond_world_size(function):
+                emit(GRAD_DIVIDE, framework="comm_hook")
+            return
         if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:
             # Opacus: virtual steps pile up clipped per-sample gradients; step() averages them over the whole
             # virtual batch (PrivacyEngine.virtual_step / step), so the loss needs no division.
@@ -555,6 +564,23 @@ def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.Ba
         if arg.keyword is not None:
             bindings[arg.keyword.value] = arg.value
     return bindings
+
+
+_WORLD_SIZE = re.compile(r"world_size|get_world_size|group_size|\.size\(\)")
+
+
+def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
+    """Whether a function divides by something other than the number of ranks (``bucket.buffer().div_(num_tokens)``)."""
+    module = cst.Module(body=[])
+    for node in walk(function, into_lambdas=True):
+        divisor = None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = node.right
+        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_") and positional_args(node):
+            divisor = positional_args(node)[-1].value
+        if divisor is not None and not _WORLD_SIZE.search(module.code_for_node(divisor)):
+            return True
+    return False
 
 
 def _scales_gradients(call: cst.Call, method: str | None) -> bool:

@@ -405,7 +405,8 @@ class UnscaledAccumulatedLoss(Rule):
       ``deepspeed.initialize`` returned it under);
     - the gradients are divided after accumulating: ``p.grad /= n``,
       ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
-      ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``;
+      ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``, a DDP
+      communication hook that divides by more than the world size;
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
     - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
@@ -439,6 +440,8 @@ class UnscaledAccumulatedLoss(Rule):
     needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        if any(e.framework == "comm_hook" for root in model.roots for e in root.events_of(GRAD_DIVIDE)):
+            return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
         for root in model.roots:
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)
