@@ -104,13 +104,13 @@ def scan_calls(text: str) -> FileCalls:
     defines: set[str] = set()
     imports: set[str] = set()
     after_unscale: set[str] = set()
+    unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defines.add(node.name)
-            called, _ = _loop_calls(node)
-            if "unscale_" in _plain_calls(node):
-                after_unscale |= called
+            if unscales and "unscale_" in _plain_calls(node):
+                after_unscale |= _loop_calls(node)[0]
         elif isinstance(node, ast.Import):
             imports.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
