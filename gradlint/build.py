@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
+
 import libcst as cst
 
 from gradlint.event_builder import EventBuilder
-from gradlint.model import LoopModel, Root
+from gradlint.events import EventKind
+from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
+from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
+from gradlint.syntax import bool_literal
 
 
-def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
-    """Build the loop model of one parsed module; ``text``, its source when the caller has it, saves regenerating it."""
+def build_model(module: cst.Module, text: str | None = None, context: Iterable[str] | None = None) -> LoopModel:
+    """Build the loop model of one parsed module.
+
+    ``text``, its source when the caller has it, saves regenerating it.
+    ``context`` is what the other files of the run say about this one's
+    functions (:meth:`gradlint.project_index.ProjectIndex.context_of`): the
+    per-batch bodies, each read as one iteration of a loop, and the functions
+    a caller unscales gradients around. None: the module alone is the run.
+    """
+    if context is None:
+        context = alone_in_its_run(scan_calls(text if text is not None else module.code))
+    known = Context.of(context)
+    per_batch = known.per_batch
     index = ModuleIndex(module)
     index.text = text
     builder = EventBuilder(index)
     roots = [Root("<module>", module, builder.root_events(None))]
+    iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
+    manual = _lightning_manual_steps(index)
     for function in index.functions:
-        roots.append(Root(index.qualname[function], function, builder.root_events(function)))
-    roots = [r for r in roots if r.events]
+        events = builder.root_events(function)
+        caller = manual.get(function) or (_per_batch_caller(function) if function.name.value in per_batch else None)
+        if caller is not None and events:
+            events = _as_iteration(events, Frame(FrameKind.LOOP, function, called_by=caller))
+            iterations.append(Root(index.qualname[function], function, events))
+        else:
+            roots.append(Root(index.qualname[function], function, events))
+    roots = [r for r in roots + iterations if r.events]
     return LoopModel(
         module=module,
         objects=index.objects,
@@ -27,4 +52,51 @@ def build_model(module: cst.Module, text: str | None = None) -> LoopModel:
         release=find_release(index),
         text=text,
         index=index,
+        called_in_loop=known.called_in_loop,
+        unscaled_by_caller=known.unscaled_by_caller,
     )
+
+
+def _per_batch_caller(function: cst.FunctionDef) -> str:
+    return "every loop of the run that calls it does no other gradient work: it is the whole iteration"
+
+
+def _as_iteration(events: list[Event], loop: Frame) -> list[Event]:
+    """A function's events as one iteration of ``loop`` (its caller's loop, or the framework's).
+
+    A backward of a loss the function was handed (``def backward_step(self, loss)``)
+    is taken as normalised: the caller may have divided it, and this root does not show.
+    """
+    function = loop.node
+    params = {p.name.value for p in (*function.params.posonly_params, *function.params.params, *function.params.kwonly_params)}
+    iteration = []
+    for e in events:
+        changes: dict = {"frames": (loop,) + e.frames}
+        if e.kind is EventKind.BACKWARD and not e.call_chain and isinstance(e.loss, cst.Name) and e.loss.value in params:
+            changes["normalised"] = True
+        iteration.append(dataclasses.replace(e, **changes))
+    return iteration
+
+
+def _lightning_manual_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
+    """The ``training_step`` of each class that turns Lightning's automatic optimization off.
+
+    Lightning calls ``training_step`` once per batch; under manual
+    optimization it leaves backward, step and clearing to that method (its
+    manual loop calls no ``zero_grad``, and ``manual_backward`` divides by
+    nothing: ``accumulate_grad_batches`` other than 1 is refused).
+    """
+    manual_classes = set()
+    for function in index.functions:
+        owner = index.class_of.get(function)
+        if owner is None:
+            continue
+        values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
+        if any(bool_literal(v) is False for v in values):
+            manual_classes.add(owner)
+    steps = {}
+    for owner in manual_classes:
+        step = index.class_methods.get(owner, {}).get("training_step")
+        if step is not None:
+            steps[step] = "Lightning calls `training_step` once per batch and, under manual optimization, leaves the gradient work to it"
+    return steps

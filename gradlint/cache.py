@@ -2,7 +2,12 @@
 
 An entry's key is a hash of the file's bytes, the codes of the rules that
 apply to it (which is what ``select``, ``ignore`` and
-``per-file-ignores`` decide) and whether the prefilter ran. Each cache file
+``per-file-ignores`` decide) and whether the prefilter ran, and, when other
+files of the run call some of its functions once per batch, the names of
+those functions (:meth:`Cache.with_context`): a file's findings then depend
+on the other files, and a change there that changes those names reads it
+again. What each file's loops call is cached too, by its content, so an
+unchanged tree is still not read. Each cache file
 belongs to one gradlint: its name is a hash of the version and of the
 installed source files of gradlint itself, so a changed rule never reads an
 old answer. Entries live in one JSON file under ``.gradlint_cache/``, read
@@ -28,6 +33,7 @@ from pathlib import Path
 
 from gradlint import __version__
 from gradlint.findings import FileResult, Finding, FixKind, Severity
+from gradlint.project_index import FileCalls
 
 CACHE_DIR_NAME = ".gradlint_cache"
 _RACY_NS = 2_000_000_000  # files younger than this are always read
@@ -59,8 +65,10 @@ class Cache:
         loaded = self._load()
         self._old: dict[str, list] = loaded.get("results", {})
         self._old_files: dict[str, list] = loaded.get("files", {})
+        self._old_calls: dict[str, list] = loaded.get("calls", {})
         self._used: dict[str, list] = {}
         self._files: dict[str, list] = {}
+        self._calls: dict[str, list] = {}
         self.hits = 0
 
     def known_key(self, path: str, stat: os.stat_result, codes: tuple[str, ...], prefilter: bool) -> str | None:
@@ -80,6 +88,31 @@ class Cache:
         digest = hashlib.blake2b(data, digest_size=20)
         digest.update(f"\0{','.join(codes)}\0{prefilter}".encode())
         return digest.hexdigest()
+
+    @staticmethod
+    def with_context(key: str, context: tuple[str, ...]) -> str:
+        """The key of a file's result: its content key, and the names of its functions the run calls per batch."""
+        if not context:
+            return key
+        digest = hashlib.blake2b(key.encode(), digest_size=20)
+        digest.update(("\0" + "\0".join(context)).encode())
+        return digest.hexdigest()
+
+    def calls(self, key: str) -> FileCalls | None:
+        """What the loops of the content of ``key`` call (:func:`gradlint.project_index.scan_calls`), if noted."""
+        entry = self._calls.get(key) or self._old_calls.get(key)
+        if entry is None:
+            return None
+        try:
+            calls = FileCalls.from_json(entry)
+        except (TypeError, ValueError):
+            return None
+        self._calls[key] = entry
+        return calls
+
+    def put_calls(self, key: str, calls: FileCalls) -> None:
+        """Note what the loops of the content of ``key`` call."""
+        self._calls[key] = calls.to_json()
 
     def get(self, key: str, path: str) -> FileResult | None:
         """The cached result for ``key``, or None."""
@@ -104,15 +137,17 @@ class Cache:
         entries.update(self._used)
         files = dict(self._old_files)
         files.update(self._files)
+        calls = dict(self._old_calls)
+        calls.update(self._calls)
         if len(entries) > 2 * len(self._used) + 1000:  # mostly stale: keep what this run used
-            entries, files = dict(self._used), dict(self._files)
-        if entries == self._old and files == self._old_files:
+            entries, files, calls = dict(self._used), dict(self._files), dict(self._calls)
+        if entries == self._old and files == self._old_files and calls == self._old_calls:
             return
         try:
             self._prepare_folder()
             handle, temporary = tempfile.mkstemp(dir=self.folder, prefix=".results-", suffix=".tmp")
             with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump({"results": entries, "files": files}, out, separators=(",", ":"))
+                json.dump({"results": entries, "files": files, "calls": calls}, out, separators=(",", ":"))
             os.replace(temporary, self._file)
             for stale in self.folder.glob("results-*.json"):  # other gradlint versions
                 if stale != self._file:
@@ -126,7 +161,7 @@ class Cache:
                 data = json.load(handle)
         except (OSError, ValueError):
             return {}
-        if not isinstance(data, dict) or not all(isinstance(data.get(k, {}), dict) for k in ("results", "files")):
+        if not isinstance(data, dict) or not all(isinstance(data.get(k, {}), dict) for k in ("results", "files", "calls")):
             return {}
         return data
 

@@ -16,6 +16,7 @@ from gradlint.syntax import (
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
+    contains_division,
     dotted_name,
     keyword_arg,
     method_name,
@@ -40,6 +41,8 @@ _ACCUMULATION_WORDS = re.compile(
     re.IGNORECASE,
 )
 _FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
+_ENGINE_NAME = re.compile(r"(^|_)(ds_|deepspeed_)?engine$|^deepspeed", re.IGNORECASE)
+_LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 
@@ -81,8 +84,7 @@ class EventBuilder:
             return self._summaries[key]
         events: list[Event] = []
         scope = _Scope(function, (), depth, stack + (function,), ())
-        body = function.body.body if isinstance(function.body, cst.IndentedBlock) else [function.body]
-        self._block(body, scope, events)
+        self._block(_body(function.body), scope, events)
         self._summaries[key] = events
         return events
 
@@ -103,15 +105,17 @@ class EventBuilder:
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 self._simple(small, scope, out)
+        elif isinstance(statement, cst.BaseSmallStatement):  # from a one-line suite: ``if cond: opt.zero_grad()``
+            self._simple(statement, scope, out)
         elif isinstance(statement, cst.If):
             self._if(statement, scope, out)
         elif isinstance(statement, (cst.For, cst.While)):
             head = statement.iter if isinstance(statement, cst.For) else statement.test
             self._expression(head, scope, out)
             loop = Frame(FrameKind.LOOP, statement)
-            self._block(statement.body.body, _within(scope, loop), out)
+            self._block(_body(statement.body), _within(scope, loop), out)
             if statement.orelse is not None:
-                self._block(statement.orelse.body.body, scope, out)
+                self._block(_body(statement.orelse.body), scope, out)
         elif isinstance(statement, cst.With):
             frames = scope.frames
             for item in statement.items:
@@ -119,26 +123,28 @@ class EventBuilder:
                 context = self._with_context(item.item)
                 if context is not None:
                     frames = frames + (Frame(FrameKind.WITH, statement, context=context),)
-            self._block(statement.body.body, dataclasses.replace(scope, frames=frames), out)
+            self._block(_body(statement.body), dataclasses.replace(scope, frames=frames), out)
         elif isinstance(statement, cst.Try) or type(statement).__name__ == "TryStar":
-            self._block(statement.body.body, scope, out)
+            self._block(_body(statement.body), scope, out)
             for handler in statement.handlers:
-                self._block(handler.body.body, scope, out)
+                # Runs only when the try body failed (OOM recovery): not on the path from a backward to its step.
+                frame = Frame(FrameKind.BRANCH, handler, "except", exits=_leaves(handler.body))
+                self._block(_body(handler.body), _within(scope, frame), out)
             if statement.orelse is not None:
-                self._block(statement.orelse.body.body, scope, out)
+                self._block(_body(statement.orelse.body), scope, out)
             if statement.finalbody is not None:
-                self._block(statement.finalbody.body.body, scope, out)
+                self._block(_body(statement.finalbody.body), scope, out)
         elif isinstance(statement, cst.Match):
             self._expression(statement.subject, scope, out)
             for case in statement.cases:
-                self._block(case.body.body, scope, out)
+                self._block(_body(case.body), scope, out)
         # Function and class definitions are roots of their own; nothing runs here.
 
     def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
         body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
-        self._block(statement.body.body, _within(scope, body_frame), out)
+        self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
             return
@@ -146,16 +152,16 @@ class EventBuilder:
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
         else:
-            self._block(orelse.body.body, _within(scope, else_frame), out)
+            self._block(_body(orelse.body), _within(scope, else_frame), out)
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
         """``if not boundary: continue`` puts the rest of the block under an accumulation guard."""
         if not isinstance(statement, cst.If) or statement.orelse is not None:
             return None
         body = statement.body.body
-        if not (len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine)):
-            return None
-        if not all(isinstance(s, cst.Continue) for s in body[0].body):
+        smalls = body if isinstance(statement.body, cst.SimpleStatementSuite) else (
+            body[0].body if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else ())
+        if not smalls or not all(isinstance(s, cst.Continue) for s in smalls):
             return None
         accumulation, count = self._guard(statement.test, function)
         if not accumulation:
@@ -295,6 +301,12 @@ class EventBuilder:
             if helper is not None:
                 self._inline(helper, call, scope, out)
                 return
+        if "torch.distributed.autograd.backward" in qualified:
+            return  # distributed autograd writes the gradients into its context, never into .grad
+        if method == "replay" and self.index.uses_cuda_graphs:
+            # ``graph.replay()`` runs the captured forward and backward again
+            emit(EventKind.BACKWARD, framework="cuda_graph")
+            return
         if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
             emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
             return
@@ -304,14 +316,38 @@ class EventBuilder:
         if method == "zero_grad":
             kind = self._kind(recv_name)
             target_kind = ObjKind.OPTIMIZER if kind is ObjKind.OPTIMIZER else ObjKind.MODEL
+            if isinstance(recv, cst.Name) and _loop_bound(recv.value, scope.frames):
+                # ``for opt in optimizers: opt.zero_grad()``: every optimizer of the collection, whichever they are
+                emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN, set_to_none=_set_to_none(call))
+                return
             emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
             return
         if method in ("zero_", "fill_", "mul_") and _is_grad(recv):
+            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value):
+                emit(GRAD_DIVIDE)  # p.grad.mul_(1 / n)
+                return
             if method == "zero_" or _is_zero_literal(positional_args(call)):
                 owner, kind = self._grad_owner(recv, scope)
                 emit(EventKind.ZERO, target=owner, target_kind=kind, set_to_none=False, manual=True)
             return
         if method in ("div_",) and _is_grad(recv):
+            emit(GRAD_DIVIDE)
+            return
+        if _scales_gradients(call, method):
+            emit(GRAD_DIVIDE)
+            return
+        if method == "register_comm_hook":
+            # A DDP communication hook that divides the bucket by more than the world size normalises the
+            # accumulated gradients itself (by tokens or micro-batches) when they are all-reduced.
+            args = positional_args(call)
+            hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
+            function = self.index.resolve_function(cst.Call(func=hook), scope.function) if isinstance(hook, (cst.Name, cst.Attribute)) else None
+            if function is not None and _divides_beyond_world_size(function):
+                emit(GRAD_DIVIDE, framework="comm_hook")
+            return
+        if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:
+            # Opacus: virtual steps pile up clipped per-sample gradients; step() averages them over the whole
+            # virtual batch (PrivacyEngine.virtual_step / step), so the loss needs no division.
             emit(GRAD_DIVIDE)
             return
         recv_kind = self._kind(recv_name)
@@ -381,15 +417,29 @@ class EventBuilder:
 
     def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
         args = positional_args(call)
-        if method == "manual_backward":
-            return {"framework": "lightning", "normalised": True, "loss": args[0].value if args else None}
+        if method == "manual_backward":  # Lightning's manual optimization: a plain backward (AMP scaling aside), nothing divided
+            loss = args[0].value if args else None
+            return {"framework": "lightning", "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         if method is None:  # torch.autograd.backward(loss)
             loss = args[0].value if args else None
             return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         recv_last = last_name(recv_name or "")
-        if args and (recv_last in _FRAMEWORK_BACKWARD or self._kind(recv_name) is ObjKind.ACCELERATOR):
+        recv_kind = self._kind(recv_name)
+        if args and (recv_last in _FRAMEWORK_BACKWARD or recv_kind is ObjKind.ACCELERATOR):
             framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
-            return {"framework": framework, "normalised": True, "loss": args[0].value}
+            loss = args[0].value
+            if framework == "fabric":  # Fabric.backward divides by nothing: Fabric has no accumulation setting
+                return {"framework": framework, "normalised": self._normalised(loss, scope), "loss": loss}
+            return {"framework": framework, "normalised": True, "loss": loss}
+        if args and (recv_kind is ObjKind.ENGINE or _ENGINE_NAME.search(recv_last)):
+            # DeepSpeed's engine.backward divides by its gradient_accumulation_steps and syncs at the boundary
+            # (deepspeed/runtime/engine.py: _scale_loss_by_gas), whatever the engine is called.
+            return {"framework": "deepspeed", "normalised": True, "loss": args[0].value}
+        if args and (recv_kind is ObjKind.OPTIMIZER or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
+            # ``optimizer.backward(loss)`` (fp16 optimizers of apex, fairseq, Megatron) or a helper handed the loss:
+            # what is backpropagated is the argument, scaled by a loss scale at most.
+            loss = args[0].value
+            return {"loss": loss, "normalised": self._normalised(loss, scope)}
         scaled = False
         recv = _uncast(recv)
         loss = recv
@@ -399,9 +449,12 @@ class EventBuilder:
             loss = inner[0].value if inner else recv
         elif recv_name is not None:
             for value in self._assigned(recv_name, scope.function):
+                value = _uncast(value)
                 if isinstance(value, cst.Call) and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
                     scaled = True
-        return {"scaled": scaled, "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
+        # ``y.backward(dy)``: a given upstream gradient, not a mean loss to divide.
+        upstream = bool(args) and method == "backward"
+        return {"scaled": scaled, "loss": loss, "upstream": upstream, "normalised": loss is not None and self._normalised(loss, scope)}
 
     def _normalised(self, loss: cst.BaseExpression, scope: _Scope) -> bool:
         """Whether the loss handed to backward was divided (or scaled down) on its way there."""
@@ -413,6 +466,10 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()):
             return True
         for value in self._assigned(name, scope.function):
+            if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
+                # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
+                if self._normalised(positional_args(value)[0].value, scope):
+                    return True
             if isinstance(value, cst.Call):
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
@@ -458,11 +515,27 @@ class EventBuilder:
         return dataclasses.replace(event, **changes)
 
 
+def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
+    """Whether ``name`` is the variable of a ``for`` loop around the code."""
+    return any(
+        f.kind is FrameKind.LOOP and isinstance(f.node, cst.For)
+        and any(isinstance(n, cst.Name) and n.value == name for n in walk(f.node.target))
+        for f in frames
+    )
+
+
+def _body(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
+    """The statements of a block: an indented block's lines, or the small statements of a one-line suite."""
+    return suite.body
+
+
 def _leaves(block: cst.BaseSuite) -> bool:
     """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``."""
-    if not isinstance(block, cst.IndentedBlock) or not block.body:
+    if not block.body:
         return False
     last = block.body[-1]
+    if isinstance(block, cst.SimpleStatementSuite):
+        return isinstance(last, (cst.Continue, cst.Break, cst.Return, cst.Raise))
     return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
 
 
@@ -491,6 +564,31 @@ def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.Ba
         if arg.keyword is not None:
             bindings[arg.keyword.value] = arg.value
     return bindings
+
+
+_WORLD_SIZE = re.compile(r"world_size|get_world_size|group_size|\.size\(\)")
+
+
+def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
+    """Whether a function divides by something other than the number of ranks (``bucket.buffer().div_(num_tokens)``)."""
+    module = cst.Module(body=[])
+    for node in walk(function, into_lambdas=True):
+        divisor = None
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            divisor = node.right
+        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_") and positional_args(node):
+            divisor = positional_args(node)[-1].value
+        if divisor is not None and not _WORLD_SIZE.search(module.code_for_node(divisor)):
+            return True
+    return False
+
+
+def _scales_gradients(call: cst.Call, method: str | None) -> bool:
+    """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided at once."""
+    name = callee_name(call) or ""
+    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name == "clip_gradients":
+        return False
+    return any(contains_division(arg.value) for arg in call.args)
 
 
 def _is_grad(node: cst.BaseExpression | None) -> bool:

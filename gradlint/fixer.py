@@ -60,8 +60,19 @@ class _Candidate:
     spans: list[tuple[int, int]]  # line ranges the edits touch; (0, 0) stands for the import block
 
 
-def fix_text(text: str, path: str = "<string>", config: Config | None = None, *, unsafe: bool = False, prefilter: bool = True) -> FixOutcome:
-    """Fix ``text`` as if it were the file ``path``; the outcome holds the new text and the findings left."""
+def fix_text(
+    text: str,
+    path: str = "<string>",
+    config: Config | None = None,
+    *,
+    unsafe: bool = False,
+    prefilter: bool = True,
+    context: Iterable[str] | None = None,
+) -> FixOutcome:
+    """Fix ``text`` as if it were the file ``path``; the outcome holds the new text and the findings left.
+
+    ``context`` is what the other files of the run say about this one (:func:`gradlint.build.build_model`).
+    """
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
     if not rules or (prefilter and not might_fire(text, rules)):
@@ -70,7 +81,7 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
     for _ in range(MAX_ROUNDS):
         try:
             module = parse(current)
-            model = build_model(module, current)
+            model = build_model(module, current, context)
             findings, candidates = _lint_round(model, path, rules, current, unsafe)
             batch = _non_overlapping(candidates)
             if not batch:
@@ -91,7 +102,7 @@ def fix_text(text: str, path: str = "<string>", config: Config | None = None, *,
             break
         seen.add(new_text)
         current, fixed = new_text, fixed + len(applied)
-    return FixOutcome(path, text, current, fixed, lint_text(current, path, config, prefilter=prefilter))
+    return FixOutcome(path, text, current, fixed, lint_text(current, path, config, prefilter=prefilter, context=context))
 
 
 def _lint_round(model: LoopModel, path: str, rules: Sequence[type[Rule]], text: str, unsafe: bool) -> tuple[list[Finding], list[_Candidate]]:
@@ -165,7 +176,15 @@ class NotWritten(Exception):
     """The fixed text was not written, for a reason the message gives in one line; the file is as it was."""
 
 
-def fix_file(path: str, config: Config | None = None, *, unsafe: bool = False, write: bool = True, prefilter: bool = True) -> FixOutcome:
+def fix_file(
+    path: str,
+    config: Config | None = None,
+    *,
+    unsafe: bool = False,
+    write: bool = True,
+    prefilter: bool = True,
+    context: Iterable[str] | None = None,
+) -> FixOutcome:
     """Fix one file; with ``write``, save the result atomically when it changed.
 
     The file is written only if it still holds the bytes that were fixed:
@@ -176,7 +195,7 @@ def fix_file(path: str, config: Config | None = None, *, unsafe: bool = False, w
         source = decode(data)
     except SourceError as error:
         return FixOutcome(path, "", "", 0, FileResult(path, error=str(error)))
-    outcome = fix_text(source.text, path, config, unsafe=unsafe, prefilter=prefilter)
+    outcome = fix_text(source.text, path, config, unsafe=unsafe, prefilter=prefilter, context=context)
     if write and outcome.changed:
         try:
             write_atomic(path, outcome.text, source, expected=data)
@@ -206,9 +225,11 @@ def fix_paths(
     config = config or Config()
     allowed = _allowed_fixes(unsafe)
     outcomes = []
-    for result in run(paths, config, jobs=jobs, cache=None, prefilter=prefilter):
+    contexts: dict[str, tuple[str, ...]] = {}
+    for result in run(paths, config, jobs=jobs, cache=None, prefilter=prefilter, contexts=contexts):
         if result.error is None and any(finding.fix in allowed for finding in result.findings):
-            outcomes.append(fix_file(result.path, config, unsafe=unsafe, write=write, prefilter=prefilter))
+            context = contexts.get(result.path)
+            outcomes.append(fix_file(result.path, config, unsafe=unsafe, write=write, prefilter=prefilter, context=context))
         else:
             outcomes.append(FixOutcome(result.path, "", "", 0, result))
     return outcomes

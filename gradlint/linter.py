@@ -117,25 +117,35 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def parse_and_check(text: str, path: str, rules: Sequence[type[Rule]]) -> FileResult:
-    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`)."""
+def parse_and_check(
+    text: str, path: str, rules: Sequence[type[Rule]], context: Iterable[str] | None = None
+) -> FileResult:
+    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`); ``context`` as for :func:`check_module`."""
     with cyclic_gc_paused():
         try:
             module = parse(text)
         except SourceError as error:
             return FileResult(path, error=str(error))
-        return check_module(module, path, rules, text)
+        return check_module(module, path, rules, text, context=context)
 
 
 def check_module(
-    module: cst.Module, path: str, rules: Sequence[type[Rule]], text: str | None = None, *, noqa: bool = True
+    module: cst.Module,
+    path: str,
+    rules: Sequence[type[Rule]],
+    text: str | None = None,
+    *,
+    noqa: bool = True,
+    context: Iterable[str] | None = None,
 ) -> FileResult:
     """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule.
 
     ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
+    ``context`` is what the other files of the run say about the module's functions
+    (:mod:`gradlint.project_index`); None: the module alone is the run.
     """
     try:
-        model = build_model(module, text)
+        model = build_model(module, text, context)
     except RecursionError:  # LibCST writes code back out recursively
         return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
@@ -179,13 +189,15 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
     return results
 
 
-def lint_text(text: str, path: str = "<string>", config: Config | None = None, *, prefilter: bool = True) -> FileResult:
-    """Check source text as if it were the file ``path``."""
+def lint_text(
+    text: str, path: str = "<string>", config: Config | None = None, *, prefilter: bool = True, context: Iterable[str] | None = None
+) -> FileResult:
+    """Check source text as if it were the file ``path``; ``context`` as for :func:`check_module`."""
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
     if not rules or (prefilter and not might_fire(text, rules)):
         return FileResult(path)
-    return parse_and_check(text, path, rules)
+    return parse_and_check(text, path, rules, context)
 
 
 def lint_file(path: str, config: Config | None = None, *, prefilter: bool = True) -> FileResult:

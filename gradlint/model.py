@@ -61,6 +61,7 @@ class Frame:
     count: cst.BaseExpression | None = None
     context: str | None = None  # WITH: "no_sync", "accumulate", "autocast"
     exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
+    called_by: str | None = None  # LOOP over a whole function: who runs it once per batch (for messages)
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""
@@ -87,6 +88,7 @@ class Event:
     loss: cst.BaseExpression | None = None  # BACKWARD: the expression backpropagated
     has_args: bool = False  # SCHED_STEP: stepped with an argument (a metric or an epoch)
     call_chain: tuple[cst.Call, ...] = ()  # the helper calls this event was inlined through
+    upstream: bool = False  # BACKWARD: ``y.backward(dy)`` feeds a given gradient, there is no mean loss to divide
 
     @property
     def loops(self) -> tuple[Frame, ...]:
@@ -172,6 +174,8 @@ class LoopModel:
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
     text: str | None = None  # the source, when the caller has it: positions are read against it
     index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
+    called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
+    unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:

@@ -29,7 +29,7 @@ from gradlint.syntax import (
 
 # The node types ``ModuleIndex._note`` looks at; the scan skips the call for all others.
 _NOTED = frozenset(
-    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg}
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg, cst.Call, cst.ListComp, cst.GeneratorExp}
 )
 
 
@@ -83,6 +83,10 @@ class ModuleIndex:
         self.divides_by_assignment = False  # a line of its own normalises a value: ``x = x / n`` or ``x /= n``
         self.constructions: dict[str, list[cst.Call]] = {}  # last name assigned -> ``name = Call(...)`` values
         self.variable_names: set[str] = set()  # every bare name used (not an attribute or a keyword)
+        # ``.grad`` used as a buffer that must exist: pre-allocated (``p.grad = torch.zeros_like(p)``), added or
+        # copied into (``p.grad += g``, ``p.grad.copy_(g)``), or read for every parameter with no None check
+        # (``flatten([p.grad for p in params])``). Zeroing in place is then what keeps the code working.
+        self.grads_used_as_buffers = False
         self._scan(module)
         self._find_divided_returns()
         self._classify_objects()
@@ -181,24 +185,39 @@ class ModuleIndex:
         elif kind is cst.Assign:
             for target in node.targets:
                 self._assign(target.target, node.value, function)
+                if _is_grad(target.target) and _allocates(node.value):
+                    self.grads_used_as_buffers = True
             if len(node.targets) == 1:
                 self._note_single_assignment(node)
         elif kind is cst.AnnAssign and node.value is not None:
             self._assign(node.target, node.value, function)
         elif kind is cst.AugAssign:
+            if isinstance(node.operator, cst.AddAssign) and _is_grad(node.target):
+                self.grads_used_as_buffers = True
             if isinstance(node.operator, cst.DivideAssign):
                 self.divides_by_assignment = True
             name = dotted_name(node.target)
             if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
                     self.divided_names.setdefault(function, set()).add(name)
+        elif kind is cst.ListComp or kind is cst.GeneratorExp:
+            if _reads_every_grad(node):
+                self.grads_used_as_buffers = True
+        elif kind is cst.Call:
+            # ``loss.mul_(mb_size / batch_size)`` / ``loss.div_(n)``: the loss normalised in place
+            func = node.func
+            if type(func) is cst.Attribute and func.attr.value in ("add_", "copy_") and _is_grad(func.value):
+                self.grads_used_as_buffers = True
+            if type(func) is cst.Attribute and func.attr.value in ("mul_", "div_") and type(func.value) is cst.Name and node.args:
+                if func.attr.value == "div_" or scales_down(node.args[0].value) or _is_fraction(node.args[0].value):
+                    self.divided_names.setdefault(function, set()).add(func.value.value)
         elif kind is cst.WithItem and node.asname is not None:
             self._assign(node.asname.name, node.item, function)
         elif kind is cst.Return and node.value is not None and function is not None:
             self._returned.setdefault(function, []).append(node.value)
         elif (kind is cst.Attribute or kind is cst.Name) and not self.uses_cuda_graphs:
             name = dotted_name(node) or ""
-            if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")):
+            if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")) or "cudagraph" in name.lower() or "cuda_graph" in name.lower():
                 self.uses_cuda_graphs = True
         elif kind is cst.Arg and node.keyword is not None and node.keyword.value == "capturable":
             if bool_literal(node.value) is True:
@@ -264,6 +283,10 @@ class ModuleIndex:
         if isinstance(value, (cst.Name, cst.Attribute)):
             alias = dotted_name(value)
             return self.objects.get(alias) if alias else None
+        element = _element(value)
+        if element is not None:  # ``{p: AdamW([p]) for p in params}``, ``[opt_g, opt_d]``: a container holds its elements' kind
+            info = self._classify_value(element)
+            return ObjInfo(info.kind) if info is not None and info.kind in (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER) else None
         if not isinstance(value, cst.Call):
             return None
         for qualified in self.qualified_names(value.func):
@@ -290,7 +313,7 @@ class ModuleIndex:
         if isinstance(call, cst.Call) and callee_name(call) in ("prepare", "setup", "initialize"):
             args = positional_args(call)
             if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
-                return {1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
+                return {0: ObjInfo(ObjKind.ENGINE), 1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
             if value.position < len(args):
                 return self._classify_value(args[value.position].value)
         return None
@@ -302,6 +325,46 @@ class Unpacked:
 
     value: cst.BaseExpression
     position: int
+
+
+def _element(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """What a container literal or comprehension holds: its (first) element, or a dict's (first) value."""
+    if isinstance(value, cst.DictComp):
+        return value.value
+    if isinstance(value, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+        return value.elt
+    if isinstance(value, cst.Dict):
+        first = next((e for e in value.elements if isinstance(e, cst.DictElement)), None)
+        return first.value if first is not None else None
+    if isinstance(value, (cst.List, cst.Tuple)) and value.elements:
+        return value.elements[0].value
+    return None
+
+
+def _is_grad(node: cst.BaseExpression) -> bool:
+    """``p.grad`` or ``p.grad.data``."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+        node = node.value
+    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+
+
+def _allocates(value: cst.BaseExpression) -> bool:
+    """``torch.zeros_like(p)``, ``torch.empty_like(p)``, ``torch.zeros(shape)``: a fresh buffer, not built from a gradient."""
+    if not isinstance(value, cst.Call) or callee_name(value) not in ("zeros_like", "empty_like", "zeros", "empty"):
+        return False
+    return not any(_is_grad(n) for arg in value.args for n in walk(arg.value) if isinstance(n, cst.Attribute))
+
+
+def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:
+    """``[p.grad.data for p in params]`` with no ``if``: a None gradient would break it."""
+    loop = node.for_in
+    if loop.ifs or loop.inner_for_in is not None:
+        return False
+    bound = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+    for sub in walk(node.elt):
+        if isinstance(sub, cst.Attribute) and sub.attr.value == "grad" and isinstance(sub.value, cst.Name) and sub.value.value in bound:
+            return not any(isinstance(n, (cst.IfExp, cst.Comparison)) for n in walk(node.elt))
+    return False
 
 
 def _is_fraction(node: cst.BaseExpression) -> bool:

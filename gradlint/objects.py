@@ -22,6 +22,7 @@ class ObjKind(str, enum.Enum):
     MODEL = "model"
     DDP_MODEL = "ddp_model"
     ACCELERATOR = "accelerator"
+    ENGINE = "engine"  # what ``deepspeed.initialize`` returns first: its backward scales and syncs for accumulation
     TENSOR = "tensor"  # one named tensor whose .grad the code handles by hand (``delta.grad``)
     UNKNOWN = "unknown"
 
@@ -44,6 +45,7 @@ _OPTIMIZER_MODULES = (
     "optimi.",
     "bitsandbytes.optim.",
     "apex.optimizers.",
+    "apex.contrib.optimizers.",
     "timm.optim.",
     "torch_optimizer.",
     "deepspeed.ops.adam.",

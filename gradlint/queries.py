@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import dotted_name, walk
+from gradlint.syntax import callee_name, dotted_name, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -43,6 +44,8 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     """
     if zero.kind is not EventKind.ZERO:
         return False
+    if any(f.branch == "except" for f in zero.frames):
+        return False  # a clear in an ``except`` handler recovers from a failed batch: it is not the loop's clear
     if zero.target_kind is ObjKind.TENSOR:
         return optimizer is None or not param_sources(model, optimizer)
     if zero.target is None or optimizer is None:
@@ -59,6 +62,27 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     return owner not in known_models
 
 
+# Helpers that take the optimizer for something else than clearing, by what their name says.
+_NOT_CLEARING = re.compile(
+    r"clip|learning_rate|(^|_)lr($|_)|schedul|warmup|save|checkpoint|load|log|print|summar|report|state_dict",
+    re.IGNORECASE,
+)
+
+
+def handoff_may_clear(handoff: Event) -> bool:
+    """Whether code the module does not show, handed the optimizer, may clear its gradients.
+
+    Unknown code is taken to clear unless its name says what else it does
+    (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer, epoch)``,
+    ``save_checkpoint(model, optimizer)``).
+    """
+    name = callee_name(handoff.node) if isinstance(handoff.node, cst.Call) else None
+    return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
+
+
+_CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
+
+
 def order_of(events: Iterable[Event]) -> dict[int, int]:
     """Position of each event (by identity) in a list: program order."""
     return {id(e): i for i, e in enumerate(events)}
@@ -70,6 +94,13 @@ def home_loop(root: Root, step: Event) -> Frame | None:
         if EventKind.BACKWARD in root.kinds_in(loop):
             return loop
     return None
+
+
+def loop_phrase(model: LoopModel, loop: Frame) -> str:
+    """Where a training loop is, for messages: its line, or the function that is one iteration of it."""
+    if loop.called_by is not None and isinstance(loop.node, cst.FunctionDef):
+        return f"in `{loop.node.name.value}` at line {model.line(loop.node.name)} ({loop.called_by})"
+    return f"in the loop at line {model.line(loop.node)}"
 
 
 def innermost_loop(event: Event) -> Frame | None:
@@ -233,7 +264,21 @@ def rebuilt_in(loop: Frame, name: str | None) -> bool:
         return False
     for node in walk(loop.node.body):
         if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
-            return True
-        if isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
-            return True
+            value = node.value
+        elif isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
+            value = node.value
+        else:
+            continue
+        if loop.called_by is not None and _fetches_optimizer(value):
+            continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
+        return True
     return False
+
+
+def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
+    """``self.optimizer``, ``self.optimizers()``, ``self.optimizers()[0]``: the existing optimizer, not a new one."""
+    if isinstance(value, cst.Subscript):
+        value = value.value
+    if isinstance(value, cst.Call) and callee_name(value) == "optimizers":
+        return True
+    return isinstance(value, (cst.Name, cst.Attribute))

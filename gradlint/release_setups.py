@@ -93,6 +93,8 @@ class ReleaseInfo:
     scalers: list[Site] = dataclasses.field(default_factory=list)  # ``GradScaler()`` constructors
     fp16_autocasts: list[Site] = dataclasses.field(default_factory=list)  # ``autocast(dtype=torch.float16)``
     touches_grads: bool = False  # the module reads or writes ``.grad`` itself
+    # Names whose truth guards a set-up (``if args.fused_backward_pass:``): the module's own release switches.
+    flags: frozenset[str] = frozenset()
     # Function -> the functions, classes and module body whose code can run it (itself included).
     _callers: dict[Any, frozenset[Any]] = dataclasses.field(default_factory=dict)
 
@@ -113,43 +115,82 @@ class ReleaseInfo:
         return sorted(found, key=lambda s: s.style == "flag")
 
 
-def release_polarity(test: cst.BaseExpression) -> bool | None:
-    """True when a branch test's body runs only with release on, False when only with it off, else None."""
+def release_polarity(test: cst.BaseExpression, flags: frozenset[str] = frozenset()) -> bool | None:
+    """True when a branch test's body runs only with release on, False when only with it off, else None.
+
+    ``flags`` are the module's own switches learnt from where its set-ups sit
+    (``if args.fused_backward_pass: ...register_post_accumulate_grad_hook...``).
+    """
+    return _implies(test, flags)[0]
+
+
+def _implies(test: cst.BaseExpression, flags: frozenset[str]) -> tuple[bool | None, bool | None]:
+    """What a test tells about release when it holds and when it fails: True on, False off, None unknown.
+
+    ``not (a or b)`` with ``a`` a release flag holds only with release off,
+    though ``a or b`` holding says nothing: both sides are kept apart.
+    """
     if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        inner = release_polarity(test.expression)
-        return None if inner is None else not inner
+        when_true, when_false = _implies(test.expression, flags)
+        return when_false, when_true
     if isinstance(test, cst.BooleanOperation):
-        left, right = release_polarity(test.left), release_polarity(test.right)
-        if isinstance(test.operator, cst.And) and (left is None or right is None):
-            return left if right is None else right
-        return left if left == right else None
+        (left_true, left_false), (right_true, right_false) = _implies(test.left, flags), _implies(test.right, flags)
+        if isinstance(test.operator, cst.And):  # holds: both hold; fails: either fails
+            return _either(left_true, right_true), (left_false if left_false == right_false else None)
+        return (left_true if left_true == right_true else None), _either(left_false, right_false)
     if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
         comparison = test.comparisons[0]
         literal = bool_literal(comparison.comparator)
-        inner = release_polarity(test.left)
-        if inner is None or literal is None:
-            return None
+        when_true, when_false = _implies(test.left, flags)
+        if literal is None:
+            return None, None
         negated = isinstance(comparison.operator, (cst.IsNot, cst.NotEqual))
-        return inner if literal != negated else not inner
+        return (when_true, when_false) if literal != negated else (when_false, when_true)
     if isinstance(test, (cst.Name, cst.Attribute)):
         name = dotted_name(test)
-        return True if name and _FLAG.search(last_name(name)) else None
+        is_flag = bool(name) and (bool(_FLAG.search(last_name(name))) or name in flags)
+        return (True, False) if is_flag else (None, None)
     if isinstance(test, cst.Call) and callee_name(test) == "get":
         args = positional_args(test)
-        return True if args and _flag_key(args[0].value) else None
+        return (True, False) if args and _flag_key(args[0].value) else (None, None)
     if isinstance(test, cst.Subscript) and len(test.slice) == 1:
         index = test.slice[0].slice
-        return True if isinstance(index, cst.Index) and _flag_key(index.value) else None
+        return (True, False) if isinstance(index, cst.Index) and _flag_key(index.value) else (None, None)
+    return None, None
+
+
+def _either(a: bool | None, b: bool | None) -> bool | None:
+    """What two facts that both hold tell: one known fact, or the same fact twice; None when they disagree."""
+    if a is None:
+        return b
+    if b is None or a == b:
+        return a
     return None
 
 
-def runs_without_release(branches: Iterable[Branch]) -> bool:
+def runs_without_release(branches: Iterable[Branch], flags: frozenset[str] = frozenset()) -> bool:
     """Whether code under these branches runs only when release is switched off."""
     for test, side in branches:
-        polarity = release_polarity(test)
-        if (polarity is True and side == "else") or (polarity is False and side == "if"):
+        when_true, when_false = _implies(test, flags)
+        if side == "if" and when_true is False:
+            return True
+        if side == "else" and (when_false is False or (when_false is None and when_true is True)):
             return True
     return False
+
+
+def _returned_functions(factory: cst.FunctionDef) -> list[cst.FunctionDef]:
+    """The functions defined in ``factory``'s body that it returns by name (``def hook(...): ...; return hook``)."""
+    if not isinstance(factory.body, cst.IndentedBlock):
+        return []
+    nested = {s.name.value: s for s in factory.body.body if isinstance(s, cst.FunctionDef)}
+    returned = []
+    for statement in factory.body.body:
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Return) and isinstance(small.value, cst.Name) and small.value.value in nested:
+                    returned.append(nested[small.value.value])
+    return returned
 
 
 def _flag_key(node: cst.BaseExpression) -> bool:
@@ -194,6 +235,7 @@ class _Finder:
         self.calls: dict[cst.FunctionDef | None, set[cst.FunctionDef]] = {}
         self.method_class: dict[cst.FunctionDef, str] = {}
         self._flag_seen = False
+        self.flags: set[str] = set()
         self._assigned_to: dict[cst.Call, str] = {}  # constructor call -> the name it is assigned to
 
     def run(self) -> None:
@@ -213,6 +255,7 @@ class _Finder:
             accumulation_settings=self.accumulation_settings,
             scalers=self.scalers,
             fp16_autocasts=self.fp16_autocasts,
+            flags=frozenset(self.flags),
             _callers=self._callers(),
         )
 
@@ -295,7 +338,14 @@ class _Finder:
 
     def _setup(self, style: str, call: cst.Call, ctx: _Context, **fields: Any) -> None:
         fields["model"] = _unless_parameter(fields.get("model"), ctx.function)
+        self._learn_flags(ctx)
         self.setups.append(ReleaseSetup(style, call, ctx.function, **fields))
+
+    def _learn_flags(self, ctx: _Context) -> None:
+        """A name tested by an ``if`` whose body sets release up is a release switch of this module."""
+        for test, side in ctx.branches:
+            if side == "if" and isinstance(test, (cst.Name, cst.Attribute)):
+                self.flags.add(dotted_name(test))
 
     def _builds_scaler(self, call: cst.Call, name: str, ctx: _Context) -> bool:
         """``GradScaler(...)`` by name, or a call the loop model classified as building a scaler."""
@@ -325,15 +375,21 @@ class _Finder:
         function = None
         if isinstance(hook, (cst.Name, cst.Attribute)):
             function = self.index.resolve_function(cst.Call(func=hook), ctx.function)
+        elif isinstance(hook, cst.Call):  # a hook factory: ``create_grad_hook(name, group)`` returns the hook
+            factory = self.index.resolve_function(hook, ctx.function)
+            made = _returned_functions(factory) if factory is not None else []
+            self.hooks.update(made)
+            function = made[0] if made else None
         body: cst.CSTNode | None = function if function is not None else (hook if isinstance(hook, cst.Lambda) else None)
         if body is None:
             return
+        if function is not None:
+            self.hooks.add(function)  # registered as a hook: its code runs per parameter, whatever it steps
         optimizer = self._stepped_optimizer(body)
         if optimizer is None:
             return
-        if function is not None:
-            self.hooks.add(function)
         model = _unless_parameter(_parameters_owner_of_loop(receiver(call), ctx.loops), ctx.function)
+        self._learn_flags(ctx)
         self.setups.append(ReleaseSetup("hook", call, ctx.function, optimizer, model, function, _frees_grad(body)))
 
     def _stepped_optimizer(self, body: cst.CSTNode) -> str | None:

@@ -8,6 +8,7 @@ sorted by path, whatever the number of jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
 from gradlint.linter import might_fire, parse_and_check
 from gradlint.named import COMPILED, named_files, syntax_error
+from gradlint.project_index import FileCalls, ProjectIndex, scan_calls
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
@@ -36,27 +38,54 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache: Cache | None = None, prefilter: bool = True) -> list[FileResult]:
-    """Check every file under ``paths`` with up to ``jobs`` processes; results sorted by path."""
+@dataclasses.dataclass
+class _File:
+    """One file of the run between the two passes: what is known of it so far."""
+
+    path: str
+    rules: list
+    codes: tuple[str, ...]
+    key: str | None  # the cache key of its content
+    text: str | None = None
+    data: bytes | None = None
+    calls: FileCalls = FileCalls()
+
+
+def run(
+    paths: Iterable[str],
+    config: Config,
+    *,
+    jobs: int | None = None,
+    cache: Cache | None = None,
+    prefilter: bool = True,
+    contexts: dict[str, tuple[str, ...]] | None = None,
+) -> list[FileResult]:
+    """Check every file under ``paths`` with up to ``jobs`` processes; results sorted by path.
+
+    Two passes: the first notes what each file's loops call (from the cache
+    when its content is unchanged), the second checks each file knowing which
+    of its functions the run calls once per batch (:mod:`gradlint.project_index`).
+    A file's cached result is keyed by its content and by that knowledge;
+    ``contexts``, when given, receives it per path (the fixer reads it).
+    """
     paths = list(paths)
     named = named_files(paths)
     results: list[FileResult] = []
-    pending: list[tuple[str, str, tuple[str, ...], str | None]] = []  # path, text, rule codes, cache key
+    files: list[_File] = []
     for item in discover(paths, config):
         if isinstance(item, Unreadable):
             results.append(FileResult(item.path, error=item.reason))
             continue
         rules = config.rules_for(item, ALL_RULES)
         codes = tuple(rule.code for rule in rules)
-        cache_codes = (*codes, COMPILED) if item in named else codes
+        cache_codes = (*codes, COMPILED) if item in named else codes  # a named file's answer includes its compile
         stat = _stat(item) if cache is not None else None
-        if stat is not None:  # an unchanged file is answered without reading it
-            known = cache.known_key(item, stat, cache_codes, prefilter)
-            cached = cache.get(known, item) if known is not None else None
-            if cached is not None:
-                cache.remember_file(item, stat, known, cache_codes, prefilter)
-                results.append(cached)
-                continue
+        known = cache.known_key(item, stat, cache_codes, prefilter) if stat is not None else None
+        calls = cache.calls(known) if known is not None else None
+        if calls is not None:  # an unchanged file is answered without reading it
+            cache.remember_file(item, stat, known, cache_codes, prefilter)
+            files.append(_File(item, rules, codes, known, calls=calls))
+            continue
         try:
             data = read_bytes(item)
         except SourceError as error:
@@ -65,24 +94,47 @@ def run(paths: Iterable[str], config: Config, *, jobs: int | None = None, cache:
         key = cache.key(data, cache_codes, prefilter) if cache is not None else None
         if stat is not None:
             cache.remember_file(item, stat, key, cache_codes, prefilter)
-        cached = cache.get(key, item) if cache is not None else None
-        if cached is not None:
-            results.append(cached)
-            continue
         try:
             text = decode(data).text
         except SourceError as error:
             result = FileResult(item, error=str(error))
-        else:
-            if rules and (not prefilter or might_fire(text, rules)):
-                pending.append((item, text, codes, key))
+            results.append(result)
+            if cache is not None:
+                cache.put(key, result)
+            continue
+        calls = scan_calls(text)
+        if cache is not None:
+            cache.put_calls(key, calls)
+        files.append(_File(item, rules, codes, key, text, data, calls))
+    project = ProjectIndex((f.path, f.calls) for f in files)
+    pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
+    pending_keys: list[str | None] = []
+    for file in files:
+        context = project.context_of(file.path, file.calls)
+        if contexts is not None:
+            contexts[file.path] = context
+        key = cache.with_context(file.key, context) if cache is not None else None
+        cached = cache.get(key, file.path) if cache is not None else None
+        if cached is not None:
+            results.append(cached)
+            continue
+        text = file.text
+        if text is None:  # known unchanged, but its result under this context is not cached
+            try:
+                text = decode(read_bytes(file.path)).text
+            except SourceError as error:
+                results.append(FileResult(file.path, error=str(error)))
                 continue
-            # Not parsed: a file named on the command line is still compiled.
-            result = FileResult(item, error=syntax_error(text) if item in named else None)
+        if file.rules and (not prefilter or might_fire(text, file.rules)):
+            pending.append((file.path, text, file.codes, context))
+            pending_keys.append(key)
+            continue
+        # Not parsed: a file named on the command line is still compiled.
+        result = FileResult(file.path, error=syntax_error(text) if file.path in named else None)
         results.append(result)
         if cache is not None:
             cache.put(key, result)
-    for (path, _, _, key), result in zip(pending, _check_all(pending, jobs or default_jobs())):
+    for key, result in zip(pending_keys, _check_all(pending, jobs or default_jobs())):
         results.append(result)
         if cache is not None:
             cache.put(key, result)
@@ -98,17 +150,17 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def check_text(path: str, text: str, codes: tuple[str, ...]) -> FileResult:
-    """Parse and check one file's text with the rules named by ``codes``."""
-    return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes])
+def check_text(path: str, text: str, codes: tuple[str, ...], context: tuple[str, ...] = ()) -> FileResult:
+    """Parse and check one file's text with the rules named by ``codes``; ``context`` as for :func:`build_model`."""
+    return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes], context)
 
 
-def _check_one(task: tuple[str, str, tuple[str, ...], str | None]) -> FileResult:
-    path, text, codes, _ = task
-    return check_text(path, text, codes)
+def _check_one(task: tuple[str, str, tuple[str, ...], tuple[str, ...]]) -> FileResult:
+    path, text, codes, context = task
+    return check_text(path, text, codes, context)
 
 
-def _check_all(tasks: list[tuple[str, str, tuple[str, ...], str | None]], jobs: int) -> list[FileResult]:
+def _check_all(tasks: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]], jobs: int) -> list[FileResult]:
     """Results in the order of ``tasks``: in this process for one job or one file, else in a process pool."""
     jobs = min(jobs, len(tasks))
     if jobs <= 1 or sum(len(task[1]) for task in tasks) < MIN_PARALLEL_CHARS:

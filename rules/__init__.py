@@ -1,16 +1,25 @@
 """The rule catalogue: every rule, one module per family.
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
-- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL104)
+- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008)
+- ``parameters``: which parameters an optimizer holds (GL009)
+- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302)
+- ``distributed``: distributed data-parallel training (GL302, GL303)
 """
 
 from __future__ import annotations
 
 from gradlint.rule import Rule
-from gradlint.rules.amp import BackwardWithoutScaler, ClipBeforeUnscale, ScalerWithoutUpdate, StepBypassesScaler
+from gradlint.rules.accumulation import ClipPerMicroBatch, LossDividedTwice, NumItemsInBatchIgnored
+from gradlint.rules.amp import (
+    BackwardWithoutScaler,
+    ClipBeforeUnscale,
+    ScalerUnscalePerMicroBatch,
+    ScalerWithoutUpdate,
+    StepBypassesScaler,
+)
 from gradlint.rules.clearing import (
     GradsKeptAllocated,
     MissingZeroGrad,
@@ -18,7 +27,8 @@ from gradlint.rules.clearing import (
     ZeroGradBetweenBackwardAndStep,
     ZeroGradInAccumulation,
 )
-from gradlint.rules.distributed import AccumulationWithoutNoSync
+from gradlint.rules.parameters import OptimizerOverFrozenParams
+from gradlint.rules.distributed import AccumulationWithoutNoSync, DdpModelChangedAfterWrap
 from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
@@ -33,16 +43,22 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ZeroGradInAccumulation,
     UnscaledAccumulatedLoss,
     GradsKeptAllocated,
+    ClipPerMicroBatch,
+    LossDividedTwice,
+    NumItemsInBatchIgnored,
+    OptimizerOverFrozenParams,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
     ScalerWithoutUpdate,
+    ScalerUnscalePerMicroBatch,
     GradScalerWithGradientRelease,
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
     GradientReleaseCandidate,
     SchedulerStepsPerMicroBatch,
     AccumulationWithoutNoSync,
+    DdpModelChangedAfterWrap,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

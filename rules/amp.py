@@ -1,4 +1,4 @@
-"""Rules about mixed precision with a ``GradScaler`` (GL101–GL104)."""
+"""Rules about mixed precision with a ``GradScaler`` (GL101–GL105)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,21 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import Event, LoopModel
 from gradlint.objects import last_name
-from gradlint.queries import backwards_reaching, innermost_loop, region, same_object, stepping_loop
+from gradlint.queries import (
+    Accumulation,
+    accumulation,
+    backwards_reaching,
+    exclusive,
+    frames_inside,
+    home_loop,
+    innermost_loop,
+    leaves_before,
+    loop_phrase,
+    region,
+    same_object,
+    stepping_loop,
+    steps_with_loops,
+)
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import dotted_name, receiver
 
@@ -40,6 +54,14 @@ class BackwardWithoutScaler(Rule):
     tiny, and float16 gradients may underflow to zero.
 
     **Fix.** ``scaler.scale(loss).backward()``.
+
+    **Stays quiet when**
+
+    - another backward of the same loop is scaled (the scaler is optional:
+      ``if scaler: ... else: loss.backward()``);
+    - a framework backpropagates (``accelerator.backward``, Lightning, a
+      DeepSpeed engine), or the loss is rebound to ``scaler.scale(loss)``
+      (also through ``typing.cast``).
 
     **Bad**::
 
@@ -99,6 +121,13 @@ class StepBypassesScaler(Rule):
     steps with inf/NaN gradients are not skipped.
 
     **Fix.** ``scaler.step(optimizer)`` followed by ``scaler.update()``.
+
+    **Stays quiet when**
+
+    - the direct step and the scaled backward sit in complementary branches
+      (``if amp: scaler.step(opt) else: opt.step()``), also when each branch
+      calls its own method;
+    - the optimizer is also stepped through the scaler, or steps a closure.
 
     **Bad**::
 
@@ -167,6 +196,12 @@ class ClipBeforeUnscale(Rule):
 
     **Fix.** Call ``scaler.unscale_(optimizer)`` before clipping.
 
+    **Stays quiet when**
+
+    - ``scaler.unscale_(optimizer)`` runs between the scaled backward and the
+      clip, or the clip only runs on the unscaled branch;
+    - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales first).
+
     **Bad**::
 
         scaler.scale(loss).backward()
@@ -179,6 +214,16 @@ class ClipBeforeUnscale(Rule):
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
+
+    Also flagged: a step function that clips and then calls
+    ``scaler.step(opt)`` with no ``unscale_`` before the clip, called from a
+    loop of the run (in this module or another of its package) that does
+    the scaled backward.
+
+    **Stays quiet when** an ``unscale_`` runs between the scaled backward and
+    the clip (in the step function, or in any function of the run that calls
+    it), the clip is accelerate's or another framework's (they unscale
+    first), or the backward that reaches the clip is not scaled.
     """
 
     code = "GL103"
@@ -203,6 +248,39 @@ class ClipBeforeUnscale(Rule):
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
                             fix=fixes.unscale_before_clip(model, root.events[position:], event, last_backward),
                         )
+                    elif not reaching:
+                        yield from _clip_before_scaler_step(model, root, event, position)
+
+
+def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int) -> Iterator[Report]:
+    """A step function that clips and then steps through a ``GradScaler``, its scaled backward left to a caller.
+
+    ``scaler.step(opt)`` means the gradients arrive scaled; with no
+    ``unscale_`` before the clip, they are clipped scaled. Only for a
+    function some loop of the run calls; quiet when a caller of this module
+    inlines it (the caller's view decides), or when some function of the run
+    that calls it also calls ``unscale_``.
+    """
+    function = root.node
+    if not isinstance(function, cst.FunctionDef) or function.name.value not in model.called_in_loop:
+        return
+    if function.name.value in model.unscaled_by_caller:
+        return
+    if any(e.kind is EventKind.UNSCALE for e in root.events[:position]):
+        return
+    if any(r is not root and any(e.node is clip.node for e in r.events) for r in model.roots):
+        return
+    for later in root.events[position + 1 :]:
+        if later.kind is EventKind.UNSCALE and not exclusive(later, clip):
+            return
+        if later.kind is EventKind.STEP and later.via_scaler is not None and not exclusive(later, clip):
+            yield Report(
+                clip.node,
+                f"gradients are clipped before `{later.via_scaler}.step({later.target})` at line {model.line(later.node)} "
+                f"with no `unscale_` first, here or in any caller of `{function.name.value}`: the backward its callers "
+                f"scale leaves them multiplied by the loss scale; call `{later.via_scaler}.unscale_({later.target})` first",
+            )
+            return
 
 
 class ScalerWithoutUpdate(Rule):
@@ -213,6 +291,13 @@ class ScalerWithoutUpdate(Rule):
     one overflow every following step is skipped, and training silently stops.
 
     **Fix.** Call ``scaler.update()`` once per step, after ``scaler.step()``.
+
+    **Stays quiet when**
+
+    - the training loop that runs the step (in this function or in a caller
+      of it) calls ``scaler.update()``;
+    - the step is not in a training loop of its own (a per-batch method, or a
+      loop over optimizers): its caller is judged where it is inlined.
 
     **Bad**::
 
@@ -234,18 +319,145 @@ class ScalerWithoutUpdate(Rule):
     needs = ((STEP, SCALER),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        updated = _steps_updated_somewhere(model)
+        settled = Settled()
         for root in model.roots:
             for step in root.events:
                 if step.kind is not EventKind.STEP or step.via_scaler is None:
                     continue
-                loop = innermost_loop(step)
+                loop = home_loop(root, step)
                 if loop is None:
-                    continue  # a per-step helper: the loop that calls it is checked where it is inlined
-                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
-                    continue
-                yield Report(
+                    continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
+                if step.node in updated or step.node in settled:
+                    continue  # a caller's training loop updates the scaler after calling this code
+                yield settled.note(Report(
                     step.node,
-                    f"`{step.via_scaler}.step({step.target})` runs in the loop at line {model.line(loop.node)} "
+                    f"`{step.via_scaler}.step({step.target})` runs {loop_phrase(model, loop)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
-                )
+                ))
+
+
+def _steps_updated_somewhere(model: LoopModel) -> set:
+    """The scaler steps that some root runs in a training loop (one that backpropagates) which also updates that scaler."""
+    updated = set()
+    for root in model.roots:
+        for step in root.events:
+            if step.kind is not EventKind.STEP or step.via_scaler is None:
+                continue
+            for loop in step.loops:
+                if EventKind.BACKWARD not in root.kinds_in(loop):
+                    continue
+                if any(same_object(e.target, step.via_scaler) for e in root.events_of(EventKind.SCALER_UPDATE, loop)):
+                    updated.add(step.node)
+                    break
+    return updated
+
+
+class ScalerUnscalePerMicroBatch(Rule):
+    """``scaler.unscale_(optimizer)`` or ``scaler.update()`` runs on micro-batches that do not step.
+
+    **Why it matters.** A ``GradScaler`` expects one ``unscale_`` per
+    optimizer and one ``update()`` per optimizer step. torch's
+    ``GradScaler.unscale_`` raises ``RuntimeError: unscale_() has already
+    been called on this optimizer since the last update()`` on the second
+    micro-batch of an accumulation; if ``update()`` runs on every micro-batch
+    too, nothing raises but the gradients already unscaled are summed with
+    new, scaled ones, and the scale changes in the middle of the
+    accumulation. ``update()`` alone on a micro-batch that neither stepped
+    nor unscaled fails with ``No inf checks were recorded prior to
+    update.``
+
+    **Fix.** Unscale (and clip) and update under the same guard as
+    ``scaler.step(optimizer)``: ``unscale_`` right before the clip,
+    ``update()`` right after the step.
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(loss_fn(model(x), y) / accum).backward()
+            scaler.unscale_(optimizer)
+            if (i + 1) % accum == 0:
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            scaler.scale(loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                scaler.unscale_(optimizer)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the optimizer is not stepped through the same
+    scaler; the unscale or update sits under an accumulation guard, in the
+    other branch of the step's ``if``, or leaves the loop before the step
+    (a skipped batch). The fix moves a per-micro-batch ``update()`` that is a
+    statement of its own in a block around the step to right after the step;
+    a per-micro-batch ``unscale_`` is not moved, since the clipping that
+    reads the unscaled gradients has to move with it.
+    """
+
+    code = "GL105"
+    name = "scaler-unscale-per-micro-batch"
+    summary = "scaler.unscale_() or scaler.update() runs on micro-batches that do not step the optimizer"
+    severity = Severity.ERROR
+    fix = FixKind.SAFE
+    needs = ((BACKWARD, STEP, call_of("unscale_"), SCALER), (BACKWARD, STEP, call_of("update"), SCALER))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            seen: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.via_scaler is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None:
+                    continue
+                region_frame = loop if acc.style == "guard" else acc.frame
+                for event in root.events_in(region_frame):
+                    if id(event) in seen or not _belongs_to(event, step):
+                        continue
+                    if not _runs_every_micro_batch(event, loop, acc) or leaves_before(event, step) or exclusive(event, step):
+                        continue
+                    seen.add(id(event))
+                    yield self._report(model, event, step, acc)
+
+    def _report(self, model: LoopModel, event: Event, step: Event, acc: Accumulation) -> Report:
+        where = _accumulation_place(model, acc)
+        if event.kind is EventKind.UNSCALE:
+            return Report(
+                event.node,
+                f"`{model.code(event.node)}` runs on every micro-batch but `{step.via_scaler}.step({step.target})` only "
+                f"runs {where}: the second micro-batch raises `unscale_() has already been called on this optimizer "
+                f"since the last update()`; unscale once, right before clipping and the step",
+            )
+        return Report(
+            event.node,
+            f"`{model.code(event.node)}` runs on every micro-batch but `{step.via_scaler}.step({step.target})` only "
+            f"runs {where}: the loss scale changes in the middle of the accumulation (and with nothing unscaled it "
+            f"raises); update once, right after the step",
+            fix=fixes.move_update_after_step(model, event, step),
+        )
+
+
+def _belongs_to(event: Event, step: Event) -> bool:
+    """An ``unscale_`` of the stepped optimizer through the step's scaler, or an ``update()`` of that scaler."""
+    if event.kind is EventKind.UNSCALE:
+        return same_object(event.via_scaler, step.via_scaler) and (event.target is None or same_object(event.target, step.target))
+    return event.kind is EventKind.SCALER_UPDATE and same_object(event.target, step.via_scaler)
+
+
+def _runs_every_micro_batch(event: Event, loop, acc: Accumulation) -> bool:
+    if acc.style == "guard":
+        return not any(f.accumulation for f in frames_inside(event, loop))
+    return event.inside(acc.frame)
+
+
+def _accumulation_place(model: LoopModel, acc: Accumulation) -> str:
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"

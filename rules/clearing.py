@@ -10,21 +10,27 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
-from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, LoopModel
-from gradlint.objects import ObjKind
+from gradlint.frameworks import counts_more_than_one, framework_settings
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, FrameKind, LoopModel
+from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
     Accumulation,
     accumulation,
     clears,
     clears_between_backward_and_step,
+    exclusive,
     frames_inside,
+    handoff_may_clear,
+    innermost_loop,
     leaves_before,
+    loop_phrase,
     param_sources,
     rebuilt_in,
     same_object,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
+from gradlint.syntax import callee_name, dotted_name, walk
 
 
 class MissingZeroGrad(Rule):
@@ -38,6 +44,37 @@ class MissingZeroGrad(Rule):
 
     **Fix.** Call ``optimizer.zero_grad()`` once per step, right after
     ``optimizer.step()`` (or at the top of the loop).
+
+    Also flagged: one optimizer stepped twice in one iteration with another
+    backward between and no clear (``loss_a.backward(); opt.step();
+    loss_b.backward(); opt.step()``): the second step applies the first
+    backward's gradients again.
+
+    **Loops it reads**: ``for`` and ``while`` loops; a step function that
+    every loop of its package calling it leaves the gradient work to
+    (``trainer.train_step(batch)``, in this module or another); a Lightning
+    ``training_step`` under manual optimization (Lightning calls it once
+    per batch and clears nothing itself).
+
+    **Stays quiet when**
+
+    - the loop clears the optimizer: ``zero_grad()`` on it or its model,
+      ``p.grad = None``, a helper that clears (also one handed a list of
+      optimizers), or a closure run by ``step(closure)``; a clear in an
+      ``except`` handler does not count (it runs only on failed batches);
+    - the optimizer is handed to code the model cannot see, which may clear
+      it, unless the callee's name says what else it does
+      (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
+      epoch)``, ``save_checkpoint(...)``);
+    - a fresh optimizer over fresh tensors is built every iteration;
+    - the optimizer is set up for gradient release (optimi's
+      ``gradient_release=True``, torchtune, a per-parameter optimizer dict
+      stepped in hooks): each gradient is applied and freed during backward;
+    - the backward is ``torch.distributed.autograd.backward``: gradients live
+      in the per-iteration distributed autograd context, never in ``.grad``;
+    - in a step function: a loop calling it does gradient work of its own
+      beside the call (the clear may be there), or the stepped optimizer and
+      a cleared one both come from elsewhere (they may share parameters).
 
     **Bad**::
 
@@ -72,17 +109,78 @@ class MissingZeroGrad(Rule):
                 checked.add(key)
                 if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
+                if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
+                if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
+                    continue
+                if _released(model, step.target):
+                    continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
                     step.node,
                     f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
-                    f"cleared in the loop at line {model.line(loop.node)}: each step also applies every earlier "
-                    f"step's gradients",
+                    f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients",
                     fix=fixes.add_zero_grad(model, step),
                 )
+            yield from _steps_reapplying_gradients(model, root)
+
+
+def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> bool:
+    """Whether a clear of another optimizer may clear this one's parameters: neither shows what it was built over.
+
+    A step function gets its optimizers from elsewhere (``opt_g, opt_d =
+    self.optimizers()``); two of them may hold the same parameters, and then
+    clearing one clears the other.
+    """
+    if param_sources(model, step.target or ""):
+        return False
+    return any(z.target_kind is ObjKind.OPTIMIZER and not param_sources(model, z.target or "") for z in zeros)
+
+
+def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
+    """A second step of one optimizer in the same iteration, after another backward and no clear since the first.
+
+    ``loss_a.backward(); opt.step(); loss_b.backward(); opt.step()``: the
+    second step sees ``loss_a``'s gradients plus ``loss_b``'s and applies
+    ``loss_a``'s a second time.
+    """
+    for loop in root.loops():
+        events = root.events_in(loop)
+        last_step: dict[str, Event] = {}  # optimizer (last name) -> its latest step so far in this loop
+        since: dict[str, list[Event]] = {}  # events after that step
+        for event in events:
+            for seen in since.values():
+                seen.append(event)
+            if event.kind is not EventKind.STEP or event.target is None or event.framework == "closure":
+                continue
+            if innermost_loop(event) is not loop:
+                continue
+            key = last_name(event.target)
+            first = last_step.get(key)
+            if first is not None and first.loops == event.loops and not exclusive(first, event):
+                between = since[key][:-1]
+                backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
+                handled = any(
+                    (e.kind is EventKind.ZERO and clears(model, e, event.target))
+                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e))
+                    for e in between
+                )
+                if backward is not None and not handled:
+                    yield Report(
+                        event.node,
+                        f"`{event.target}` steps at line {model.line(first.node)} and again at line "
+                        f"{model.line(event.node)} in the same iteration, with a backward at line "
+                        f"{model.line(backward.node)} between and no clear: the second step applies the first "
+                        f"step's gradients again; clear `{event.target}` before the second backward",
+                    )
+            last_step[key] = event
+            since[key] = []
+
+
+def _released(model: LoopModel, optimizer: str | None) -> bool:
+    """Whether ``optimizer`` is set up for gradient release (optimi, torchtune, a per-parameter optimizer dict in hooks)."""
+    return any(s.optimizer is not None and same_object(s.optimizer, optimizer) for s in model.release.setups)
 
 
 class ZeroGradBetweenBackwardAndStep(Rule):
@@ -92,6 +190,16 @@ class ZeroGradBetweenBackwardAndStep(Rule):
     model does not learn, or learns only from weight decay, and nothing fails.
 
     **Fix.** Move the clear after the step (or before the backward).
+
+    **Stays quiet when**
+
+    - the clear runs in a closure handed to ``step(closure)``, or in a nested
+      function that steps first and clears after;
+    - the clear sits in a branch that leaves before the step
+      (``if not finite: opt.zero_grad(); continue``) or in an ``except``
+      handler (out-of-memory recovery);
+    - the clear reaches another optimizer's model;
+    - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
 
@@ -135,6 +243,13 @@ class ZeroGradInAccumulation(Rule):
 
     **Fix.** Clear under the same guard as the step, right after it.
 
+    **Stays quiet when**
+
+    - the clear is under the same guard as the step, or in the window-start
+      branch of the guard;
+    - the clear sits in a branch that leaves before the step (the micro-batches
+      that never step), or in an ``except`` handler.
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):
@@ -150,6 +265,18 @@ class ZeroGradInAccumulation(Rule):
             if (i + 1) % accum == 0:
                 optimizer.step()
                 optimizer.zero_grad()
+
+    Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
+    with ``gradient_accumulation_steps``), accelerate skips the prepared
+    optimizer's ``step()`` and ``zero_grad()`` until the micro-batch that
+    syncs; ``model.zero_grad()`` or a ``p.grad = None`` loop there runs on
+    every micro-batch and is flagged too.
+
+    **Stays quiet when** the clear is under the same guard as the step (or
+    ``if accelerator.sync_gradients:``), leaves the loop early (``if not
+    finite: zero_grad(); continue``), falls between backward and step
+    (GL002's finding), or clears the prepared optimizer inside
+    ``accumulate()``.
     """
 
     code = "GL003"
@@ -162,6 +289,9 @@ class ZeroGradInAccumulation(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
         for root in model.roots:
+            for report in _ungated_clears_in_accumulate(model, root):
+                if report.node not in settled:
+                    yield report
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
             for step, loop in steps_with_loops(root):
@@ -184,10 +314,63 @@ class ZeroGradInAccumulation(Rule):
                         Report(
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step",
+                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step"
+                            f"{_undivided_too(model, root, acc)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
+
+
+def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
+    """Clears inside ``with accelerator.accumulate(model):`` that accelerate does not skip between steps.
+
+    accelerate's ``accumulate()`` skips a prepared optimizer's ``step()`` and
+    ``zero_grad()`` until the micro-batch that syncs (``AcceleratedOptimizer``
+    checks ``gradient_state.sync_gradients``); ``model.zero_grad()`` and a
+    hand-written ``p.grad = None`` loop are plain PyTorch and run every time.
+    Only where the module builds its ``Accelerator`` with an accumulation
+    count that may be above 1: without one, every micro-batch syncs.
+    """
+    settings = framework_settings(model)
+    if not any(counts_more_than_one(count) for count in settings.accelerator_counts):
+        return
+    for step in root.events_of(EventKind.STEP):
+        if step.via_scaler is not None or step.framework is not None:
+            continue
+        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+        if block is None or any(f.accumulation for f in frames_inside(step, block)):
+            continue
+        for zero in root.events_of(EventKind.ZERO, block):
+            if zero.target_kind is ObjKind.OPTIMIZER or not clears(model, zero, step.target):
+                continue
+            if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
+                continue
+            yield Report(
+                zero.node,
+                f"`{model.code(zero.node)}` runs on every micro-batch inside `accumulate()` at line "
+                f"{model.line(block.node)}, which skips only the prepared optimizer's `step()` and `zero_grad()` "
+                f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
+                f"clear with `{step.target}.zero_grad()`",
+            )
+
+
+def _undivided_too(model: LoopModel, root, acc: Accumulation) -> str:
+    """GL004's half of the same loop, told in GL003's message: one problem, one finding."""
+    undivided = [b for b in acc.backwards if not _divided_for_step(b)]
+    if not undivided or _deliberate_sum(model, root, acc):
+        return ""
+    count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
+    return f"; once the clear moves, also divide the loss of the backward at line {model.line(undivided[0].node)} by {count}"
+
+
+def _divided_for_step(backward: Event) -> bool:
+    """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
+    return (
+        backward.normalised
+        or backward.framework in _DIVIDING_FRAMEWORKS
+        or backward.with_context("accumulate")
+        or backward.upstream
+    )
 
 
 def _where(model: LoopModel, acc: Accumulation) -> str:
@@ -206,7 +389,31 @@ class UnscaledAccumulatedLoss(Rule):
 
     **Fix.** Divide the loss before ``backward()``: ``(loss / accum).backward()``,
     ``loss = loss / accum`` or ``loss /= accum``. Frameworks that divide for you
-    (``accelerator.backward``) need nothing.
+    (``accelerator.backward``, DeepSpeed's ``engine.backward``) need nothing;
+    Lightning's ``manual_backward`` and Fabric's ``fabric.backward`` divide by
+    nothing (Lightning refuses ``accumulate_grad_batches`` under manual
+    optimization), so the loss handed to them must be divided.
+
+    **Stays quiet when**
+
+    - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
+      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss),
+      also when it then goes through apex's ``amp.scale_loss``, an fp16
+      optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
+    - a framework divides: ``accelerator.backward`` / ``accumulate()``,
+      Lightning, a DeepSpeed engine's ``backward`` (whatever the name
+      ``deepspeed.initialize`` returned it under);
+    - the gradients are divided after accumulating: ``p.grad /= n``,
+      ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
+      ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``, a DDP
+      communication hook that divides by more than the world size;
+    - the backward feeds a given gradient (``y.backward(dy)``): there is no
+      mean loss;
+    - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
+      so, or weight decay / learning rate scaled by the accumulation count
+      (a recipe tuned for a nominal batch);
+    - the clear runs on every micro-batch: nothing accumulates yet, and GL003
+      reports that loop, naming the undivided loss in its message.
 
     **Bad**::
 
@@ -233,18 +440,24 @@ class UnscaledAccumulatedLoss(Rule):
     needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        if any(e.framework == "comm_hook" for root in model.roots for e in root.events_of(GRAD_DIVIDE)):
+            return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
         for root in model.roots:
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                if GRAD_DIVIDE in root.kinds_in(loop):
-                    continue
+                if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
+                    continue  # the accumulated gradients are divided by hand
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
+                    continue
+                if _cleared_every_micro_batch(model, root, step, loop, acc):
+                    continue  # nothing accumulates: GL003 reports the clear, the one line to change
+                if _deliberate_sum(model, root, acc):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if backward.normalised or backward.framework is not None or backward.with_context("accumulate"):
+                    if _divided_for_step(backward):
                         continue
                     yield Report(
                         backward.node,
@@ -252,6 +465,102 @@ class UnscaledAccumulatedLoss(Rule):
                         f"but the loss is not divided by {count}: each step is that many times too large",
                         fix=fixes.divide_loss(model, backward, acc),
                     )
+
+
+# Backwards left alone: frameworks that divide the loss by their own accumulation count, and
+# closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
+_DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
+
+
+def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) -> bool:
+    """Whether a gradient division only undoes a factor the loss was multiplied by before backward.
+
+    ``(loss * 2 ** lg_loss_scale).backward()`` then ``p.grad.mul_(1 / 2 ** lg_loss_scale)`` unscales an fp16
+    loss scale: the micro-batches are still summed.
+    """
+    divisor = {dotted_name(n) for n in walk(divide.node) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+    for backward in backwards:
+        assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
+        if backward.loss is None:
+            continue
+        loss_name = dotted_name(backward.loss)
+        factors = {dotted_name(n) for n in walk(backward.loss) if isinstance(n, (cst.Name, cst.Attribute))} - {None, loss_name}
+        factors = {f for f in factors if "grad" not in f and f != "loss"}
+        for name in list(factors):  # ``loss_scale = 2 ** self.lg_loss_scale``: what the factor was made of
+            for value in assignments.get(name, []):
+                if isinstance(value, cst.BaseExpression):
+                    factors |= {dotted_name(n) for n in walk(value) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+        if factors & divisor:
+            return True
+    return False
+
+
+def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:
+    """Whether a clear of the step's optimizer runs on every micro-batch (GL003's finding): then nothing piles up."""
+    if acc.style == "guard":
+        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
+    else:
+        zeros = root.events_of(EventKind.ZERO, acc.frame)
+    return any(clears(model, z, step.target) and not leaves_before(z, step) for z in zeros)
+
+
+# A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
+_SUM_COMMENT = re.compile(r"\bsum(med)?\b|scaled by|nominal batch|deliberate", re.IGNORECASE)
+# A hyper-parameter tuned for the summed gradient of a nominal batch: ``hyp["weight_decay"] *= bs * accumulate / nbs``.
+_HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE)
+
+
+def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
+    """Whether the code says the sum over micro-batches is meant.
+
+    A loss built with ``reduction="sum"``, a comment beside the loss saying so,
+    or weight decay / learning rate scaled by the accumulation count (a recipe
+    tuned for the summed gradient of a nominal batch, as yolov5's).
+    """
+    index = model.index
+    if index is None:
+        return False
+    for backward in acc.backwards:
+        table = index.assignments.get(_function_around(model, backward.node), {})  # where the loss is made, even when inlined
+        name = dotted_name(backward.loss) if backward.loss is not None else None
+        for value in table.get(name, []) if name else []:
+            value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
+            if any(isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == "reduction"
+                   and isinstance(n.value, cst.SimpleString) and n.value.evaluated_value == "sum" for n in walk(value)):
+                return True
+            if _SUM_COMMENT.search(_comment_of(model, value)):
+                return True
+    counts = _accumulation_names(model, acc)
+    if not counts:
+        return False
+    for node in walk(_function_around(model, acc.frame.node) or model.module):
+        if isinstance(node, (cst.Assign, cst.AugAssign)):
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
+                if {n.value for n in walk(node.value) if isinstance(n, cst.Name)} & counts:
+                    return True
+    return False
+
+
+def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
+    """The names that hold the number of micro-batches: the count, or the guard's accumulation-like names."""
+    source = acc.count if acc.count is not None else (acc.frame.node.test if isinstance(acc.frame.node, cst.If) else None)
+    if source is None:
+        return set()
+    names = {n.value for n in walk(source) if isinstance(n, cst.Name)}
+    if acc.count is not None:
+        return names
+    return {n for n in names if re.search(r"accum", n, re.IGNORECASE)}
+
+
+def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
+    """The comment at the end of the line holding ``node``'s statement, if any."""
+    parents = model.parents or {}
+    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+        node = parents.get(node)
+    if node is None or node.trailing_whitespace.comment is None:
+        return ""
+    return node.trailing_whitespace.comment.value
 
 
 # An inner loop whose header says it runs over micro-batches.
@@ -289,6 +598,20 @@ class GradsKeptAllocated(Rule):
     **Fix.** ``optimizer.zero_grad(set_to_none=True)``, or ``model.zero_grad()``
     instead of a manual loop.
 
+    **Stays quiet when**
+
+    - the module uses ``.grad`` as a buffer that must exist: pre-allocated
+      (``p.grad = torch.zeros_like(p)``), added or copied into
+      (``p.grad += g``, ``p.grad.copy_(g)``), or read for every parameter with
+      no None check (``flatten([p.grad for p in params])``);
+    - the zeroing is inside a class's own ``zero_grad``: freeing or zeroing is
+      its caller's choice;
+    - the code backpropagates once and never steps (a gradient comparison);
+    - the buffers are kept on purpose and the code says why: a reason beside
+      ``set_to_none=False``, a comment about keeping them resident, a test
+      that mocks ``zero_grad`` to check its arguments;
+    - the module uses CUDA graphs, or the gradient is one named tensor's.
+
     **Bad**::
 
         optimizer.zero_grad(set_to_none=False)
@@ -308,12 +631,20 @@ class GradsKeptAllocated(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.uses_cuda_graphs:
             return
+        if model.index is not None and model.index.grads_used_as_buffers:
+            return  # .grad is pre-allocated, added or copied into, or read whole: set to None it would break the code
         for root in model.roots:
             for event in root.events:
                 if event.kind is not EventKind.ZERO or event.set_to_none is not False:
                     continue
                 if event.target_kind is ObjKind.TENSOR:
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
+                if _inside_own_zero_grad(model, event) or _caller_chose_in_place(event):
+                    continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
+                if _no_next_backward(root, event):
+                    continue  # one backward, no step: nothing is kept between steps
+                if _kept_on_purpose(model, root, event):
+                    continue
                 if event.manual:
                     message = (
                         f"`{model.code(event.node)}` zeroes gradients in place and keeps their buffers allocated: "
@@ -325,3 +656,67 @@ class GradsKeptAllocated(Rule):
                         f"`set_to_none=True` frees them"
                     )
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
+
+
+def _function_around(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    parents = model.parents or {}
+    node = parents.get(node)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = parents.get(node)
+    return node
+
+
+def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
+    """Whether the zeroing is written inside a class's ``zero_grad`` method (``_zero_grad_group_helper`` too)."""
+    function = _function_around(model, event.node)
+    while function is not None:
+        if "zero_grad" in function.name.value and model.index is not None and model.index.class_of.get(function):
+            return True
+        function = _function_around(model, function)
+    return False
+
+
+def _caller_chose_in_place(event: Event) -> bool:
+    """Whether the zeroing is the ``else`` of ``if set_to_none:`` (``set_grads_to_None``...): the caller picked it."""
+    for frame in event.frames:
+        if frame.kind is FrameKind.BRANCH and frame.branch == "else" and isinstance(frame.node, cst.If):
+            name = dotted_name(frame.node.test) if isinstance(frame.node.test, (cst.Name, cst.Attribute)) else None
+            if name and re.search(r"to_?none", name, re.IGNORECASE):
+                return True
+    return False
+
+
+def _no_next_backward(root, event: Event) -> bool:
+    """Whether the clear is in code that backpropagates but never steps, and no loop around it backpropagates again
+    (a one-off gradient check)."""
+    kinds = root.kinds_in(None)
+    if EventKind.STEP in kinds or EventKind.BACKWARD not in kinds:
+        return False  # a clearing helper alone is judged as written
+    return not any(EventKind.BACKWARD in root.kinds_in(loop) for loop in event.loops)
+
+
+# A comment beside ``set_to_none=False`` that gives a reason about the buffers.
+_REASON_COMMENT = re.compile(r"none|keep|kept|buffer|alloc|memory|graph|pointer|reuse|in.place|resident|stable", re.IGNORECASE)
+# A comment saying the buffers are kept on purpose.
+_KEEP_COMMENT = re.compile(r"resident|keep\w*\b.*\b(grad|buffer)|stable\b.*\b(buffer|address|pointer)|data_ptr|peak.memory", re.IGNORECASE)
+
+
+def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
+    """Whether the code says the buffers stay: a comment beside an explicit ``set_to_none=False``, a comment in the
+    function about keeping them resident, or a test that mocks ``zero_grad`` to check the argument it receives."""
+    lines = (model.text if model.text is not None else model.module.code).splitlines()
+    line = model.line(event.node)
+    if not event.manual:
+        beside = lines[line - 1] if line - 1 < len(lines) else ""
+        above = lines[line - 2].strip() if line >= 2 else ""
+        comments = [text.partition("#")[2] for text in (beside, above) if "#" in text]
+        if any(_REASON_COMMENT.search(c) for c in comments):
+            return True
+    start, _, end, _ = model.position(root.node)
+    if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
+        return True
+    for node in walk(root.node):
+        if isinstance(node, cst.Call) and callee_name(node) in ("patch", "object"):
+            if any(isinstance(a.value, cst.SimpleString) and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
+                return True
+    return False

@@ -63,7 +63,7 @@ def released_roots(model: LoopModel) -> Iterator[tuple[Root, list[ReleaseSetup]]
 
 def _released_sites(model: LoopModel, sites: list[Site]) -> Iterator[tuple[Site, ReleaseSetup]]:
     for site in sites:
-        if site.function in model.release.hooks or runs_without_release(site.branches):
+        if site.function in model.release.hooks or runs_without_release(site.branches, model.release.flags):
             continue
         setups = model.release.with_setup(site.function)
         if setups:
@@ -83,6 +83,13 @@ class GradScalerWithGradientRelease(Rule):
 
     **Fix.** Use bfloat16 autocast, which needs no scaler, and drop the
     ``GradScaler``. Or keep float16 and turn gradient release off.
+
+    **Stays quiet when**
+
+    - the scaler or autocast is on the branch where release is off (the
+      module's own release switch, learnt from where its set-up sits);
+    - the module refuses the combination with a ``raise``; float16 autocast
+      and its scaler in one function are reported once, at the autocast.
 
     **Bad**::
 
@@ -114,7 +121,14 @@ class GradScalerWithGradientRelease(Rule):
         if not release.setups or "scaler" in release.refused:
             return
         reported = False
-        for site, setup in _released_sites(model, release.scalers):
+        scalers = list(_released_sites(model, release.scalers))
+        autocasts = list(_released_sites(model, release.fp16_autocasts))
+        # One problem, one finding: a float16 autocast and its scaler are reported once, at the autocast
+        # (switching it to bfloat16 is the change; the scaler then goes too).
+        paired = {id(s.node): s for s, _ in scalers if any(a.function is s.function for a, _ in autocasts)}
+        for site, setup in scalers:
+            if id(site.node) in paired:
+                continue
             reported = True
             yield Report(
                 site.node,
@@ -122,19 +136,21 @@ class GradScalerWithGradientRelease(Rule):
                 f"gradient at once for its inf/NaN check and unscale, but release has already applied and freed "
                 f"each one; use bfloat16 autocast, which needs no scaler",
             )
-        for site, setup in _released_sites(model, release.fp16_autocasts):
+        for site, setup in autocasts:
             reported = True
+            scaler = next((s for s in paired.values() if s.function is site.function), None)
+            also = f", and drop the GradScaler at line {model.line(scaler.node)}" if scaler is not None else ""
             yield Report(
                 site.node,
                 f"float16 autocast `{model.code(site.node)}` is used together with {_describe(model, setup)}: "
                 f"float16 needs a GradScaler, which needs every gradient at once, and release frees each one as "
-                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler",
+                f"soon as it is applied; use `dtype=torch.bfloat16`, which needs no scaler{also}",
             )
         if reported:
             return
         for root, setups in released_roots(model):
             for event in root.events:
-                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event)):
+                if event.kind is EventKind.BACKWARD and event.scaled and not runs_without_release(_branches(event), model.release.flags):
                     yield Report(
                         event.node,
                         f"this backward is scaled by a GradScaler while {_describe(model, setups[0])} applies and "
@@ -156,6 +172,11 @@ class AccumulationWithGradientRelease(Rule):
     which accumulates into the optimizer states while releasing gradients
     (``opt.optimizer_accumulation = (i + 1) % accum != 0`` before backward).
     A recipe that raises when both are configured is fine.
+
+    **Stays quiet when**
+
+    - the accumulation runs only with release off, the module refuses it with
+      a ``raise``, or optimi's ``optimizer_accumulation`` is used.
 
     **Bad**::
 
@@ -214,7 +235,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
     seen: set[int] = set()
     for loop in root.loops():
         events = root.events_in(loop)
-        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e))]
+        backwards = [e for e in events if e.kind is EventKind.BACKWARD and not runs_without_release(_branches(e), model.release.flags)]
         if not backwards:
             continue
         for event in events:
@@ -227,7 +248,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
                 if not any(not b.inside(frame) for b in backwards):
                     continue
                 around = event.frames[: len(event.frames) - len(inner) + depth]
-                if runs_without_release(_branches_of(around)):
+                if runs_without_release(_branches_of(around), model.release.flags):
                     continue
                 seen.add(id(frame.node))
                 yield frame.node, "the optimizer work under this accumulation guard waits for several micro-batches"
@@ -235,7 +256,7 @@ def _accumulations(model: LoopModel, root: Root) -> Iterator[tuple[cst.CSTNode, 
             if home_loop(root, step) is not loop or id(step.node) in seen:
                 continue
             acc = accumulation(root, step, loop)
-            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step)):
+            if acc is not None and acc.style == "micro_loop" and not runs_without_release(_branches(step), model.release.flags):
                 seen.add(id(step.node))
                 yield step.node, f"`{step.target}` steps once after several backwards of the loop at line {model.line(acc.frame.node)}"
 
@@ -253,6 +274,14 @@ class ClippingWithGradientRelease(Rule):
     **Fix.** Drop the clipping, clip per parameter inside the hook, or use an
     optimizer with update clipping such as StableAdamW, which bounds each
     update without needing every gradient.
+
+    **Stays quiet when**
+
+    - the clip runs inside the release hook (also one returned by a hook
+      factory): it clips one parameter's gradient;
+    - the clip runs only with release off (a flag named for release, or the
+      switch the module tests before setting release up), clips another
+      model, or the module refuses clipping with a ``raise``.
 
     **Bad**::
 
@@ -280,7 +309,7 @@ class ClippingWithGradientRelease(Rule):
             return
         for root, setups in released_roots(model):
             for clip in root.events:
-                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip)):
+                if clip.kind is not EventKind.CLIP or runs_without_release(_branches(clip), model.release.flags):
                     continue
                 if _clips_another_model(clip, setups):
                     continue
@@ -346,6 +375,13 @@ class GradientReleaseCandidate(Rule):
     ``zero_grad()`` do nothing, and schedulers keep working.
 
     The bad example is not wrong, only larger than it needs to be.
+
+    **Stays quiet when**
+
+    - the loop accumulates, clips, scales, hands the optimizer away, divides
+      gradients or steps more than one optimizer; the module uses a scaler,
+      DDP, accelerate, CUDA graphs or its own ``.grad`` code, or already
+      releases.
 
     **Bad**::
 

@@ -26,6 +26,13 @@ class SchedulerStepsPerMicroBatch(Rule):
     **Fix.** Step the scheduler under the same guard as the optimizer, right
     after ``optimizer.step()``.
 
+    **Stays quiet when**
+
+    - the scheduler steps under the accumulation guard, or takes an argument
+      (a metric or an epoch);
+    - the loop is accelerate's (``accelerator.backward`` or ``accumulate()``):
+      its prepared schedulers skip the micro-batches that do not step.
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):

@@ -28,6 +28,18 @@ def extra_selected(text: str) -> tuple[str, ...]:
     return tuple(c.strip() for c in match.group("codes").split(",")) if match else ()
 
 
+CROSSFILE = FIXTURES / "crossfile"
+
+
 def marker_fixtures() -> list[Path]:
-    """Every fixture script checked against its markers (golden fixed twins live in ``fixtures/fixed``)."""
-    return sorted(p for p in FIXTURES.rglob("*.py") if "fixed" not in p.relative_to(FIXTURES).parts)
+    """Every single-file fixture script checked against its markers.
+
+    Golden fixed twins live in ``fixtures/fixed``; the folders of
+    ``fixtures/crossfile`` are linted as one run each (:func:`crossfile_cases`).
+    """
+    return sorted(p for p in FIXTURES.rglob("*.py") if not {"fixed", "crossfile"} & set(p.relative_to(FIXTURES).parts))
+
+
+def crossfile_cases() -> list[Path]:
+    """The folders of ``fixtures/crossfile``: several modules of one package, checked together."""
+    return sorted(p for p in CROSSFILE.iterdir() if p.is_dir())

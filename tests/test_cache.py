@@ -142,9 +142,9 @@ def test_parallel_checking_really_uses_worker_processes(tree, monkeypatch):
     pids = []
     real = runner.check_text
 
-    def recording(path, text, codes):
+    def recording(path, text, codes, context=()):
         pids.append(os.getpid())
-        return real(path, text, codes)
+        return real(path, text, codes, context)
 
     monkeypatch.setattr(runner, "check_text", recording)  # inherited by the forked workers
     results = runner.run([str(tree)], Config(root=tree), jobs=2)

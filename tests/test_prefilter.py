@@ -21,6 +21,7 @@ from gradlint.linter import lint_text, might_fire, needed_tokens
 from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
 from gradlint.rules import ALL_RULES
 from gradlint.rules.clearing import GRAD_ZEROED_IN_PLACE
+from gradlint.rules.parameters import FREEZES
 
 EVERY_RULE = dataclasses.replace(Config(), select=("ALL",))
 ALL_FIXTURES = sorted(FIXTURES.rglob("*.py"))
@@ -82,6 +83,11 @@ def test_the_prefilter_skips_most_fixtures_without_findings_for_no_rule():
         (call_of("zero_grad"), "zero_grad = True", False),
         (SCALER, "self.SCALER.step(opt)", True),
         (SCALER, "amp.GradScaler()", True),
+        (FREEZES, "p.requires_grad = False", True),
+        (FREEZES, "(p).requires_grad \\\n    = False", True),
+        (FREEZES, "backbone.requires_grad_(False)", True),
+        (FREEZES, "backbone.requires_grad_( requires_grad=False )", True),
+        (FREEZES, "nn.Parameter(w, requires_grad=False); p.requires_grad = True; p.requires_grad == False", False),
     ],
 )
 def test_tokens(token, text, present):

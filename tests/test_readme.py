@@ -12,8 +12,10 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def table_rows() -> dict[str, list[str]]:
+    """The rows of the rule table (the "Rules" section; other tables, such as real-world precision, list codes too)."""
     rows = {}
-    for line in README.splitlines():
+    section = README.split("\n## Rules\n", 1)[1].split("\n## ", 1)[0]
+    for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and re.fullmatch(r"GL\d{3}", cells[0]):
             rows[cells[0]] = cells

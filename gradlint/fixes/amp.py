@@ -1,4 +1,4 @@
-"""Fixes for the GradScaler rules (GL101–GL104): route backward, step, unscale and update through the scaler."""
+"""Fixes for the GradScaler rules (GL101–GL105): route backward, step, unscale and update through the scaler."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import libcst as cst
 
 from gradlint.events import EventKind
-from gradlint.fixes.edits import Edit, Fix, Insert, Replace, parse_statements
-from gradlint.fixes.locate import code, optimizer_of_step, scaler_of_step, statement_of, tensor_backward_receiver
+from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_statements
+from gradlint.fixes.locate import code, movable, optimizer_of_step, scaler_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, LoopModel
 from gradlint.syntax import method_name, positional_args, receiver
 
@@ -75,6 +75,29 @@ def add_scaler_update(model: LoopModel, step: Event) -> Fix:
         return [Insert(statement, parse_statements(f"{scaler}.update()\n"))]
 
     return Fix("update the scaler after the step", build)
+
+
+def move_update_after_step(model: LoopModel, update: Event, step: Event) -> Fix:
+    """GL105: ``scaler.update()`` moves from every micro-batch to right after ``scaler.step(optimizer)``.
+
+    Only an update written as a statement of its own, directly in a block
+    around the step (so it runs whenever the step could), moves.
+    """
+
+    def build() -> list[Edit] | None:
+        if update.call_chain != step.call_chain or len(update.frames) >= len(step.frames):
+            return None
+        if any(a is not b for a, b in zip(update.frames, step.frames)):
+            return None
+        unit = statement_of(model.module, update.node)
+        anchor = statement_of(model.module, step.node)
+        if not (isinstance(unit, cst.Expr) and unit.value is update.node):
+            return None
+        if not (isinstance(anchor, cst.Expr) and anchor.value is step.node):
+            return None
+        return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
+
+    return Fix("update the scaler once, right after its step", build)
 
 
 def scaler_of_backward(module: cst.Module, backward: Event) -> str | None:

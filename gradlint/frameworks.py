@@ -1,0 +1,173 @@
+"""What a module shows about the frameworks around its training loop.
+
+accelerate's ``Accelerator(gradient_accumulation_steps=N)``, Lightning's
+``Trainer(accumulate_grad_batches=N)`` and a DeepSpeed config with
+``"gradient_accumulation_steps": N`` each divide the loss by N inside the
+framework. The rules about accumulation need to know which of these
+settings a module makes, and which classes subclass ``LightningModule`` or
+transformers' ``Trainer``, and where ``DistributedDataParallel`` wraps a
+model. One walk of the module answers, only for the files whose text names
+such a setting (the rules' prefilters see to that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from gradlint.imports import ImportMap
+from gradlint.model import LoopModel
+from gradlint.syntax import TRIVIA, children, dotted_name, keyword_arg, number
+
+_ACCELERATOR = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
+_LIGHTNING_TRAINER = {
+    "lightning.Trainer",
+    "lightning.pytorch.Trainer",
+    "lightning.pytorch.trainer.Trainer",
+    "lightning.pytorch.trainer.trainer.Trainer",
+    "pytorch_lightning.Trainer",
+    "pytorch_lightning.trainer.Trainer",
+    "pytorch_lightning.trainer.trainer.Trainer",
+}
+_LIGHTNING_MODULE = {
+    "lightning.LightningModule",
+    "lightning.pytorch.LightningModule",
+    "lightning.pytorch.core.LightningModule",
+    "lightning.pytorch.core.module.LightningModule",
+    "pytorch_lightning.LightningModule",
+    "pytorch_lightning.core.LightningModule",
+    "pytorch_lightning.core.module.LightningModule",
+}
+_HF_TRAINER = {
+    "transformers.Trainer",
+    "transformers.trainer.Trainer",
+    "transformers.Seq2SeqTrainer",
+    "transformers.trainer_seq2seq.Seq2SeqTrainer",
+}
+_DEEPSPEED_INITIALIZE = {"deepspeed.initialize"}
+_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+
+
+@dataclasses.dataclass
+class FrameworkSettings:
+    """The accumulation settings and framework subclasses one module shows."""
+
+    # The value given as ``gradient_accumulation_steps=`` to each ``Accelerator(...)``.
+    accelerator_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
+    # Whether the module builds an ``Accelerator(...)``, and whether one of them may accumulate (a count that may
+    # exceed 1, a ``gradient_accumulation_plugin``, ``**kwargs``); one that cannot syncs on every batch.
+    accelerator_built: bool = False
+    accelerator_may_accumulate: bool = False
+    # The value given as ``accumulate_grad_batches=`` to each Lightning ``Trainer(...)``.
+    lightning_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
+    # The ``"gradient_accumulation_steps"`` of each DeepSpeed config the module passes to ``deepspeed.initialize``.
+    deepspeed_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
+    lightning_modules: list[cst.ClassDef] = dataclasses.field(default_factory=list)
+    hf_trainers: list[cst.ClassDef] = dataclasses.field(default_factory=list)
+    # Every ``DistributedDataParallel(...)`` construction.
+    ddp_wraps: list[cst.Call] = dataclasses.field(default_factory=list)
+
+
+_last: tuple[cst.Module, FrameworkSettings] | None = None
+
+
+def framework_settings(model: LoopModel) -> FrameworkSettings:
+    """The framework settings of ``model``'s module (computed once per module)."""
+    global _last
+    if _last is not None and _last[0] is model.module:
+        return _last[1]
+    settings = _read(model.module)
+    _last = (model.module, settings)
+    return settings
+
+
+def counts_more_than_one(value: cst.BaseExpression) -> bool:
+    """Whether an accumulation setting may be above 1: anything but a literal 0 or 1."""
+    literal = number(value)
+    return literal is None or literal > 1
+
+
+def _read(module: cst.Module) -> FrameworkSettings:
+    imports = ImportMap()
+    calls: list[cst.Call] = []
+    classes: list[cst.ClassDef] = []
+    dicts: dict[str, list[cst.Dict]] = {}
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind in (cst.Import, cst.ImportFrom):
+            imports.add(node)
+            continue
+        if kind is cst.Call:
+            calls.append(node)
+        elif kind is cst.ClassDef:
+            classes.append(node)
+        elif kind is cst.Assign and type(node.value) is cst.Dict:
+            for target in node.targets:
+                name = dotted_name(target.target)
+                if name:
+                    dicts.setdefault(name, []).append(node.value)
+        if kind not in TRIVIA:
+            stack.extend(children(node))
+    settings = FrameworkSettings()
+    for call in calls:
+        names = imports.qualify(call.func)
+        if names & _ACCELERATOR:
+            settings.accelerator_built = True
+            arg = keyword_arg(call, "gradient_accumulation_steps")
+            if arg is not None:
+                settings.accelerator_counts.append(arg.value)
+            if (
+                (arg is not None and counts_more_than_one(arg.value))
+                or keyword_arg(call, "gradient_accumulation_plugin") is not None
+                or any(a.star for a in call.args)
+            ):
+                settings.accelerator_may_accumulate = True
+        elif names & _LIGHTNING_TRAINER:
+            arg = keyword_arg(call, "accumulate_grad_batches")
+            if arg is not None:
+                settings.lightning_counts.append(arg.value)
+        elif names & _DDP:
+            settings.ddp_wraps.append(call)
+        elif names & _DEEPSPEED_INITIALIZE:
+            for keyword in ("config", "config_params"):
+                arg = keyword_arg(call, keyword)
+                if arg is not None:
+                    settings.deepspeed_counts.extend(_config_counts(arg.value, dicts))
+    local = {c.name.value: c for c in classes}
+    for cls in classes:
+        if _subclasses(cls, _LIGHTNING_MODULE, imports, local, set()):
+            settings.lightning_modules.append(cls)
+        if _subclasses(cls, _HF_TRAINER, imports, local, set()):
+            settings.hf_trainers.append(cls)
+    return settings
+
+
+def _config_counts(value: cst.BaseExpression, dicts: dict[str, list[cst.Dict]]) -> list[cst.BaseExpression]:
+    """``"gradient_accumulation_steps"`` of a config dict written inline or assigned to a name of the module."""
+    name = dotted_name(value)
+    candidates = [value] if isinstance(value, cst.Dict) else dicts.get(name, []) if name else []
+    found = []
+    for config in candidates:
+        for element in config.elements:
+            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+                if element.key.evaluated_value == "gradient_accumulation_steps":
+                    found.append(element.value)
+    return found
+
+
+def _subclasses(cls: cst.ClassDef, bases: set[str], imports: ImportMap, local: dict[str, cst.ClassDef], seen: set[str]) -> bool:
+    """Whether ``cls`` derives from one of ``bases``, directly or through classes of the same module."""
+    if cls.name.value in seen:
+        return False
+    seen.add(cls.name.value)
+    for arg in cls.bases:
+        if imports.qualify(arg.value) & bases:
+            return True
+        name = dotted_name(arg.value)
+        parent = local.get(name) if name else None
+        if parent is not None and _subclasses(parent, bases, imports, local, seen):
+            return True
+    return False

@@ -1,0 +1,589 @@
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008).
+
+When clipping runs, and who divides the loss by the number of micro-batches:
+the loop itself or the framework it hands the loss to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint.events import EventKind
+from gradlint.findings import FixKind, Severity
+from gradlint.fixes.accumulation import drop_division
+from gradlint.fixes.locate import parents
+from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
+from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.queries import Accumulation, accumulation, clears, exclusive, frames_inside, home_loop, leaves_before, steps_with_loops
+from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
+
+
+class ClipPerMicroBatch(Rule):
+    """Gradients are clipped on every micro-batch while the optimizer steps only once per accumulation, or after the step.
+
+    **Why it matters.** Clipping is meant for the gradient the optimizer
+    applies: the sum over all micro-batches of an accumulation. Clipping on
+    every micro-batch clips partial sums instead: the first micro-batches'
+    share is clipped again and again, the clipping threshold no longer
+    bounds the step, and the result depends on how the batch was split.
+    Inside ``with accelerator.accumulate(model):`` ``optimizer.step()`` is a
+    no-op on the micro-batches that do not sync, but
+    ``accelerator.clip_grad_norm_`` is not (accelerate's own examples guard
+    it with ``if accelerator.sync_gradients:``); under DDP those gradients
+    are not even all-reduced yet, and with fp16 it unscales on every
+    micro-batch, which raises (accelerate issue #641, fixed in diffusers'
+    scripts by PR #721). Clipping after ``optimizer.step()`` in the
+    same iteration is the opposite mistake: the step has already used the
+    unclipped gradients, and the clipped ones are cleared before the next
+    backward.
+
+    **Fix.** Clip exactly once per optimizer step, after the last backward
+    of the accumulation and before the step: under the same guard as the
+    step (``if accelerator.sync_gradients:`` with accelerate).
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the clip only measures the norm
+    (``max_norm=float("inf")``); the clip sits under an accumulation guard or
+    leaves the loop before the step; inside ``accelerator.accumulate()``, when
+    the module builds its ``Accelerator`` without an accumulation setting
+    that may exceed 1 (every batch then syncs); after the step, when a backward or another step
+    follows the clip in the same iteration (it may be meant for them) or the
+    loop never clears the stepped optimizer's gradients (the clipped values
+    would then reach the next step).
+    """
+
+    code = "GL006"
+    name = "clip-per-micro-batch"
+    summary = "gradients are clipped on every micro-batch of an accumulation, or after the step that used them"
+    severity = Severity.WARNING
+    fix = None  # where the clip belongs depends on what else the loop does between backward and step
+    needs = ((BACKWARD, STEP, "clip_grad"),)  # clip_grad_norm_, clip_grad_value_, clip_gradients
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[int] = set()
+            for report in self._per_micro_batch(model, root):
+                reported.add(id(report.node))
+                yield report
+            for report in self._in_accumulate(model, root):
+                if id(report.node) not in reported:
+                    reported.add(id(report.node))
+                    yield report
+            for report in self._after_step(model, root):
+                if id(report.node) not in reported:
+                    yield report
+
+    def _per_micro_batch(self, model: LoopModel, root: Root) -> Iterator[Report]:
+        """Clips that run on every micro-batch while the step waits for the accumulation boundary."""
+        seen: set[int] = set()
+        for step, loop in steps_with_loops(root):
+            acc = accumulation(root, step, loop)
+            if acc is None:
+                continue
+            for clip in root.events_of(EventKind.CLIP, loop):
+                if id(clip) in seen or not _clips(clip) or not _every_micro_batch(clip, loop, acc):
+                    continue
+                if leaves_before(clip, step) or exclusive(clip, step):
+                    continue
+                seen.add(id(clip))
+                yield Report(
+                    clip.node,
+                    f"`{model.code(clip.node)}` clips on every micro-batch but `{step.target}` only steps "
+                    f"{_where(model, acc)}: it clips partial sums of the gradients; clip once, right before the step",
+                )
+
+    def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:
+        """Clips inside ``accelerator.accumulate()`` with no ``if accelerator.sync_gradients:`` around them."""
+        for clip in root.events_of(EventKind.CLIP):
+            context = _accumulate_frame(clip)
+            if context is None or not _clips(clip) or any(f.kind is FrameKind.BRANCH and f.accumulation for f in clip.frames):
+                continue
+            if not root.events_of(EventKind.STEP, context):
+                continue
+            settings = framework_settings(model)
+            if settings.accelerator_built and not settings.accelerator_may_accumulate:
+                return  # every batch syncs, so every batch may clip
+            yield Report(
+                clip.node,
+                f"`{model.code(clip.node)}` runs on every micro-batch inside `accumulate()` at line "
+                f"{model.line(context.node)}, also on those that do not step: it clips partial (and, under DDP, "
+                f"not yet all-reduced) gradients; clip under `if accelerator.sync_gradients:`",
+            )
+
+    def _after_step(self, model: LoopModel, root: Root) -> Iterator[Report]:
+        """Clips that come after the step in the same iteration, with nothing after them that could use them."""
+        for clip in root.events_of(EventKind.CLIP):
+            if not clip.loops or not _clips(clip):
+                continue
+            loop = clip.loops[-1]
+            events = root.events_in(loop)
+            at = root.order(clip)
+            if any(root.order(e) > at and e.kind in (EventKind.BACKWARD, EventKind.STEP) for e in events):
+                continue
+            steps = [
+                e for e in events
+                if e.kind is EventKind.STEP and root.order(e) < at and not exclusive(e, clip) and home_loop(root, e) is loop
+            ]
+            if not steps:
+                continue
+            step = steps[-1]
+            if not any(clears(model, z, step.target) for z in root.events_of(EventKind.ZERO, loop)):
+                continue
+            yield Report(
+                clip.node,
+                f"`{model.code(clip.node)}` clips after `{step.target}` stepped at line {model.line(step.node)}: "
+                f"the step already used the unclipped gradients; clip between the backward and the step",
+            )
+
+
+def _clips(clip: Event) -> bool:
+    """Whether a clipping call can change gradients: not when its threshold is infinite (it only measures the norm)."""
+    call = clip.node
+    if not isinstance(call, cst.Call):
+        return True
+    args = positional_args(call)
+    threshold = keyword_arg(call, "max_norm") or keyword_arg(call, "clip_value") or keyword_arg(call, "gradient_clip_val")
+    if threshold is None:  # clip_grad_norm_(params, max_norm); model.clip_grad_norm_(max_norm) (FSDP)
+        threshold = args[1] if len(args) >= 2 else (args[0] if len(args) == 1 else None)
+    return threshold is None or not _is_infinite(threshold.value)
+
+
+def _is_infinite(node: cst.BaseExpression) -> bool:
+    """``float("inf")``, ``math.inf``, ``torch.inf``, ``np.inf``."""
+    if isinstance(node, cst.Call) and dotted_name(node.func) == "float":
+        args = positional_args(node)
+        return len(args) == 1 and isinstance(args[0].value, cst.SimpleString) and args[0].value.evaluated_value.lower() in ("inf", "infinity")
+    name = dotted_name(node)
+    return name is not None and name.rsplit(".", 1)[-1] == "inf"
+
+
+def _every_micro_batch(event: Event, loop: Frame, acc: Accumulation) -> bool:
+    """Whether an event runs on the micro-batches that do not step."""
+    if acc.style == "guard":
+        return not any(f.accumulation for f in frames_inside(event, loop))
+    return event.inside(acc.frame)
+
+
+def _accumulate_frame(event: Event) -> Frame | None:
+    """The innermost ``with accelerator.accumulate(...)`` around an event."""
+    return next((f for f in reversed(event.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+
+
+def _where(model: LoopModel, acc: Accumulation) -> str:
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
+
+
+class LossDividedTwice(Rule):
+    """The loss is divided by the accumulation count by hand, and again by the framework it is handed to.
+
+    **Why it matters.** Some frameworks divide the loss by the number of
+    accumulated micro-batches themselves. accelerate's
+    ``Accelerator.backward`` computes ``loss = loss /
+    self.gradient_accumulation_steps`` before backpropagating (set by
+    ``Accelerator(gradient_accumulation_steps=N)``); Lightning's automatic
+    optimization divides what ``training_step`` returns by
+    ``trainer.accumulate_grad_batches`` (``ClosureResult`` in
+    ``loops/optimization/automatic.py``); DeepSpeed's ``engine.backward``
+    divides by the config's ``gradient_accumulation_steps`` unless called
+    with ``scale_wrt_gas=False``. Dividing by N as well makes every step N
+    times too small: the learning rate is secretly divided by N, and
+    nothing fails.
+
+    **Fix.** Hand the framework the undivided loss.
+
+    **Bad**::
+
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss / args.accum
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(gradient_accumulation_steps=args.accum)
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the divisor is not visibly the count the framework
+    uses: the same expression as the module's ``Accelerator(
+    gradient_accumulation_steps=...)``, ``Trainer(accumulate_grad_batches=...)``
+    or DeepSpeed config ``"gradient_accumulation_steps"`` (a literal 1 does
+    not count), or the framework's own ``accelerator.gradient_accumulation_steps``,
+    ``engine.gradient_accumulation_steps()`` or
+    ``self.trainer.accumulate_grad_batches``; the ``Accelerator`` is built
+    elsewhere, configured through a plugin or the environment; a DeepSpeed
+    config is read from a file; ``engine.backward(loss, scale_wrt_gas=False)``;
+    the LightningModule sets ``automatic_optimization = False``; the backward
+    belongs to a transformers ``Trainer`` subclass (its accelerator is built
+    with ``num_steps=1`` and the Trainer divides by itself). The fix (unsafe:
+    it changes every step's size) drops the division.
+    """
+
+    code = "GL007"
+    name = "loss-divided-twice"
+    summary = "the loss is divided by the accumulation count by hand and again by the framework"
+    severity = Severity.WARNING
+    fix = FixKind.UNSAFE
+    # accelerate and DeepSpeed: a backward and the setting; Lightning: the setting and the training_step returning the loss.
+    needs = ((BACKWARD, "gradient_accumulation_steps"), ("accumulate_grad_batches", "training_step", "LightningModule"))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        settings = framework_settings(model)
+        trainer_methods = {id(f) for cls in settings.hf_trainers for f in _methods(cls)}
+        for root in model.roots:
+            if id(root.node) in trainer_methods:
+                continue
+            for backward in root.events_of(EventKind.BACKWARD):
+                if backward.call_chain or backward.framework not in ("accelerate", "deepspeed"):
+                    continue
+                yield from self._framework_backward(model, root, backward, settings)
+        for cls in settings.lightning_modules:
+            yield from self._lightning(model, cls, settings)
+
+    def _framework_backward(self, model: LoopModel, root: Root, backward: Event, settings: FrameworkSettings) -> Iterator[Report]:
+        call = backward.node
+        if not isinstance(call, cst.Call) or backward.loss is None:
+            return
+        owner = dotted_name(receiver(call))
+        if backward.framework == "accelerate":
+            counts = settings.accelerator_counts
+            framework = f"`{model.code(call.func)}` divides it again (`Accelerator(gradient_accumulation_steps=...)`)"
+        else:
+            wrt_gas = keyword_arg(call, "scale_wrt_gas")
+            if wrt_gas is not None and bool_literal(wrt_gas.value) is not True:
+                return
+            counts = settings.deepspeed_counts
+            framework = f"`{model.code(call.func)}` divides it again (the DeepSpeed config's `gradient_accumulation_steps`)"
+        position = model.position(call)[:2]
+        for division, divisor in _divisions(model, root.node, backward.loss, position):
+            if _matches(model, divisor, counts) or _own_count(divisor, owner, backward.framework):
+                yield _report(model, division, divisor, framework)
+
+    def _lightning(self, model: LoopModel, cls: cst.ClassDef, settings: FrameworkSettings) -> Iterator[Report]:
+        if _manual_optimization(cls):
+            return
+        step = next((f for f in _methods(cls) if f.name.value == "training_step"), None)
+        if step is None:
+            return
+        framework = "Lightning's automatic optimization divides it again by `accumulate_grad_batches`"
+        for node in walk(step):
+            if not isinstance(node, cst.Return) or node.value is None:
+                continue
+            value = node.value
+            if isinstance(value, cst.Dict):
+                value = next((e.value for e in value.elements if isinstance(e, cst.DictElement) and _is_key(e.key, "loss")), None)
+                if value is None:
+                    continue
+            for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
+                if _matches(model, divisor, settings.lightning_counts) or dotted_name(divisor) == "self.trainer.accumulate_grad_batches":
+                    yield _report(model, division, divisor, framework)
+
+
+def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str) -> Report:
+    return Report(
+        division,
+        f"the loss is divided by `{model.code(divisor)}` here and {framework}: each step is that many times too small",
+        fix=drop_division(model, division),
+    )
+
+
+def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, before: tuple[int, int]) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
+    """Where ``loss`` was divided on its way to ``before``: ``(division, divisor)`` pairs.
+
+    The loss itself (``backward(loss / n)``), or the last assignment to its
+    name before that position in the same function (``loss = x / n``,
+    ``loss /= n``), when it is written in a block that holds the use: one in
+    a branch of its own may not run on the way there.
+    """
+    if _is_division(loss):
+        return [(loss, loss.right)]
+    name = dotted_name(loss)
+    if name is None:
+        return []
+    last: tuple[tuple[int, int], cst.CSTNode] | None = None
+    for node in walk(scope):
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            pass
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
+            pass
+        else:
+            continue
+        at = model.position(node)[:2]
+        if at < before and (last is None or at > last[0]):
+            last = (at, node)
+    if last is None or not _on_the_way(model.module, last[1], loss):
+        return []
+    node = last[1]
+    if isinstance(node, cst.AugAssign):
+        return [(node, node.value)] if isinstance(node.operator, cst.DivideAssign) else []
+    value = node.value
+    return [(value, value.right)] if value is not None and _is_division(value) else []
+
+
+def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
+    """Whether ``use`` lies in the block that holds ``assignment`` (not in another branch of an ``if``)."""
+    table = parents(module)
+    block = table.get(assignment)
+    while block is not None and not isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module)):
+        block = table.get(block)
+    node: cst.CSTNode | None = use
+    while node is not None and node is not block:
+        node = table.get(node)
+    return node is not None
+
+
+def _is_division(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide)
+
+
+def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.BaseExpression]) -> bool:
+    """Whether the divisor is written as one of the framework's accumulation settings (one that may exceed 1)."""
+    text = model.code(divisor)
+    return any(counts_more_than_one(c) and model.code(c) == text for c in counts)
+
+
+def _own_count(divisor: cst.BaseExpression, owner: str | None, framework: str | None) -> bool:
+    """``accelerator.gradient_accumulation_steps`` / ``engine.gradient_accumulation_steps()`` of the object that backpropagates."""
+    if owner is None:
+        return False
+    if framework == "accelerate":
+        return dotted_name(divisor) == f"{owner}.gradient_accumulation_steps"
+    return isinstance(divisor, cst.Call) and not divisor.args and dotted_name(divisor.func) == f"{owner}.gradient_accumulation_steps"
+
+
+def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    return [s for s in body if isinstance(s, cst.FunctionDef)]
+
+
+def _manual_optimization(cls: cst.ClassDef) -> bool:
+    """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property)."""
+    for function in _methods(cls):
+        if function.name.value == "automatic_optimization":
+            return True
+        for node in walk(function):
+            if isinstance(node, cst.Assign) and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
+                if bool_literal(node.value) is not True:
+                    return True
+    return False
+
+
+def _is_key(node: cst.BaseExpression, key: str) -> bool:
+    return isinstance(node, cst.SimpleString) and node.evaluated_value == key
+
+
+class NumItemsInBatchIgnored(Rule):
+    """A transformers ``Trainer`` subclass overrides ``compute_loss`` with a token-mean loss and ignores ``num_items_in_batch``.
+
+    **Why it matters.** Under gradient accumulation the right loss is the
+    sum over every token of the accumulated micro-batches divided by their
+    total number of tokens. The mean of each micro-batch's own token mean
+    weighs a token of a short (heavily padded) micro-batch more than one of
+    a long micro-batch: the bug transformers fixed in late 2024 by passing
+    ``num_items_in_batch`` (the tokens of the whole accumulated batch) to
+    ``compute_loss``. An override that accepts the argument and returns
+    ``cross_entropy(...)`` with the default mean reduction brings the bug
+    back; and when the model accepts loss keyword arguments the Trainer
+    takes the loss as already normalised and no longer divides it by the
+    accumulation steps (``training_step``'s ``loss_is_scaled_for_ga``).
+
+    **Fix.** Sum the per-token losses and divide by ``num_items_in_batch``
+    when it is given (keep the mean when it is None, outside training).
+
+    **Bad**::
+
+        from transformers import Trainer
+
+
+        class LMTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                outputs = model(**inputs)
+                logits = outputs.logits[..., :-1, :]
+                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100)
+                return (loss, outputs) if return_outputs else loss
+
+    **Good**::
+
+        from transformers import Trainer
+
+
+        class LMTrainer(Trainer):
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                labels = inputs.pop("labels")
+                outputs = model(**inputs)
+                logits = outputs.logits[..., :-1, :]
+                reduction = "sum" if num_items_in_batch is not None else "mean"
+                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100, reduction=reduction)
+                if num_items_in_batch is not None:
+                    loss = loss / num_items_in_batch
+                return (loss, outputs) if return_outputs else loss
+
+    **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
+    or calls ``super().compute_loss``; its signature has no
+    ``num_items_in_batch``; the returned loss is not visibly a mean
+    cross-entropy (a model's own ``outputs.loss``, a custom loss function,
+    ``reduction="sum"``); nothing shows the mean is over tokens whose number
+    varies per batch (no ``ignore_index``, no ``-100`` labels, no shifted
+    labels, no ``vocab_size``: a classification loss over a fixed number of
+    examples per batch is fine); the class does not derive from
+    ``transformers.Trainer`` or ``Seq2SeqTrainer`` in this module.
+    """
+
+    code = "GL008"
+    name = "num-items-in-batch-ignored"
+    summary = "a Trainer's compute_loss returns a token mean and ignores num_items_in_batch"
+    severity = Severity.WARNING
+    fix = None  # the normalisation depends on how the loss is built
+    needs = (("compute_loss", "num_items_in_batch"),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for cls in framework_settings(model).hf_trainers:
+            function = next((f for f in _methods(cls) if f.name.value == "compute_loss"), None)
+            if function is None:
+                continue
+            parameter = _parameter(function, "num_items_in_batch")
+            if parameter is None or _uses_name(function, "num_items_in_batch") or _calls_super(function, "compute_loss"):
+                continue
+            for loss in _returned_losses(model, function):
+                if _is_mean_cross_entropy(model, function, loss) and _over_tokens(function):
+                    yield Report(
+                        parameter.name,
+                        f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
+                        f"mean over this micro-batch's tokens (line {model.line(loss)}): under gradient accumulation a "
+                        f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
+                        f"by `num_items_in_batch`",
+                    )
+                    break
+
+
+def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
+    params = function.params
+    return next((p for p in (*params.params, *params.kwonly_params) if p.name.value == name), None)
+
+
+def _uses_name(function: cst.FunctionDef, name: str) -> bool:
+    body = function.body
+    return any(isinstance(node, cst.Name) and node.value == name for node in walk(body, into_lambdas=True))
+
+
+def _calls_super(function: cst.FunctionDef, method: str) -> bool:
+    for node in walk(function.body):
+        if isinstance(node, cst.Call) and callee_name(node) == method and isinstance(node.func, cst.Attribute):
+            owner = node.func.value
+            if isinstance(owner, cst.Call) and dotted_name(owner.func) == "super":
+                return True
+    return False
+
+
+def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved."""
+    found: list[cst.BaseExpression] = []
+    for node in walk(function.body):
+        if not isinstance(node, cst.Return) or node.value is None:
+            continue
+        pending = [node.value]
+        while pending:
+            value = pending.pop()
+            if isinstance(value, cst.IfExp):
+                pending.extend((value.body, value.orelse))
+            elif isinstance(value, cst.Tuple) and value.elements:
+                pending.append(value.elements[0].value)
+            else:
+                resolved = _last_value(model, function, value, model.position(node)[:2])
+                if resolved is not None:
+                    found.append(resolved)
+    return found
+
+
+def _last_value(model: LoopModel, function: cst.FunctionDef, value: cst.BaseExpression, before: tuple[int, int]) -> cst.BaseExpression | None:
+    """``value`` itself, or for a name the value of its last assignment before ``before`` in the same block path."""
+    name = dotted_name(value)
+    if name is None or not isinstance(value, cst.Name):
+        return value
+    last: tuple[tuple[int, int], cst.Assign] | None = None
+    for node in walk(function.body):
+        if isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
+            return None  # changed in place or annotated: not followed
+        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+            at = model.position(node)[:2]
+            if at < before and (last is None or at > last[0]):
+                last = (at, node)
+    if last is None or not _on_the_way(model.module, last[1], value):
+        return None
+    return last[1].value
+
+
+_MEAN_LOSSES = {"cross_entropy", "nll_loss"}
+_MEAN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
+
+
+def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression) -> bool:
+    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction."""
+    if not isinstance(loss, cst.Call):
+        return False
+    name = callee_name(loss)
+    if name in _MEAN_LOSSES:
+        return _reduces_by_mean(loss)
+    if isinstance(loss.func, cst.Call) and callee_name(loss.func) in _MEAN_LOSS_CLASSES:
+        return _reduces_by_mean(loss.func)
+    if isinstance(loss.func, cst.Name):
+        built = _last_value(model, function, loss.func, model.position(loss)[:2])
+        return isinstance(built, cst.Call) and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
+    return False
+
+
+def _reduces_by_mean(call: cst.Call) -> bool:
+    reduction = keyword_arg(call, "reduction")
+    if reduction is None:
+        return not any(a.star for a in call.args)
+    return isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "mean"
+
+
+def _over_tokens(function: cst.FunctionDef) -> bool:
+    """Whether the loss is visibly over tokens whose number varies: ``ignore_index``, ``-100``, shifted labels, ``vocab_size``."""
+    for node in walk(function.body, into_lambdas=True):
+        if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "ignore_index":
+            return True
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and number(node.expression) == 100:
+            return True
+        if isinstance(node, cst.Name) and node.value in ("vocab_size", "shift_labels", "shift_logits"):
+            return True
+        if isinstance(node, cst.Attribute) and node.attr.value == "vocab_size":
+            return True
+        if isinstance(node, cst.Slice) and (number(node.lower) == 1 if node.lower is not None else False):
+            return True
+    return False

@@ -1,0 +1,116 @@
+"""Several modules of one package checked as one run: a step function whose loop lives in another file.
+
+Each folder of ``fixtures/crossfile`` is one run; its files report exactly
+the findings their ``# expect:`` markers name. The cache keys a file's result
+by what the other files of the run say about it, and a file checked alone
+(the flake8 plugin, ``lint_file``) sees only its own loops.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fixture_markers import CROSSFILE, crossfile_cases, expected_findings
+from gradlint import runner
+from gradlint.cache import Cache
+from gradlint.config import Config
+from gradlint.linter import lint_file
+
+CASES = crossfile_cases()
+
+
+def _found(results, root):
+    return {(str(Path(r.path).relative_to(root)), f.line, f.code) for r in results for f in r.findings}
+
+
+def _expected(root):
+    return {(str(p.relative_to(root)), line, code) for p in sorted(root.rglob("*.py")) for line, code in expected_findings(p.read_text())}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_case_reports_exactly_its_markers(case):
+    results = runner.run([str(case)], Config(root=case), jobs=1)
+    assert all(r.error is None for r in results), [r.error for r in results]
+    assert _found(results, case) == _expected(case)
+
+
+def test_there_are_buggy_cases_and_correct_twins():
+    buggy = [c for c in CASES if _expected(c)]
+    assert len(buggy) >= 2 and len(CASES) - len(buggy) >= 2
+
+
+def test_a_step_module_checked_alone_does_not_see_the_loop_of_another():
+    trainer = CROSSFILE / "step_method_in_trainer_module" / "trainer.py"
+    assert lint_file(str(trainer)).findings == []
+
+
+def test_a_changed_caller_changes_the_cached_result_of_the_step_module(tmp_path):
+    case = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "step_method_in_trainer_module", case)
+    config = Config(root=case)
+    cache_dir = tmp_path / ".gradlint_cache"
+    first = runner.run([str(case)], config, jobs=1, cache=Cache(cache_dir))
+    assert [f.code for r in first for f in r.findings] == ["GL001"]
+    engine = case / "engine.py"
+    engine.write_text(engine.read_text().replace("            loss = trainer.train_step(batch)", "            trainer.optimizer.zero_grad()\n            loss = trainer.train_step(batch)"))
+    second = runner.run([str(case)], config, jobs=1, cache=Cache(cache_dir))
+    assert [f.code for r in second for f in r.findings] == []
+    engine.write_text((CROSSFILE / "step_method_in_trainer_module" / "engine.py").read_text())
+    third_cache = Cache(cache_dir)
+    third = runner.run([str(case)], config, jobs=1, cache=third_cache)
+    assert [f.code for r in third for f in r.findings] == ["GL001"]
+    assert third_cache.hits == 3  # every result comes from the cache: the first run's, keyed by the same context
+
+
+TRAINER = '''import torch
+
+
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(self, batch):
+        self.model(batch).sum().backward()
+        self.optimizer.step()
+'''
+LOOP = '''def main(model, loader):
+    trainer = Trainer(model)
+    for batch in loader:
+        trainer.train_step(batch)
+'''
+
+
+def test_scripts_beside_each_other_decide_for_each_other_only_when_one_imports_the_other(tmp_path):
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "unrelated.py").write_text("from somewhere import Trainer\n\n\n" + LOOP)
+    results = runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)
+    assert [f.code for r in results for f in r.findings] == []
+    (tmp_path / "train.py").write_text("from trainer import Trainer\n\n\n" + LOOP)
+    results = runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)
+    assert [(Path(r.path).name, f.code) for r in results for f in r.findings] == [("trainer.py", "GL001")]
+
+
+def test_worker_processes_give_the_same_findings(monkeypatch):
+    monkeypatch.setattr(runner, "MIN_PARALLEL_CHARS", 0)
+    one = runner.run([str(CROSSFILE)], Config(root=CROSSFILE), jobs=1)
+    two = runner.run([str(CROSSFILE)], Config(root=CROSSFILE), jobs=2)
+    assert [(r.path, r.findings) for r in one] == [(r.path, r.findings) for r in two]
+    assert sum(len(r.findings) for r in two) >= 2
+
+
+def test_fix_applies_to_a_step_module_whose_loop_is_in_another_file(tmp_path):
+    from gradlint.fixer import fix_paths
+
+    case = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "step_method_in_trainer_module", case)
+    outcomes = fix_paths([str(case)], Config(root=case))
+    fixed = {Path(o.path).name: o for o in outcomes}
+    assert fixed["trainer.py"].fixed == 1
+    assert fixed["trainer.py"].result.findings == []
+    text = (case / "trainer.py").read_text()
+    assert "        self.optimizer.step()  # expect: GL001\n        self.optimizer.zero_grad()\n" in text
+    assert runner.run([str(case)], Config(root=case), jobs=1)[-1].findings == []
