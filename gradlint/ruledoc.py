@@ -16,8 +16,9 @@ import click
 
 from gradlint.rule import Rule
 
-_STRONG = re.compile(r"\*\*(.+?)\*\*")
-_LITERAL = re.compile(r"``(.+?)``")
+# Inline markup may wrap onto the paragraph's next line, as reStructuredText allows.
+_STRONG = re.compile(r"\*\*(.+?)\*\*", re.DOTALL)
+_LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 
 
 def find_rule(query: str, rules: Iterable[type[Rule]]) -> type[Rule] | None:
