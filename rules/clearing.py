@@ -340,6 +340,8 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
         block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
         if block is None or any(f.accumulation for f in frames_inside(step, block)):
             continue
+        if not root.events_of(EventKind.BACKWARD, block):
+            continue  # nothing is backpropagated in the block: no gradients for the clear to lose
         for zero in root.events_of(EventKind.ZERO, block):
             if zero.target_kind is ObjKind.OPTIMIZER or not clears(model, zero, step.target):
                 continue

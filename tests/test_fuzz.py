@@ -126,7 +126,10 @@ def _mutate(draw, text: str) -> str:
             ))
         )
         return module.visit(_Replace(branch, inverted)).code
-    block = draw(st.sampled_from(_blocks(loop)))
+    blocks = _blocks(loop)
+    if not blocks:  # a loop written on one line (`for b in data: f(b).backward()`) has no indented block
+        return text
+    block = draw(st.sampled_from(blocks))
     body = list(block.body)
     if operation == "shuffle":
         body = [body[i] for i in draw(st.permutations(range(len(body))))]

@@ -51,7 +51,9 @@ def test_measure_writes_no_carriage_returns_into_a_log(tmp_path):
     result = CliRunner().invoke(measure_command, [str(script)])  # not a terminal, as in CI
     assert result.exit_code == 2
     assert "\r" not in result.output and "\x1b" not in result.output
-    assert result.stderr.startswith("gradlint measure: ") and "no data" in result.stderr
+    # The script's own traceback first, then gradlint's one line
+    assert result.stderr.startswith("Traceback") and "RuntimeError: no data" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("gradlint measure: ") and "no data" in result.stderr.splitlines()[-1]
 
 
 @pytest.fixture()
