@@ -73,17 +73,24 @@ def _short(value: Any) -> str:
 
 
 def grad_state(params: Iterable[torch.Tensor]) -> str:
-    """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``."""
-    allocated = False
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        allocated = True
+    """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``.
+
+    Gradients are looked at smallest first: one non-zero value decides, so in
+    the usual case (gradients present) only the smallest one is read.
+    """
+    grads = [g for g in (p.grad for p in params) if g is not None]
+    if not grads:
+        return "none"
+    grads.sort(key=_numel)
+    for g in grads:
         values = g._values() if g.is_sparse else g
-        if bool(values.any()):
+        if values.any():
             return "dirty"
-    return "zero" if allocated else "none"
+    return "zero"
+
+
+def _numel(tensor: torch.Tensor) -> int:
+    return tensor._nnz() if tensor.is_sparse else tensor.numel()
 
 
 _SCALE_NODES = {"MulBackward0", "DivBackward0"}
