@@ -181,6 +181,7 @@ class Tracer:
         self._watched: dict[int, weakref.ref] = {}
         self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._scaled: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._scaler_used = False  # spares the backward a weak dictionary's Python-level len() while no scaler ran
         self._ddp_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._touched: set[int] = set()
         self._allreduces = 0
@@ -299,7 +300,7 @@ class Tracer:
                 tracer._check_budget()
             first = args[0] if args else next(iter(kwargs.values()), None)
             loss = first[0] if isinstance(first, (list, tuple)) and first else first
-            scaler = tracer._scaled.get(loss) if tracer._scaled and isinstance(loss, torch.Tensor) else None
+            scaler = tracer._scaled.get(loss) if tracer._scaler_used and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
             before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
             factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
@@ -368,6 +369,7 @@ class Tracer:
             result = original(scaler, outputs)
             if isinstance(result, torch.Tensor) and result is not outputs:
                 tracer._scaled[result] = tracer.label(scaler)
+                tracer._scaler_used = True
             return result
 
         return scale
