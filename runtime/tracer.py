@@ -73,17 +73,32 @@ def _short(value: Any) -> str:
 
 
 def grad_state(params: Iterable[torch.Tensor]) -> str:
-    """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``."""
-    allocated = False
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        allocated = True
+    """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``.
+
+    Gradients are looked at smallest first: one non-zero value decides, so in
+    the usual case (gradients present) only the smallest one is read.
+    """
+    grads = [g for g in (p.grad for p in params) if g is not None]
+    if not grads:
+        return "none"
+    grads.sort(key=_numel)
+    for g in grads:
         values = g._values() if g.is_sparse else g
-        if bool(values.any()):
+        if values.numel() <= _READ_AS_LIST:
+            # A few values read into Python cost less than dispatching a reduction
+            # and reading its result back (about 3 us against 15 us for a bias).
+            if any(values.flatten().tolist()):
+                return "dirty"
+        elif values.any():
             return "dirty"
-    return "zero" if allocated else "none"
+    return "zero"
+
+
+_READ_AS_LIST = 256
+
+
+def _numel(tensor: torch.Tensor) -> int:
+    return tensor._nnz() if tensor.is_sparse else tensor.numel()
 
 
 _SCALE_NODES = {"MulBackward0", "DivBackward0"}
@@ -103,6 +118,8 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     skipped = not skip_first_scale
     while node is not None:
         name = type(node).__name__
+        if name not in _SCALE_NODES and name not in _PASS_THROUGH_NODES:
+            break  # the usual root (a loss function's node): no next_functions tuple is built
         nexts = node.next_functions
         if name in _PASS_THROUGH_NODES and nexts:
             node = nexts[0][0]
@@ -164,6 +181,7 @@ class Tracer:
         self._watched: dict[int, weakref.ref] = {}
         self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._scaled: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._scaler_used = False  # spares the backward a weak dictionary's Python-level len() while no scaler ran
         self._ddp_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._touched: set[int] = set()
         self._allreduces = 0
@@ -282,7 +300,7 @@ class Tracer:
                 tracer._check_budget()
             first = args[0] if args else next(iter(kwargs.values()), None)
             loss = first[0] if isinstance(first, (list, tuple)) and first else first
-            scaler = tracer._scaled.get(loss) if tracer._scaled and isinstance(loss, torch.Tensor) else None
+            scaler = tracer._scaled.get(loss) if tracer._scaler_used and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
             before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
             factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
@@ -299,7 +317,8 @@ class Tracer:
                 event.facts["touched"] = sorted(tracer.label(opt) for opt in touched)
                 event.facts["before"] = {tracer.label(opt): before[id(opt)] for opt in touched}
                 event.facts["synced"] = tracer._allreduces
-            tracer._record_released_steps()
+            if tracer._released:
+                tracer._record_released_steps()
             return result
 
         return backward
@@ -350,6 +369,7 @@ class Tracer:
             result = original(scaler, outputs)
             if isinstance(result, torch.Tensor) and result is not outputs:
                 tracer._scaled[result] = tracer.label(scaler)
+                tracer._scaler_used = True
             return result
 
         return scale
