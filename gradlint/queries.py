@@ -133,7 +133,8 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
             continue
         guarded = backwards_in(root, frame)
-        if any(root.order(b) < at for b in guarded) and not _other_branch_only_backpropagates(root, frame, loop):
+        stepping_branch_backpropagates = any(root.order(b) < at for b in guarded)
+        if stepping_branch_backpropagates and not _other_branch_only_backpropagates(root, frame, loop):
             continue
         if not guarded:  # the usual guard holds the step, not a backward: every backward of the loop is outside
             outside = backwards
@@ -141,7 +142,9 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
             inside = {id(b) for b in guarded}
             outside = [b for b in backwards if id(b) not in inside]
         if outside:
-            return Accumulation("guard", frame, list(outside), frame.count)
+            # if/else: the stepping branch's own backward is the last micro-batch, summed with the others
+            last = [b for b in guarded if root.order(b) < at] if stepping_branch_backpropagates else []
+            return Accumulation("guard", frame, sorted(outside + last, key=root.order), frame.count)
     # The backwards before the step, in order; each must sit in an inner loop that does not hold the step.
     before = backwards[: bisect.bisect_left(backwards, at, key=root.order)]
     if not before:
