@@ -143,6 +143,7 @@ class EventBuilder:
     def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
+        accumulation = accumulation or _counter_reaches_threshold(statement)
         body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
         self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
@@ -513,6 +514,35 @@ class EventBuilder:
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
         return dataclasses.replace(event, **changes)
+
+
+_THRESHOLD_TESTS = (cst.GreaterThanEqual, cst.GreaterThan, cst.Equal)
+
+
+def _counter_reaches_threshold(statement: cst.If) -> bool:
+    """``if tokens_seen >= tokens_per_step: ...; tokens_seen = 0``: a running count the branch itself resets.
+
+    Guards that count samples or tokens instead of micro-batches step once
+    the count reaches its threshold and start counting again.
+    """
+    test = statement.test
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    if not isinstance(test.comparisons[0].operator, _THRESHOLD_TESTS):
+        return False
+    counter = dotted_name(test.left) if isinstance(test.left, (cst.Name, cst.Attribute)) else None
+    if counter is None:
+        return False
+    lines = statement.body.body
+    smalls = lines if isinstance(statement.body, cst.SimpleStatementSuite) else [
+        small for line in lines if isinstance(line, cst.SimpleStatementLine) for small in line.body
+    ]
+    for small in smalls:
+        if isinstance(small, cst.Assign) and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
+            return True
+        if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.SubtractAssign) and dotted_name(small.target) == counter:
+            return True
+    return False
 
 
 def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:

@@ -133,7 +133,8 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
             continue
         guarded = backwards_in(root, frame)
-        if any(root.order(b) < at for b in guarded):
+        stepping_branch_backpropagates = any(root.order(b) < at for b in guarded)
+        if stepping_branch_backpropagates and not _other_branch_only_backpropagates(root, frame, loop):
             continue
         if not guarded:  # the usual guard holds the step, not a backward: every backward of the loop is outside
             outside = backwards
@@ -141,7 +142,9 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
             inside = {id(b) for b in guarded}
             outside = [b for b in backwards if id(b) not in inside]
         if outside:
-            return Accumulation("guard", frame, list(outside), frame.count)
+            # if/else: the stepping branch's own backward is the last micro-batch, summed with the others
+            last = [b for b in guarded if root.order(b) < at] if stepping_branch_backpropagates else []
+            return Accumulation("guard", frame, sorted(outside + last, key=root.order), frame.count)
     # The backwards before the step, in order; each must sit in an inner loop that does not hold the step.
     before = backwards[: bisect.bisect_left(backwards, at, key=root.order)]
     if not before:
@@ -154,6 +157,23 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
         micro_loops.append(micro)
     micro = micro_loops[-1]
     return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def _other_branch_only_backpropagates(root: Root, branch: Frame, loop: Frame) -> bool:
+    """Whether the other branch of the guard's ``if`` backpropagates and never steps.
+
+    ``if (i + 1) % k != 0: loss.backward()`` / ``else: loss.backward(); opt.step()``:
+    the stepping branch's own backward is the last micro-batch, the other
+    branch's backwards pile up before it.
+    """
+    if branch.branch not in ("if", "else"):
+        return False
+    other = [
+        e for e in root.events_in(loop)
+        if any(f.kind is FrameKind.BRANCH and f.node is branch.node and f.branch != branch.branch for f in e.frames)
+    ]
+    kinds = {e.kind for e in other}
+    return EventKind.BACKWARD in kinds and EventKind.STEP not in kinds
 
 
 def backwards_in(root: Root, frame: Frame) -> list[Event]:

@@ -85,6 +85,8 @@ class AccumulationWithoutNoSync(Rule):
                 if _forwards_around_ddp(model, acc.frame if acc.style == "micro_loop" else loop, ddp):
                     continue  # the micro-batches' forward is not the DDP model's: their backward all-reduces nothing
                 for backward in acc.backwards:
+                    if acc.style == "guard" and backward.inside(acc.frame):
+                        continue  # the stepping micro-batch's backward must all-reduce
                     if _synced_for_you(backward):
                         continue
                     yield Report(
