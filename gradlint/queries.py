@@ -156,6 +156,8 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
             return None
         micro_loops.append(micro)
     micro = micro_loops[-1]
+    if root.events_of(EventKind.STEP, micro):
+        return None  # the inner loop steps itself: a training loop of its own, not micro-batches summed for this step
     return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
 
 
@@ -220,15 +222,19 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
     """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step."""
     last_backward: Event | None = None
     zeros_since: list[Event] = []
+    stepped: set[str | None] = set()  # optimizers that already stepped on the last backward's gradients
     for event in events:
         if event.kind is EventKind.BACKWARD:
-            last_backward, zeros_since = event, []
+            last_backward, zeros_since, stepped = event, [], set()
         elif event.kind is EventKind.ZERO and last_backward is not None:
             zeros_since.append(event)
         elif event.kind is EventKind.STEP and last_backward is not None and event.framework != "closure":
+            if event.target in stepped:
+                continue  # a later step of the same optimizer does not own the backward's gradients
             for zero in zeros_since:
                 if clears(model, zero, event.target) and not leaves_before(zero, event):
                     yield last_backward, zero, event
+            stepped.add(event.target)
 
 
 def exclusive(a: Event, b: Event) -> bool:

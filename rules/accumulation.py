@@ -118,8 +118,8 @@ class ClipPerMicroBatch(Rule):
             context = _accumulate_frame(clip)
             if context is None or not _clips(clip) or any(f.kind is FrameKind.BRANCH and f.accumulation for f in clip.frames):
                 continue
-            if not root.events_of(EventKind.STEP, context):
-                continue
+            if not root.events_of(EventKind.STEP, context) or not root.events_of(EventKind.BACKWARD, context):
+                continue  # no step, or nothing backpropagated in the block: no partial sums to clip
             settings = framework_settings(model)
             if settings.accelerator_built and not settings.accelerator_may_accumulate:
                 return  # every batch syncs, so every batch may clip
