@@ -47,7 +47,6 @@ class _File:
     codes: tuple[str, ...]
     key: str | None  # the cache key of its content
     text: str | None = None
-    data: bytes | None = None
     calls: FileCalls = FileCalls()
 
 
@@ -105,7 +104,7 @@ def run(
         calls = scan_calls(text)
         if cache is not None:
             cache.put_calls(key, calls)
-        files.append(_File(item, rules, codes, key, text, data, calls))
+        files.append(_File(item, rules, codes, key, text, calls))
     project = ProjectIndex((f.path, f.calls) for f in files)
     pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
     pending_keys: list[str | None] = []
