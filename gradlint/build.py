@@ -54,6 +54,7 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
         index=index,
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,
+        wrapped_by_caller=known.wrapped_by_caller,
     )
 
 

@@ -67,6 +67,8 @@ class EventBuilder:
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
+        # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
+        self._may_hold_no_sync = index.text is None or "no_sync" in index.text
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -223,6 +225,8 @@ class EventBuilder:
             if _switches_off_grad_sync(small):
                 owner = small.targets[-1].target.value
                 out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
+            elif self._may_hold_no_sync and _holds_no_sync(small.value):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
+                out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
         elif isinstance(small, cst.AugAssign) and _is_grad(small.target):
             if isinstance(small.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
@@ -377,6 +381,9 @@ class EventBuilder:
             args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
             owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
             emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
+            return
+        if method == "set_requires_gradient_sync" and _switches_off_sync(call):
+            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # FSDP2's form of no_sync()
             return
         name = callee_name(call)
         if name in _CLIP_FUNCTIONS or name == "clip_gradients":
@@ -636,6 +643,22 @@ def _switches_off_grad_sync(assign: cst.Assign) -> bool:
         and target.attr.value == "require_backward_grad_sync"
         and bool_literal(assign.value) is not True
     )
+
+
+def _holds_no_sync(value: cst.BaseExpression) -> bool:
+    """Whether an assigned value names a ``no_sync`` context without entering it (``model.no_sync``, uncalled)."""
+    called = {id(node.func) for node in walk(value) if isinstance(node, cst.Call)}
+    return any(
+        isinstance(node, cst.Attribute) and node.attr.value in ("no_sync", "no_backward_sync") and id(node) not in called
+        for node in walk(value)
+    )
+
+
+def _switches_off_sync(call: cst.Call) -> bool:
+    """``model.set_requires_gradient_sync(flag)``: FSDP2 told not to reduce (anything but a literal True)."""
+    args = positional_args(call)
+    arg = args[0] if args else keyword_arg(call, "requires_gradient_sync")
+    return arg is not None and bool_literal(arg.value) is not True
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:

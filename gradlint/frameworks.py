@@ -67,6 +67,8 @@ class FrameworkSettings:
     hf_trainers: list[cst.ClassDef] = dataclasses.field(default_factory=list)
     # Every ``DistributedDataParallel(...)`` construction.
     ddp_wraps: list[cst.Call] = dataclasses.field(default_factory=list)
+    # Every FSDP2 ``fully_shard(...)`` call.
+    fsdp2_shards: list[cst.Call] = dataclasses.field(default_factory=list)
 
 
 _last: tuple[cst.Module, FrameworkSettings] | None = None
@@ -131,6 +133,8 @@ def _read(module: cst.Module) -> FrameworkSettings:
                 settings.lightning_counts.append(arg.value)
         elif names & _DDP:
             settings.ddp_wraps.append(call)
+        elif any(n.startswith("torch.distributed.") and n.endswith(".fully_shard") for n in names):
+            settings.fsdp2_shards.append(call)
         elif names & _DEEPSPEED_INITIALIZE:
             for keyword in ("config", "config_params"):
                 arg = keyword_arg(call, keyword)

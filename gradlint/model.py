@@ -176,6 +176,7 @@ class LoopModel:
     index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
     called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
+    wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: a caller hands it a data-parallel model
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:

@@ -51,22 +51,28 @@ class FileCalls:
     defines: frozenset[str] = frozenset()  # the names of the functions and methods the file defines
     imports: frozenset[str] = frozenset()  # the first part of every module it imports absolutely
     after_unscale: frozenset[str] = frozenset()  # names called by a function (or the module body) that also calls unscale_
+    # ``function:argument:wrapper`` for each call handed a data-parallel model the file wraps (:func:`_wrapped_passed`)
+    passes_wrapped: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
-        return [sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports), sorted(self.after_unscale)]
+        return [
+            sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports),
+            sorted(self.after_unscale), sorted(self.passes_wrapped),
+        ]
 
     @classmethod
     def from_json(cls, data: list[list[str]]) -> "FileCalls":
         """The inverse of :meth:`to_json`."""
-        alone, shared, defines, imports, after_unscale = data
-        return cls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+        return cls(*(frozenset(names) for names in data))
 
 
 # In a file's context, the prefixes of a function some loop of the run calls, and of one
 # some caller of the run unscales gradients around; a plain name is a per-batch body.
 CALLED_IN_LOOP = "called:"
 UNSCALED_BY_CALLER = "unscaled:"
+# ``wrapped:function:argument:wrapper``: some call of the run hands this function a data-parallel model.
+WRAPPED_BY_CALLER = "wrapped:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,19 +82,22 @@ class Context:
     per_batch: frozenset[str] = frozenset()  # called once per batch by loops that leave the gradient work to them
     called_in_loop: frozenset[str] = frozenset()  # called from some loop of the run
     unscaled_by_caller: frozenset[str] = frozenset()  # called by a function that also calls unscale_
+    wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: handed a data-parallel model
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
         """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
-        per_batch, called, unscaled = set(), set(), set()
+        per_batch, called, unscaled, wrapped = set(), set(), set(), set()
         for name in names:
             if name.startswith(CALLED_IN_LOOP):
                 called.add(name[len(CALLED_IN_LOOP):])
             elif name.startswith(UNSCALED_BY_CALLER):
                 unscaled.add(name[len(UNSCALED_BY_CALLER):])
+            elif name.startswith(WRAPPED_BY_CALLER):
+                wrapped.add(name[len(WRAPPED_BY_CALLER):])
             else:
                 per_batch.add(name)
-        return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled))
+        return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled), frozenset(wrapped))
 
 
 def scan_calls(text: str) -> FileCalls:
@@ -120,7 +129,85 @@ def scan_calls(text: str) -> FileCalls:
             for name in called:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
-    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+    passes = _wrapped_passed(tree) if _WRAP_TOKENS.search(text) else frozenset()
+    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale), passes)
+
+
+# What a file must spell to wrap a model for data parallelism, and how each spelling is named.
+_WRAP_TOKENS = re.compile(r"DistributedDataParallel|fully_shard|(accelerator|fabric)\.(prepare|setup)")
+_WRAPPING_METHODS = {"prepare": "accelerate", "prepare_model": "accelerate", "setup": "fabric", "setup_module": "fabric"}
+_WRAPPER_OWNERS = re.compile(r"^(accelerator|fabric)$")
+
+
+def _wrapped_passed(tree: ast.Module) -> frozenset[str]:
+    """``function:argument:wrapper`` for each call handed, as argument ``argument`` (a position or a keyword), a name
+    the file assigns a data-parallel model to: ``DistributedDataParallel(...)`` (or an alias), a model returned by
+    ``accelerator.prepare``/``fabric.setup``, a module given to ``fully_shard``."""
+    ddp_names = {"DistributedDataParallel"}
+    shard_names = set()  # torch's own fully_shard only: other libraries have functions of that name
+    calls: list[ast.Call] = []
+    assigns: list[ast.Assign] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            calls.append(node)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            assigns.append(node)
+        elif isinstance(node, ast.ImportFrom):
+            ddp_names.update(a.asname for a in node.names if a.name == "DistributedDataParallel" and a.asname)
+            if (node.module or "").startswith("torch.distributed"):
+                shard_names.update(a.asname or a.name for a in node.names if a.name == "fully_shard")
+    wrapped: dict[str, str] = {}
+    for call in calls:
+        callee = _dotted(call.func) or ""
+        torch_shard = callee in shard_names or (callee.startswith("torch.distributed.") and callee.endswith(".fully_shard"))
+        if torch_shard and call.args and _dotted(call.args[0]):
+            wrapped.setdefault(_dotted(call.args[0]), "fsdp2")
+    for node in assigns:
+        by = _wrapper(node.value, ddp_names)
+        if by is None:
+            continue
+        for target in node.targets:
+            elements = target.elts if isinstance(target, ast.Tuple) else [target]
+            first = _dotted(elements[0]) if elements and not isinstance(elements[0], ast.Starred) else None
+            if first is not None:  # the model comes first (prepare keeps the order; setup returns it first)
+                wrapped.setdefault(first, by)
+    if not wrapped:
+        return frozenset()
+    passed = set()
+    for call in calls:
+        name, _ = _callee(call.func)
+        if name is None or name in ("fully_shard", "no_sync", "no_backward_sync", "accumulate") or _wrapper(call, ddp_names):
+            continue  # the wrap itself, or a framework's own context for the model
+        for position, arg in enumerate(call.args):
+            if isinstance(arg, ast.Starred):
+                break
+            by = wrapped.get(_dotted(arg) or "")
+            if by is not None:
+                passed.add(f"{name}:{position}:{by}")
+        for keyword in call.keywords:
+            by = wrapped.get(_dotted(keyword.value) or "") if keyword.arg else None
+            if by is not None:
+                passed.add(f"{name}:{keyword.arg}:{by}")
+    return frozenset(passed)
+
+
+def _wrapper(call: ast.Call, ddp_names: set[str]) -> str | None:
+    """What a call wraps a model with, when it visibly does."""
+    name, owner = _callee(call.func)
+    if name in ddp_names:
+        return "ddp"
+    if name in _WRAPPING_METHODS and owner is not None and _WRAPPER_OWNERS.match(owner.rsplit(".", 1)[-1]):
+        return _WRAPPING_METHODS[name]
+    return None
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``self.model`` for an attribute chain of plain names."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def _plain_calls(scope: ast.AST) -> set[str]:
@@ -193,14 +280,18 @@ class ProjectIndex:
         alone: dict[str, set[str]] = {}
         shared: dict[str, set[str]] = {}
         unscaled: dict[str, set[str]] = {}
+        wrapped: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
             shared.setdefault(unit, set()).update(calls.shared)
             unscaled.setdefault(unit, set()).update(calls.after_unscale)
+            if calls.passes_wrapped:
+                wrapped.setdefault(unit, set()).update(calls.passes_wrapped)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
+        self._wrapped = {unit: frozenset(names) for unit, names in wrapped.items()}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -208,16 +299,19 @@ class ProjectIndex:
 
         The per-batch bodies; prefixed ``called:``, those some loop of the unit calls;
         prefixed ``unscaled:``, those some function of the unit calls in a body that
-        also calls ``unscale_`` (:class:`Context` reads them back).
+        also calls ``unscale_``; prefixed ``wrapped:``, ``function:argument:wrapper`` for
+        those some call of the unit hands a data-parallel model (:class:`Context` reads them back).
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
         called = self._called.get(unit, frozenset()) & calls.defines
         unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
+        wrapped = [fact for fact in self._wrapped.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
             + tuple(UNSCALED_BY_CALLER + name for name in sorted(unscaled))
+            + tuple(WRAPPED_BY_CALLER + fact for fact in sorted(wrapped))
         )
 
 

@@ -10,35 +10,69 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.frameworks import framework_settings
-from gradlint.model import NO_SYNC, Event, LoopModel, Root
+from gradlint.model import NO_SYNC, Event, Frame, LoopModel, Root
+from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import calls_in_evaluation_order, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
 
 class AccumulationWithoutNoSync(Rule):
-    """A ``DistributedDataParallel`` model accumulates gradients but all-reduces them on every micro-batch.
+    """A data-parallel model accumulates gradients but all-reduces them on every micro-batch.
 
-    **Why it matters.** DDP all-reduces the gradients at the end of every
-    backward. While accumulating, only the last micro-batch's all-reduce is
-    needed; the others send the whole gradient over the network for
-    nothing. The result is right, but every micro-batch pays for a full
-    all-reduce.
+    **Why it matters.** ``DistributedDataParallel`` all-reduces the gradients
+    at the end of every backward. While accumulating, only the last
+    micro-batch's all-reduce is needed; the others send the whole gradient
+    over the network for nothing. The result is right, but every micro-batch
+    pays for a full all-reduce. The same holds for a model prepared by
+    accelerate (``accelerator.prepare`` wraps it in DDP when the script runs
+    on several processes, and ``accelerator.backward`` only divides the loss),
+    a model set up by Lightning Fabric (its DDP and FSDP strategies), and an
+    FSDP2 model (``fully_shard``: every backward reduce-scatters).
 
     **Fix.** Run the micro-batches that do not step inside ``model.no_sync()``
-    (or set ``model.require_backward_grad_sync = False`` for them; accelerate's
-    ``accelerator.accumulate(model)`` and Lightning/Fabric's
-    ``no_backward_sync`` do it for you).
+    (or set ``model.require_backward_grad_sync = False`` for them); with
+    accelerate, ``accelerator.no_sync(model)`` or ``accelerator.accumulate(model)``
+    (with ``gradient_accumulation_steps``); with Fabric,
+    ``fabric.no_backward_sync(model, enabled=...)``; with FSDP2,
+    ``model.set_requires_gradient_sync(False)`` (FSDP2 then keeps unsharded
+    gradients until the step: it trades memory for the communication).
+
+    A script written for accelerate or Fabric is written to be launched on any
+    number of processes (``accelerate launch``, ``fabric run``): the all-reduce
+    is paid whenever it runs on more than one, so the rule reports it unless
+    the script itself pins one device.
 
     **Stays quiet when**
 
-    - the micro-batches run inside ``no_sync()`` /
-      ``require_backward_grad_sync = False``, or a framework syncs
-      (accelerate, Lightning, Fabric, a DeepSpeed engine);
-    - no DDP model is reachable from the loop's code (the DDP wrapper belongs
-      to another function), or the loop forwards through the module the DDP
-      model wraps rather than the DDP model itself.
+    - the micro-batches run inside ``no_sync()`` / ``no_backward_sync()`` /
+      ``require_backward_grad_sync = False`` / ``set_requires_gradient_sync(flag)``
+      (``fixtures/distributed/ok_fsdp2_requires_gradient_sync.py``), a
+      ``no_sync`` held in a variable and entered later
+      (``fixtures/realworld/gl302_no_sync_context_held_in_variable__accelerate.py``),
+      or inside ``accelerator.accumulate()``, or the step's guard is
+      ``accelerator.sync_gradients`` (accelerate decides); or the backward is
+      one whose framework syncs by itself (a DeepSpeed engine, Lightning);
+    - a ``with ...no_sync():`` block holds the backward or any call that may
+      run the forward: DDP decides in the forward
+      (``fixtures/realworld/gl302_no_sync_around_forward_only__improved-diffusion.py``);
+      only a block of nothing but data moves and logging covers nothing
+      (``fixtures/distributed/gl302_no_sync_covers_nothing.py``), and a
+      ``no_sync()`` in an inner loop of its own beside the accumulated
+      micro-batches is another model's (``fixtures/distributed/ddp_reference_beside_sharded_optimizer.py``);
+    - no wrapped model is reachable from the loop's code (the wrapper belongs
+      to another function, and no caller hands it in), or the loop forwards
+      through the module the DDP model wraps rather than the DDP model itself;
+      a model prepared by accelerate or Fabric, or sharded with
+      ``fully_shard``, counts only when the loop calls it;
+    - every ``Accelerator`` of the file is given an FSDP, DeepSpeed or
+      Megatron-LM plugin (``fixtures/realworld/gl302_accelerator_with_fsdp_plugin__accelerate.py``),
+      every ``Fabric`` asks for ``devices=1`` (``fixtures/frameworks/fabric_accumulation_undivided.py``),
+      or the accumulation count is 1 unless read from a DeepSpeed config
+      (``fixtures/realworld/gl302_count_from_deepspeed_config__accelerate.py``);
+    - ``fully_shard`` is another library's, not torch's
+      (``fixtures/realworld/gl302_other_library_fully_shard__Megatron-LM.py``).
 
     **Bad**::
 
@@ -63,53 +97,177 @@ class AccumulationWithoutNoSync(Rule):
 
     code = "GL302"
     name = "accumulation-without-no-sync"
-    summary = "a DDP model accumulates gradients without no_sync() on the micro-batches that do not step"
+    summary = "a data-parallel model accumulates gradients without no_sync() on the micro-batches that do not step"
     severity = Severity.WARNING
     fix = None  # wrapping the non-stepping micro-batches in no_sync() restructures the loop: left to the author
-    needs = ((BACKWARD, STEP, "DistributedDataParallel"),)
+    # A wrap may be any of several spellings, or in another module (a caller passes the wrapped model in).
+    needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        every_ddp = [name for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL]
-        if not every_ddp:
+        wrapped = _wrapped_models(model)
+        if not wrapped and not model.wrapped_by_caller:
             return
         for root in model.roots:
-            ddp = _ddp_models_seen_by(model, root, every_ddp)
-            if not ddp:
-                continue  # the DDP wrapper belongs to other code: this root's model is not DDP
+            handed = _handed_in(model, root)
+            seen = {**_models_seen_by(model, root, wrapped), **handed}
+            if not seen:
+                continue  # the wrapper belongs to other code: this root's model is not data-parallel
             for step, loop in steps_with_loops(root):
-                if NO_SYNC in root.kinds_in(loop):
-                    continue
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
-                if _forwards_around_ddp(model, acc.frame if acc.style == "micro_loop" else loop, ddp):
-                    continue  # the micro-batches' forward is not the DDP model's: their backward all-reduces nothing
+                region = acc.frame if acc.style == "micro_loop" else loop
+                found = _model_of(model, region, seen)
+                if found is None:
+                    continue  # the micro-batches' forward is not the wrapped model's: their backward all-reduces nothing
+                name, by = found
+                if _sync_switched_off(model, root, loop, acc):
+                    continue
+                if _framework_accumulates(root, loop, acc):
+                    continue
+                if by == ACCELERATE and _count_from_deepspeed(model, acc.count):
+                    continue  # above 1 only under DeepSpeed, whose engine reduces at its own boundary
                 for backward in acc.backwards:
                     if acc.style == "guard" and backward.inside(acc.frame):
                         continue  # the stepping micro-batch's backward must all-reduce
                     if _synced_for_you(backward):
                         continue
-                    yield Report(
-                        backward.node,
-                        f"the DDP model `{ddp[0]}` all-reduces the gradients of this backward on every micro-batch, "
-                        f"but `{step.target}` only steps {_where(model, acc)}: run the micro-batches that do not step "
-                        f"inside `{ddp[0]}.no_sync()` (or set `require_backward_grad_sync = False` for them)",
-                    )
+                    message = _message(model, name, by, step, acc)
+                    if name in handed:
+                        message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
+                    yield Report(backward.node, message)
                     break
 
 
-def _ddp_models_seen_by(model: LoopModel, root: Root, every_ddp: list[str]) -> list[str]:
-    """The DDP models code in ``root`` can reach: named in its function, assigned at module level, or ``self.`` attributes of its class."""
+# How each kind of wrapper is named in messages, and what it says about the all-reduce.
+DDP, ACCELERATE, FABRIC, FSDP2 = "ddp", "accelerate", "fabric", "fsdp2"
+# Methods that return the data-parallel model they are given: the accelerator's and Fabric's.
+_PREPARES = {"prepare": ACCELERATE, "prepare_model": ACCELERATE, "setup": FABRIC, "setup_module": FABRIC}
+_NOT_MODELS = (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER, ObjKind.ACCELERATOR, ObjKind.ENGINE)
+
+
+def _wrapped_models(model: LoopModel) -> dict[str, str]:
+    """Every name that holds a data-parallel model, and what wrapped it (``ddp``, ``accelerate``, ``fabric``, ``fsdp2``)."""
+    wrapped = {name: DDP for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL}
     index = model.index
     if index is None:
-        return every_ddp
+        return wrapped
+    settings = framework_settings(model)
+    ddp_calls = {id(call) for call in settings.ddp_wraps}
+    for function, table in index.assignments.items():
+        for name, values in table.items():
+            if name in wrapped:
+                continue
+            for value in values:
+                by = _wrapped_by(model, function, value, ddp_calls)
+                if by is not None:
+                    wrapped[name] = by
+                    break
+    for call in settings.fsdp2_shards:
+        args = positional_args(call)
+        target = dotted_name(args[0].value) if args else None
+        if target is not None:
+            wrapped.setdefault(target, FSDP2)
+    return wrapped
+
+
+def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str | None:
+    """What wrapped the model an assigned value holds: ``accelerator.prepare(model, ...)``, ``fabric.setup(model)``,
+    or a helper of the module that returns a ``DistributedDataParallel(...)``."""
+    position = 0
+    if isinstance(value, Unpacked):
+        value, position = value.value, value.position
+    if not isinstance(value, cst.Call):
+        return None
+    method = method_name(value)
+    if method in _PREPARES and model.info(dotted_name(receiver(value))).kind is ObjKind.ACCELERATOR:
+        args = positional_args(value)
+        if position >= len(args) or any(a.star for a in args[: position + 1]):
+            return None
+        given = dotted_name(args[position].value)
+        if given is None or model.info(given).kind in _NOT_MODELS:
+            return None
+        built = _constructors(model, dotted_name(receiver(value)))
+        if _PREPARES[method] == FABRIC and built and all(_one_device(call) for call in built):
+            return None  # ``Fabric(devices=1)``: a single-device strategy, nothing to all-reduce
+        if _PREPARES[method] == ACCELERATE and built and all(_not_ddp_plugin(call) for call in built):
+            return None  # ``Accelerator(fsdp_plugin=...)``: FSDP, DeepSpeed or Megatron-LM, never DDP
+        return _PREPARES[method]
+    helper = model.index.resolve_function(value, function)
+    if helper is not None and not isinstance(value, Unpacked) and _returns_ddp(model, helper, ddp_calls):
+        return DDP
+    return None
+
+
+def _constructors(model: LoopModel, name: str | None) -> list[cst.Call]:
+    """The calls the module assigns to ``name`` (an accelerator's or Fabric's constructor), in any function."""
+    return [
+        value for table in model.index.assignments.values() for value in table.get(name, [])
+        if isinstance(value, cst.Call)
+    ]
+
+
+def _one_device(call: cst.Call) -> bool:
+    """``Fabric(devices=1)``."""
+    arg = keyword_arg(call, "devices")
+    return arg is not None and number(arg.value) == 1
+
+
+# Accelerator settings under which a prepared model is sharded or handed to another engine, not wrapped in DDP.
+_NOT_DDP_PLUGINS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin")
+
+
+def _not_ddp_plugin(call: cst.Call) -> bool:
+    """``Accelerator(fsdp_plugin=...)`` and the like."""
+    return any(keyword_arg(call, keyword) is not None for keyword in _NOT_DDP_PLUGINS)
+
+
+def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int]) -> bool:
+    """Whether a helper of the module returns a ``DistributedDataParallel(...)`` it builds (directly or through a name)."""
+    built = {
+        name for name, values in model.index.assignments.get(helper, {}).items()
+        if any(id(v) in ddp_calls for v in values)
+    }
+    for node in walk(helper.body):
+        if isinstance(node, cst.Return) and node.value is not None:
+            if id(node.value) in ddp_calls or dotted_name(node.value) in built:
+                return True
+    return False
+
+
+def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str]) -> dict[str, str]:
+    """The wrapped models code in ``root`` can reach: named in its function, assigned at module level, or ``self.`` attributes of its class."""
+    index = model.index
+    if index is None:
+        return wrapped
     named = {dotted_name(n) for n in walk(root.node) if isinstance(n, (cst.Name, cst.Attribute))}
     method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
-    return [
-        name for name in every_ddp
+    return {
+        name: by for name, by in wrapped.items()
         if name in named or name in module_level or (method and name.startswith("self."))
-    ]
+    }
+
+
+def _handed_in(model: LoopModel, root: Root) -> dict[str, str]:
+    """The parameters of ``root``'s function that a caller of the run hands a data-parallel model
+    (``train_one_epoch(model, ...)`` after ``model = DistributedDataParallel(model)`` in another module)."""
+    function = root.node
+    if not model.wrapped_by_caller or not isinstance(function, cst.FunctionDef):
+        return {}
+    positional = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
+    if positional and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    every = set(positional) | {p.name.value for p in function.params.kwonly_params}
+    handed = {}
+    for fact in model.wrapped_by_caller:
+        name, argument, by = fact.rsplit(":", 2)
+        if name != function.name.value:
+            continue
+        param = positional[int(argument)] if argument.isdigit() and int(argument) < len(positional) else argument
+        if param in every:
+            handed.setdefault(param, by)
+    return handed
 
 
 def _in_class(index, function: cst.FunctionDef) -> bool:
@@ -120,20 +278,146 @@ def _in_class(index, function: cst.FunctionDef) -> bool:
     return False
 
 
-def _forwards_around_ddp(model: LoopModel, loop, ddp: list[str]) -> bool:
+def _model_of(model: LoopModel, region: Frame, seen: dict[str, str]) -> tuple[str, str] | None:
+    """The wrapped model whose backward the micro-batches of ``region`` run, and what wrapped it; None when they forward
+    through something else.
+
+    A DDP model counts unless the loop calls only a model other than the DDP ones (the module a DDP model wraps, or a
+    model an optimizer trains); a model prepared by accelerate or Fabric, or sharded with ``fully_shard``, only when
+    the loop calls it.
+    """
+    called = {dotted_name(node.func) for node in walk(region.node) if isinstance(node, cst.Call)} - {None}
+    called_last = {last_name(c) for c in called}
+    ddp = sorted((name for name, by in seen.items() if by == DDP), key=lambda name: last_name(name) not in called_last)
+    if ddp and not _forwards_around_ddp(model, called_last, ddp):
+        return ddp[0], DDP  # the one the loop calls, if it calls one
+    for name, by in seen.items():
+        if by != DDP and last_name(name) in called_last:
+            return name, by
+    return None
+
+
+def _forwards_around_ddp(model: LoopModel, called_last: set[str], ddp: list[str]) -> bool:
     """Whether the loop calls a model other than the DDP ones (the module a DDP model wraps, or a model an optimizer
     trains), and never a DDP model: its backward all-reduces nothing."""
     other_models = {model.info(name).wraps for name in ddp} | {m for sources in model.all_param_sources().values() for m in sources}
     other_models -= {None} | {last_name(name) for name in ddp}
-    called = {dotted_name(node.func) for node in walk(loop.node) if isinstance(node, cst.Call)} - {None}
-    if {last_name(c) for c in called} & {last_name(name) for name in ddp}:
+    if called_last & {last_name(name) for name in ddp}:
         return False
-    return any(last_name(c) in other_models for c in called)
+    return bool(called_last & other_models)
+
+
+def _sync_switched_off(model: LoopModel, root: Root, loop: Frame, acc) -> bool:
+    """Whether the loop switches the all-reduce off where it may cover the accumulated micro-batches: not in an inner
+    loop of its own that holds none of them (another model's micro-batches), and not in a block that covers nothing
+    (see :func:`_covers`)."""
+    first = acc.backwards[0]
+    for event in root.events_of(NO_SYNC, loop):
+        if any(not first.inside(f) for f in event.loops):
+            continue  # an inner loop of its own, beside the micro-batches
+        if _covers(model, root, event):
+            return True
+    return False
+
+
+def _covers(model: LoopModel, root: Root, event: Event) -> bool:
+    """Whether a ``no_sync()`` may cover a micro-batch: its ``with`` block holds a backward, or any call that may run a
+    forward (DDP decides in the forward). Only a block of nothing but data moves and logging covers nothing. One
+    entered otherwise (an ``ExitStack``, a context held in a variable) and the attribute and method forms
+    (``require_backward_grad_sync = flag``) always count."""
+    block = _with_of(model, event.node)
+    if block is None:
+        return True
+    if any(f.node is block for backward in root.events_of(EventKind.BACKWARD) for f in backward.frames):
+        return True
+    for node in walk(block.body):
+        if isinstance(node, cst.Call) and callee_name(node) not in _NOT_A_FORWARD:
+            return True
+    return False
+
+
+# Calls that move, inspect or log data: a ``no_sync()`` block of nothing else runs no forward.
+_NOT_A_FORWARD = frozenset({
+    "cuda", "to", "cpu", "pin_memory", "contiguous", "detach", "item", "float", "half", "bfloat16", "long",
+    "print", "len", "range", "zip", "enumerate", "isinstance", "format", "log", "debug", "info", "warning",
+})
+
+
+def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
+    """The ``with`` statement whose item holds ``node`` (a call); None when it is not a ``with`` item."""
+    parents = model.parents
+    if parents is None or not isinstance(node, cst.Call):
+        return None
+    current = parents.get(node)
+    while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+        if isinstance(current, cst.WithItem):
+            block = parents.get(current)
+            return block if isinstance(block, cst.With) else None
+        current = parents.get(current)
+    return None
+
+
+def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
+    """Accelerate decides the micro-batches: the loop runs ``accelerator.accumulate()`` or steps on ``sync_gradients``."""
+    if acc.style == "guard" and any(
+        isinstance(n, cst.Attribute) and n.attr.value == "sync_gradients" for n in walk(acc.frame.node.test)
+    ) if isinstance(acc.frame.node, cst.If) else False:
+        return True
+    return any(event.with_context("accumulate") for event in root.events_in(loop))
+
+
+def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) -> bool:
+    """Whether the accumulation count is 1 unless read from a DeepSpeed config
+    (``steps = plugin.deepspeed_config["gradient_accumulation_steps"]`` / ``else: steps = 1``)."""
+    name = dotted_name(count) if count is not None else None
+    if name is None or model.index is None:
+        return False
+    values = [v for table in model.index.assignments.values() for v in table.get(name, [])]
+    return any("deepspeed" in model.code(v) for v in values if not isinstance(v, Unpacked)) and all(
+        not isinstance(v, Unpacked) and (number(v) == 1 or "deepspeed" in model.code(v)) for v in values
+    )
+
+
+# Backwards that decide the all-reduce themselves: a DeepSpeed engine's (it reduces at its own accumulation boundary),
+# Lightning's, an optimizer closure's, a replayed CUDA graph's. accelerate's and Fabric's only divide or forward.
+_PASSES_THROUGH = (None, "accelerate", "fabric")
 
 
 def _synced_for_you(backward: Event) -> bool:
-    """A backward whose framework decides when to all-reduce (accelerate, Lightning, Fabric, DeepSpeed)."""
-    return backward.framework is not None or backward.with_context("no_sync") or backward.with_context("accumulate")
+    """A backward whose framework decides when to all-reduce, or that runs inside ``no_sync()`` / ``accumulate()``."""
+    return (
+        backward.framework not in _PASSES_THROUGH
+        or backward.with_context("no_sync")
+        or backward.with_context("accumulate")
+    )
+
+
+def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
+    where = f"`{step.target}` only steps {_where(model, acc)}"
+    if by == ACCELERATE:
+        return (
+            f"`{name}` is prepared by accelerate, which wraps it in DistributedDataParallel when the script runs on "
+            f"several processes, and `accelerator.backward` does not skip the all-reduce: every micro-batch all-reduces, "
+            f"but {where}: run the micro-batches that do not step inside `accelerator.no_sync({name})`, or set "
+            f"`gradient_accumulation_steps` and use `accelerator.accumulate({name})`"
+        )
+    if by == FABRIC:
+        return (
+            f"`{name}` is set up by Fabric, whose multi-device strategies all-reduce the gradients of every backward, "
+            f"but {where}: run the micro-batches that do not step inside "
+            f"`fabric.no_backward_sync({name}, enabled=...)`"
+        )
+    if by == FSDP2:
+        return (
+            f"`{name}` is sharded with `fully_shard`, which reduce-scatters the gradients of every backward, but "
+            f"{where}: call `{name}.set_requires_gradient_sync(False)` for the micro-batches that do not step "
+            f"(FSDP2 then keeps unsharded gradients until the step: memory traded for communication)"
+        )
+    return (
+        f"the DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
+        f"but {where}: run the micro-batches that do not step "
+        f"inside `{name}.no_sync()` (or set `require_backward_grad_sync = False` for them)"
+    )
 
 
 def _where(model: LoopModel, acc) -> str:

@@ -114,3 +114,35 @@ def test_fix_applies_to_a_step_module_whose_loop_is_in_another_file(tmp_path):
     text = (case / "trainer.py").read_text()
     assert "        self.optimizer.step()  # expect: GL001\n        self.optimizer.zero_grad()\n" in text
     assert runner.run([str(case)], Config(root=case), jobs=1)[-1].findings == []
+
+
+def test_a_file_notes_the_calls_it_hands_a_wrapped_model():
+    from gradlint.project_index import scan_calls
+
+    text = (
+        "from torch.nn.parallel import DistributedDataParallel as NativeDDP\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from megatron_fsdp import fully_shard as megatron_shard\n"
+        "def main(model, opt, loader, accelerator):\n"
+        "    ddp = NativeDDP(model)\n"
+        "    run(opt, ddp)\n"
+        "    net, opt, loader = accelerator.prepare(model, opt, loader)\n"
+        "    engine.fit(model=net, loader=loader)\n"
+        "    fully_shard(model)\n"
+        "    evaluate(model)\n"
+        "    megatron_shard(other)\n"
+        "    run_other(other)\n"
+        "    plain(opt, loader)\n"
+    )
+    assert scan_calls(text).passes_wrapped == {"run:1:ddp", "fit:model:accelerate", "evaluate:0:fsdp2"}
+
+
+def test_a_function_handed_a_wrapped_model_learns_it_only_from_its_own_unit(tmp_path):
+    case = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "ddp_wrapped_in_main_accumulates_in_engine", case)
+    engine = str(case / "engine_finetune.py")
+    together = runner.run([str(case)], Config(root=case), jobs=1)
+    assert [f.code for r in together if r.path == engine for f in r.findings] == ["GL302"]
+    (case / "main_finetune.py").write_text((case / "main_finetune.py").read_text().replace("from engine_finetune import", "from other_engine import"))
+    apart = runner.run([str(case)], Config(root=case), jobs=1)
+    assert [f.code for r in apart if r.path == engine for f in r.findings] == []
