@@ -114,7 +114,20 @@ def scan_calls(text: str) -> FileCalls:
     imports: set[str] = set()
     after_unscale: set[str] = set()
     unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
+    wraps = _WRAP_TOKENS.search(text) is not None  # only then can a call hand on a wrapped model
+    calls: list[ast.Call] = []
+    assigns: list[ast.Assign] = []
+    from_imports: list[ast.ImportFrom] = []
     for node in ast.walk(tree):
+        if wraps:
+            kind = type(node)
+            if kind is ast.Call:
+                calls.append(node)
+                continue
+            if kind is ast.Assign:
+                assigns.append(node)
+            elif kind is ast.ImportFrom:
+                from_imports.append(node)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defines.add(node.name)
@@ -129,7 +142,7 @@ def scan_calls(text: str) -> FileCalls:
             for name in called:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
-    passes = _wrapped_passed(tree) if _WRAP_TOKENS.search(text) else frozenset()
+    passes = _wrapped_passed(calls, assigns, from_imports) if wraps else frozenset()
     return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale), passes)
 
 
@@ -139,23 +152,16 @@ _WRAPPING_METHODS = {"prepare": "accelerate", "prepare_model": "accelerate", "se
 _WRAPPER_OWNERS = re.compile(r"^(accelerator|fabric)$")
 
 
-def _wrapped_passed(tree: ast.Module) -> frozenset[str]:
+def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_imports: list[ast.ImportFrom]) -> frozenset[str]:
     """``function:argument:wrapper`` for each call handed, as argument ``argument`` (a position or a keyword), a name
     the file assigns a data-parallel model to: ``DistributedDataParallel(...)`` (or an alias), a model returned by
     ``accelerator.prepare``/``fabric.setup``, a module given to ``fully_shard``."""
     ddp_names = {"DistributedDataParallel"}
     shard_names = set()  # torch's own fully_shard only: other libraries have functions of that name
-    calls: list[ast.Call] = []
-    assigns: list[ast.Assign] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            calls.append(node)
-        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            assigns.append(node)
-        elif isinstance(node, ast.ImportFrom):
-            ddp_names.update(a.asname for a in node.names if a.name == "DistributedDataParallel" and a.asname)
-            if (node.module or "").startswith("torch.distributed"):
-                shard_names.update(a.asname or a.name for a in node.names if a.name == "fully_shard")
+    for node in from_imports:
+        ddp_names.update(a.asname for a in node.names if a.name == "DistributedDataParallel" and a.asname)
+        if (node.module or "").startswith("torch.distributed"):
+            shard_names.update(a.asname or a.name for a in node.names if a.name == "fully_shard")
     wrapped: dict[str, str] = {}
     for call in calls:
         callee = _dotted(call.func) or ""
@@ -163,7 +169,7 @@ def _wrapped_passed(tree: ast.Module) -> frozenset[str]:
         if torch_shard and call.args and _dotted(call.args[0]):
             wrapped.setdefault(_dotted(call.args[0]), "fsdp2")
     for node in assigns:
-        by = _wrapper(node.value, ddp_names)
+        by = _wrapper(node.value, ddp_names) if isinstance(node.value, ast.Call) else None
         if by is None:
             continue
         for target in node.targets:

@@ -359,9 +359,8 @@ def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
 
 def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
     """Accelerate decides the micro-batches: the loop runs ``accelerator.accumulate()`` or steps on ``sync_gradients``."""
-    if acc.style == "guard" and any(
-        isinstance(n, cst.Attribute) and n.attr.value == "sync_gradients" for n in walk(acc.frame.node.test)
-    ) if isinstance(acc.frame.node, cst.If) else False:
+    guard = acc.frame.node if acc.style == "guard" and isinstance(acc.frame.node, cst.If) else None
+    if guard is not None and any(isinstance(n, cst.Attribute) and n.attr.value == "sync_gradients" for n in walk(guard.test)):
         return True
     return any(event.with_context("accumulate") for event in root.events_in(loop))
 
