@@ -67,6 +67,7 @@ class EventBuilder:
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
+        self._switches: dict[tuple[int, int], bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -144,12 +145,16 @@ class EventBuilder:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
-        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
+        fixed = not accumulation and self._mode_switch(statement.test, scope.function)
+        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed)
         self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
             return
-        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count, exits=not isinstance(orelse, cst.If) and _leaves(orelse.body))
+        else_frame = Frame(
+            FrameKind.BRANCH, statement, "else", accumulation, count,
+            exits=not isinstance(orelse, cst.If) and _leaves(orelse.body), fixed=fixed,
+        )
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
         else:
@@ -181,6 +186,8 @@ class EventBuilder:
         for node in walk(test):
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
                 return True, node.right
+        if self._mode_switch(test, function):
+            return False, None  # ``if accumulation_steps > 1:`` picks a mode once; the same branch runs every batch
         for node in walk(test):
             name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
             if name is None:
@@ -194,6 +201,16 @@ class EventBuilder:
                         if found:
                             return True, count
         return False, None
+
+    def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""
+        if not _accumulation_enabled(test):
+            return False
+        key = (id(test), id(function))
+        if key not in self._switches:
+            name_only = function is not None and isinstance(test.left, cst.Name)  # a local; an attribute may count elsewhere
+            self._switches[key] = not _counted_in(test, function if name_only else self.index.module)
+        return self._switches[key]
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))
@@ -541,6 +558,45 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
         if isinstance(small, cst.Assign) and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
             return True
         if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.SubtractAssign) and dotted_name(small.target) == counter:
+            return True
+    return False
+
+
+# ``count > 1``, ``count != 1``, ``count >= 2``, ``count == 1``...: whether accumulation is on at all.
+_ENABLED_TESTS = {1.0: (cst.GreaterThan, cst.NotEqual, cst.Equal, cst.LessThanEqual), 2.0: (cst.GreaterThanEqual, cst.LessThan)}
+_MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThanEqual}
+
+
+def _accumulation_enabled(test: cst.BaseExpression) -> bool:
+    """``if args.gradient_accumulation_steps > 1:``: a test of the configured count against 1, not of the micro-batch.
+
+    It has the same value on every batch, so neither of its branches is an
+    accumulation guard (a ``%`` of the batch index inside one still is).
+    """
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    operator, right, left = test.comparisons[0].operator, test.comparisons[0].comparator, test.left
+    if number(left) is not None:
+        left, right = right, left
+        operator = _MIRRORED.get(type(operator), type(operator))()
+    limit = number(right)
+    name = dotted_name(left) if isinstance(left, (cst.Name, cst.Attribute)) else None
+    if name is None or limit not in _ENABLED_TESTS or not isinstance(operator, _ENABLED_TESTS[limit]):
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return bool(_ACCUMULATION_WORDS.search(last)) and bool(_COUNT_WORDS.search(last))
+
+
+_COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)
+
+
+def _counted_in(test: cst.Comparison, body: cst.CSTNode) -> bool:
+    """Whether the tested name is a running counter (``accumulated += 1``, reset with ``= 0``), not a setting."""
+    name = dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
+    for node in walk(body):
+        if isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+            return True
+        if isinstance(node, cst.Assign) and number(node.value) == 0 and any(dotted_name(t.target) == name for t in node.targets):
             return True
     return False
 

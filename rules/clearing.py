@@ -27,6 +27,7 @@ from gradlint.queries import (
     param_sources,
     rebuilt_in,
     same_object,
+    split_by_setting,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
@@ -275,8 +276,10 @@ class ZeroGradInAccumulation(Rule):
     **Stays quiet when** the clear is under the same guard as the step (or
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
-    (GL002's finding), or clears the prepared optimizer inside
-    ``accumulate()``.
+    (GL002's finding), clears the prepared optimizer inside
+    ``accumulate()``, or sits in the other branch of an ``if
+    accumulation_steps > 1:`` that picks the mode once (its branches never
+    alternate between batches).
     """
 
     code = "GL003"
@@ -308,6 +311,8 @@ class ZeroGradInAccumulation(Rule):
                 for zero in candidates:
                     if zero.node in settled or id(zero) in between or not clears(model, zero, step.target):
                         continue
+                    if split_by_setting(zero, step):
+                        continue  # ``if accum_steps > 1: ...step... else: zero_grad()...``: the modes never mix
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     yield settled.note(
@@ -415,7 +420,10 @@ class UnscaledAccumulatedLoss(Rule):
       so, or weight decay / learning rate scaled by the accumulation count
       (a recipe tuned for a nominal batch);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
-      reports that loop, naming the undivided loss in its message.
+      reports that loop, naming the undivided loss in its message;
+    - the backward sits in the branch of ``if accumulation_steps > 1:`` that
+      does not accumulate (a setting, not a guard: the branches never
+      alternate).
 
     **Bad**::
 
@@ -503,7 +511,7 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
         zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
-    return any(clears(model, z, step.target) and not leaves_before(z, step) for z in zeros)
+    return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
 
 
 # A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
