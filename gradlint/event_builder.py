@@ -68,6 +68,7 @@ class EventBuilder:
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
         self._switches: dict[tuple[int, int], bool] = {}
+        self._hand_clips: dict[cst.FunctionDef, bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -404,6 +405,9 @@ class EventBuilder:
             emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
             return
         helper = index.resolve_function(call, scope.function)
+        if self._clips_by_hand(helper or self._instance_method(call, scope.function)):
+            emit(EventKind.CLIP, framework="by_hand")  # ``clipper.step(params)``: the module's own norm clipping
+            return
         if helper is not None:
             self._inline(helper, call, scope, out)
             return
@@ -424,6 +428,31 @@ class EventBuilder:
         if recv_name.split(".")[0] in ("torch", "nn", "utils", "clip_grad"):
             return None
         return "module"
+
+    def _instance_method(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """``clipper.step(...)`` where ``clipper`` (or ``self.clipper``) is only ever built from a class of this module."""
+        func = call.func
+        receiver_name = dotted_name(func.value) if isinstance(func, cst.Attribute) else None
+        if receiver_name is None or receiver_name in ("self", "cls"):
+            return None
+        if receiver_name.startswith("self."):
+            values = [v for table in self.index.assignments.values() for v in table.get(receiver_name, [])]
+        else:
+            values = self._assigned(receiver_name, function)
+        if len(values) != 1 or not isinstance(values[0], cst.Call):
+            return None
+        class_name = dotted_name(values[0].func)
+        if class_name not in self.index.class_methods:
+            return None
+        return self.index.method_of(class_name, func.attr.value)
+
+    def _clips_by_hand(self, function: cst.FunctionDef | None) -> bool:
+        """Whether a function of this module clips gradients by their norm itself (computed once per function)."""
+        if function is None:
+            return False
+        if function not in self._hand_clips:
+            self._hand_clips[function] = _clips_gradient_norm(function)
+        return self._hand_clips[function]
 
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
@@ -599,6 +628,68 @@ def _counted_in(test: cst.Comparison, body: cst.CSTNode) -> bool:
         if isinstance(node, cst.Assign) and number(node.value) == 0 and any(dotted_name(t.target) == name for t in node.targets):
             return True
     return False
+
+
+def _clips_gradient_norm(function: cst.FunctionDef) -> bool:
+    """Whether a function is norm clipping written out, as torch's ``clip_grad_norm_`` is.
+
+    It reads ``.grad``, computes a coefficient ``max_norm / (total_norm + eps)``,
+    caps it at 1 (``if coef < 1:``, ``clamp(coef, max=1.0)``, ``min(coef, 1)``)
+    and hands it to a call that scales the gradients (``g.mul_(coef)``,
+    ``multi_tensor_applier(scale, buf, [grads, grads], coef)``). Whatever the
+    function or its class is called: the body says it.
+    """
+    nodes = list(walk(function.body))
+    if not any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in nodes):
+        return False
+    ratios: set[str] = set()  # names holding max_norm / (norm + eps)
+    capped: set[str] = set()  # names holding it capped at 1
+    for n in nodes:
+        if isinstance(n, cst.Assign):
+            names = {dotted_name(t.target) for t in n.targets} - {None}
+            if _norm_ratio(n.value):
+                ratios |= names
+            elif _caps_at_one(n.value, ratios) or (_is_cap(n.value) and any(_norm_ratio(x) for x in _capped_values(n.value))):
+                capped |= names
+        elif isinstance(n, cst.Comparison) and dotted_name(n.left) in ratios and len(n.comparisons) == 1:
+            comparison = n.comparisons[0]
+            if isinstance(comparison.operator, (cst.LessThan, cst.LessThanEqual)) and number(comparison.comparator) == 1:
+                capped.add(dotted_name(n.left))  # ``if clip_coef < 1:`` then scale by clip_coef
+    return any(
+        isinstance(n, cst.Call) and not _is_cap(n) and any(dotted_name(a.value) in capped for a in n.args)
+        for n in nodes
+    )
+
+
+_CAPS = ("clamp", "clamp_", "min", "clip")
+
+
+def _is_cap(node: cst.BaseExpression) -> bool:
+    """``torch.clamp(x, max=1.0)``, ``x.clamp_(max=1)``, ``min(x, 1.0)``: a value capped at 1."""
+    return isinstance(node, cst.Call) and callee_name(node) in _CAPS and any(number(a.value) == 1 for a in node.args)
+
+
+def _capped_values(cap: cst.Call) -> list[cst.BaseExpression]:
+    """What a cap caps: its arguments and, for a method, its receiver."""
+    values = [a.value for a in cap.args]
+    if isinstance(cap.func, cst.Attribute):
+        values.append(cap.func.value)
+    return values
+
+
+def _caps_at_one(value: cst.BaseExpression, ratios: set[str]) -> bool:
+    return _is_cap(value) and any(dotted_name(x) in ratios for x in _capped_values(value))
+
+
+def _norm_ratio(value: cst.BaseExpression) -> bool:
+    """``max_norm / (total_norm + 1e-6)``: a threshold over a norm plus a small epsilon."""
+    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Divide):
+        return False
+    denominator = value.right
+    if not isinstance(denominator, cst.BinaryOperation) or not isinstance(denominator.operator, cst.Add):
+        return False
+    epsilon = number(denominator.right)
+    return epsilon is not None and 0 < epsilon <= 1e-3
 
 
 def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
