@@ -61,8 +61,9 @@ class _Scope:
 class EventBuilder:
     """Turns statements into events, inlining helpers of the same module."""
 
-    def __init__(self, index: ModuleIndex) -> None:
+    def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset()) -> None:
         self.index = index
+        self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
@@ -414,10 +415,12 @@ class EventBuilder:
         if name and _CLEAR_HELPER.search(name):
             emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
             return
-        for arg in call.args:
-            arg_name = dotted_name(arg.value)
-            if arg_name and self._kind(arg_name) is ObjKind.OPTIMIZER:
-                emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+        handed = [name for name in (dotted_name(arg.value) for arg in call.args) if name and self._kind(name) is ObjKind.OPTIMIZER]
+        for arg_name in handed:
+            emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+        if len(handed) == 1 and name in self.steps_handed:
+            # ``self.mp_trainer.optimize(self.opt)``: every function of that name in the run steps the optimizer it is handed
+            emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
         """None for torch's own clipping; otherwise who clips (accelerate unscales first, FSDP shards)."""
@@ -521,7 +524,20 @@ class EventBuilder:
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
                     return True
+            if self._weighted_by_divided(value, scope):
+                return True
         return False
+
+    def _weighted_by_divided(self, value: cst.BaseExpression, scope: _Scope) -> bool:
+        """``loss = (per_token * weights).sum()`` with ``weights = mask / tokens_in_step``: weights that divide."""
+        if isinstance(value, Unpacked):
+            return False
+        divided = self.index.divided_names.get(scope.function, set()) | self.index.divided_names.get(None, set())
+        return any(
+            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+            and any(dotted_name(side) in divided for side in (node.left, node.right))
+            for node in walk(value)
+        )
 
     # -- helpers
 

@@ -179,6 +179,7 @@ class LoopModel:
     index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
     called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
+    keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:

@@ -51,22 +51,31 @@ class FileCalls:
     defines: frozenset[str] = frozenset()  # the names of the functions and methods the file defines
     imports: frozenset[str] = frozenset()  # the first part of every module it imports absolutely
     after_unscale: frozenset[str] = frozenset()  # names called by a function (or the module body) that also calls unscale_
+    hands: frozenset[str] = frozenset()  # names called with an optimizer argument (``trainer.optimize(self.opt)``)
+    steps_handed: frozenset[str] = frozenset()  # functions defined here, each definition stepping an optimizer it is handed
+    clears_handed: frozenset[str] = frozenset()  # functions defined here, some definition of which may clear gradients
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
-        return [sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports), sorted(self.after_unscale)]
+        return [
+            sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports), sorted(self.after_unscale),
+            sorted(self.hands), sorted(self.steps_handed), sorted(self.clears_handed),
+        ]
 
     @classmethod
     def from_json(cls, data: list[list[str]]) -> "FileCalls":
         """The inverse of :meth:`to_json`."""
-        alone, shared, defines, imports, after_unscale = data
-        return cls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+        return cls(*(frozenset(names) for names in data))
 
 
 # In a file's context, the prefixes of a function some loop of the run calls, and of one
 # some caller of the run unscales gradients around; a plain name is a per-batch body.
 CALLED_IN_LOOP = "called:"
 UNSCALED_BY_CALLER = "unscaled:"
+# In a file's context, names it hands an optimizer to: functions of the run that step the optimizer
+# they are handed, and functions of the run that never clear gradients.
+STEPS_HANDED = "steps:"
+KEEPS_HANDED = "keeps:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,19 +85,17 @@ class Context:
     per_batch: frozenset[str] = frozenset()  # called once per batch by loops that leave the gradient work to them
     called_in_loop: frozenset[str] = frozenset()  # called from some loop of the run
     unscaled_by_caller: frozenset[str] = frozenset()  # called by a function that also calls unscale_
+    steps_handed: frozenset[str] = frozenset()  # called with an optimizer here; every definition in the run steps it
+    keeps_handed: frozenset[str] = frozenset()  # called with an optimizer here; defined in the run, never clearing
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
         """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
-        per_batch, called, unscaled = set(), set(), set()
+        found: dict[str, set[str]] = {CALLED_IN_LOOP: set(), UNSCALED_BY_CALLER: set(), STEPS_HANDED: set(), KEEPS_HANDED: set(), "": set()}
         for name in names:
-            if name.startswith(CALLED_IN_LOOP):
-                called.add(name[len(CALLED_IN_LOOP):])
-            elif name.startswith(UNSCALED_BY_CALLER):
-                unscaled.add(name[len(UNSCALED_BY_CALLER):])
-            else:
-                per_batch.add(name)
-        return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled))
+            prefix = next((p for p in (CALLED_IN_LOOP, UNSCALED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED) if name.startswith(p)), "")
+            found[prefix].add(name[len(prefix):])
+        return cls(*(frozenset(found[p]) for p in ("", CALLED_IN_LOOP, UNSCALED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED)))
 
 
 def scan_calls(text: str) -> FileCalls:
@@ -104,11 +111,18 @@ def scan_calls(text: str) -> FileCalls:
     defines: set[str] = set()
     imports: set[str] = set()
     after_unscale: set[str] = set()
+    hands: set[str] = set()
+    functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
     for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args:
+            name, _ = _callee(node.func)
+            if name is not None and any(_names_optimizer(a) for a in node.args):
+                hands.add(name)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defines.add(node.name)
+                functions.append(node)
             if unscales and "unscale_" in _plain_calls(node):
                 after_unscale |= _loop_calls(node)[0]
         elif isinstance(node, ast.Import):
@@ -120,7 +134,99 @@ def scan_calls(text: str) -> FileCalls:
             for name in called:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
-    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+    steps_handed, clears_handed = _what_handed_optimizers_get(functions)
+    return FileCalls(
+        frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale),
+        frozenset(hands), steps_handed, clears_handed,
+    )
+
+
+def _names_optimizer(arg: ast.AST) -> bool:
+    """``opt``, ``self.optimizer``: an argument whose name says it is an optimizer."""
+    name = ast.unparse(arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+    return name is not None and kind_from_name(name) is ObjKind.OPTIMIZER
+
+
+def _what_handed_optimizers_get(functions: list) -> tuple[frozenset[str], frozenset[str]]:
+    """Which of a file's functions step a parameter (every definition of the name), and which may clear gradients.
+
+    A function steps a parameter when ``p.step()`` runs whatever path the
+    body takes, early returns aside (a skipped step, as a scaler's): in its
+    own top-level statements, inside ``with``, in both branches of an
+    ``if``/``else``, or through a call handing ``p`` to another function of
+    the file that steps it (``return self._optimize_fp16(opt)``). A function
+    may clear when it calls ``zero_grad``, stores into ``.grad``, or calls
+    anything whose name says zero, clear or reset.
+    """
+    stepping: set[str] = set()
+    changed = True
+    by_name: dict[str, list] = {}
+    for function in functions:
+        by_name.setdefault(function.name, []).append(function)
+    while changed:  # a function steps through another of the file: until nothing more is learnt
+        changed = False
+        for name, definitions in by_name.items():
+            if name not in stepping and all(_steps_parameter(f.body, _parameters(f), stepping) for f in definitions):
+                stepping.add(name)
+                changed = True
+    clearing = {f.name for f in functions if _may_clear(f)}
+    return frozenset(stepping), frozenset(clearing)
+
+
+def _parameters(function) -> set[str]:
+    args = function.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    return set(names) - {"self", "cls"}
+
+
+def _steps_parameter(body: list[ast.stmt], params: set[str], stepping: set[str]) -> bool:
+    for statement in body:
+        value = statement.value if isinstance(statement, (ast.Expr, ast.Return, ast.Assign)) else None
+        if isinstance(value, ast.Call):
+            name, receiver = _callee(value.func)
+            if name == "step" and receiver in params:
+                return True
+            if name in stepping and any(isinstance(a, ast.Name) and a.id in params for a in value.args):
+                return True
+        elif isinstance(statement, ast.If) and statement.orelse:
+            if _steps_parameter(statement.body, params, stepping) and _steps_parameter(statement.orelse, params, stepping):
+                return True
+        elif isinstance(statement, ast.With) and _steps_parameter(statement.body, params, stepping):
+            return True
+    return False
+
+
+_CLEARING_NAME = re.compile(r"zero|clear|reset", re.IGNORECASE)
+_READS_OPTIMIZER = ("step", "state_dict")  # calls on a handed optimizer that leave its gradients alone
+
+
+def _may_clear(function) -> bool:
+    """Whether a function may clear gradients: unless it visibly cannot, it may.
+
+    It may when it calls ``zero_grad`` or anything named for zeroing, clearing
+    or resetting, stores into ``.grad``, calls a name the scan cannot read, or
+    hands a parameter or ``self`` on to other code, which the scan does not follow.
+    """
+    reachable = _parameters(function) | {"self", "cls"}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            name, receiver = _callee(node.func)
+            if name is None or _CLEARING_NAME.search(name):
+                return True
+            if receiver is not None and receiver.split(".")[0] in reachable and name not in _READS_OPTIMIZER:
+                return True
+            arguments = [*node.args, *(k.value for k in node.keywords)]
+            if any(isinstance(a, (ast.Name, ast.Attribute, ast.Starred)) and _root(a) in reachable for a in arguments):
+                return True
+        elif isinstance(node, ast.Attribute) and node.attr == "grad" and isinstance(node.ctx, ast.Store):
+            return True
+    return False
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _plain_calls(scope: ast.AST) -> set[str]:
@@ -193,14 +299,25 @@ class ProjectIndex:
         alone: dict[str, set[str]] = {}
         shared: dict[str, set[str]] = {}
         unscaled: dict[str, set[str]] = {}
+        defined: dict[str, set[str]] = {}
+        stepping: dict[str, set[str]] = {}
+        not_stepping: dict[str, set[str]] = {}
+        clearing: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
             shared.setdefault(unit, set()).update(calls.shared)
             unscaled.setdefault(unit, set()).update(calls.after_unscale)
+            defined.setdefault(unit, set()).update(calls.defines)
+            stepping.setdefault(unit, set()).update(calls.steps_handed)
+            not_stepping.setdefault(unit, set()).update(calls.defines - calls.steps_handed)
+            clearing.setdefault(unit, set()).update(calls.clears_handed)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
+        # A name decides only when every definition of it in the unit agrees.
+        self._steps_handed = {unit: frozenset(stepping[unit] - not_stepping[unit]) for unit in stepping}
+        self._keeps_handed = {unit: frozenset(defined[unit] - clearing[unit]) for unit in defined}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -208,16 +325,23 @@ class ProjectIndex:
 
         The per-batch bodies; prefixed ``called:``, those some loop of the unit calls;
         prefixed ``unscaled:``, those some function of the unit calls in a body that
-        also calls ``unscale_`` (:class:`Context` reads them back).
+        also calls ``unscale_``. Beyond its own functions, among the names it hands an
+        optimizer to: prefixed ``steps:``, those every definition of which in the unit
+        steps the optimizer it is handed; prefixed ``keeps:``, those defined in the
+        unit and never clearing (:class:`Context` reads them back).
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
         called = self._called.get(unit, frozenset()) & calls.defines
         unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
+        steps = self._steps_handed.get(unit, frozenset()) & calls.hands
+        keeps = self._keeps_handed.get(unit, frozenset()) & calls.hands
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
             + tuple(UNSCALED_BY_CALLER + name for name in sorted(unscaled))
+            + tuple(STEPS_HANDED + name for name in sorted(steps))
+            + tuple(KEEPS_HANDED + name for name in sorted(keeps))
         )
 
 

@@ -69,14 +69,18 @@ _NOT_CLEARING = re.compile(
 )
 
 
-def handoff_may_clear(handoff: Event) -> bool:
+def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bool:
     """Whether code the module does not show, handed the optimizer, may clear its gradients.
 
-    Unknown code is taken to clear unless its name says what else it does
-    (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer, epoch)``,
-    ``save_checkpoint(model, optimizer)``).
+    Code of another file of the run that never clears (``keeps``, from the
+    project index: every definition of the name in the run is read and none
+    clears or hands its arguments on) does not. Unknown code is taken to
+    clear unless its name says what else it does (``clip_gradient(optimizer, 1.0)``,
+    ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(model, optimizer)``).
     """
     name = callee_name(handoff.node) if isinstance(handoff.node, cst.Call) else None
+    if name is not None and name in keeps:
+        return False
     return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
 
 

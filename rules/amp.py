@@ -161,7 +161,7 @@ class StepBypassesScaler(Rule):
                     scaled = {last_name(s.target) for s in steps if s.via_scaler is not None and s.target is not None}
                     bypassing[id(loop)] = [
                         s for s in steps
-                        if s.via_scaler is None and s.framework != "closure" and (s.target is None or last_name(s.target) not in scaled)
+                        if s.via_scaler is None and s.framework not in ("closure", "handed") and (s.target is None or last_name(s.target) not in scaled)
                     ]
                 for step in bypassing[id(loop)]:
                     if id(step) not in reaching:

@@ -66,7 +66,9 @@ class MissingZeroGrad(Rule):
     - the optimizer is handed to code the model cannot see, which may clear
       it, unless the callee's name says what else it does
       (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
-      epoch)``, ``save_checkpoint(...)``);
+      epoch)``, ``save_checkpoint(...)``), or every function of that name in
+      the files of the run is read and none clears (no ``zero_grad``, no
+      store into ``.grad``, no argument handed on to other code);
     - a fresh optimizer over fresh tensors is built every iteration;
     - the optimizer is set up for gradient release (optimi's
       ``gradient_release=True``, torchtune, a per-parameter optimizer dict
@@ -112,7 +114,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
+                if any(same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
@@ -164,7 +166,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(
                     (e.kind is EventKind.ZERO and clears(model, e, event.target))
-                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e))
+                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e, model.keeps_handed))
                     for e in between
                 )
                 if backward is not None and not handled:
@@ -394,6 +396,10 @@ class UnscaledAccumulatedLoss(Rule):
     dividing the loss by N, each step is N times larger than the same batch
     would give in one piece: the learning rate is secretly multiplied by N.
 
+    The step may be in another file of the run: a function every
+    definition of which steps the optimizer it is handed
+    (``self.mp_trainer.optimize(self.opt)``) steps it at the call.
+
     **Fix.** Divide the loss before ``backward()``: ``(loss / accum).backward()``,
     ``loss = loss / accum`` or ``loss /= accum``. Frameworks that divide for you
     (``accelerator.backward``, DeepSpeed's ``engine.backward``) need nothing;
@@ -416,6 +422,9 @@ class UnscaledAccumulatedLoss(Rule):
       communication hook that divides by more than the world size;
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - the loss is multiplied by a factor that may be ``1 / n``
+      (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
+      ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
     - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
       so, or weight decay / learning rate scaled by the accumulation count
       (a recipe tuned for a nominal batch);
