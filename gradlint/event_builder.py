@@ -70,6 +70,7 @@ class EventBuilder:
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
         self._switches: dict[tuple[int, int], bool] = {}
         self._hand_clips: dict[cst.FunctionDef, bool] = {}
+        self._world_size_divisions: dict[tuple[int, str], bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -507,13 +508,17 @@ class EventBuilder:
         return {"scaled": scaled, "loss": loss, "upstream": upstream, "normalised": loss is not None and self._normalised(loss, scope)}
 
     def _normalised(self, loss: cst.BaseExpression, scope: _Scope) -> bool:
-        """Whether the loss handed to backward was divided (or scaled down) on its way there."""
-        if scales_down(loss):
+        """Whether the loss handed to backward was divided (or scaled down) on its way there.
+
+        Dividing by the world size alone is no division by the number of
+        micro-batches (DDP averages over ranks; the micro-batches are still summed).
+        """
+        if scales_down(loss) and not _by_world_size_only(loss):
             return True
         name = dotted_name(loss)
         if name is None:
             return False
-        if name in self.index.divided_names.get(scope.function, set()):
+        if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_world_size_only(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
             if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
@@ -527,6 +532,24 @@ class EventBuilder:
             if self._weighted_by_divided(value, scope):
                 return True
         return False
+
+    def _divided_by_world_size_only(self, name: str, function: cst.FunctionDef | None) -> bool:
+        """Whether every way ``name`` is scaled down in the function is a division by the world size."""
+        key = (id(function), name)
+        if key not in self._world_size_divisions:
+            scalings: list[cst.BaseExpression] = []
+            for node in walk(function if function is not None else self.index.module):
+                if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                    scalings.append(node.value)
+                elif isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+                    if isinstance(node.operator, cst.DivideAssign):
+                        scalings.append(cst.BinaryOperation(cst.Name("x"), cst.Divide(), node.value))
+                    elif isinstance(node.operator, cst.MultiplyAssign):
+                        scalings.append(node.value)  # never by the world size alone
+                elif isinstance(node, cst.Call) and method_name(node) in ("mul_", "div_") and dotted_name(receiver(node)) == name:
+                    scalings.append(node)
+            self._world_size_divisions[key] = bool(scalings) and all(_by_world_size_only(s) for s in scalings)
+        return self._world_size_divisions[key]
 
     def _weighted_by_divided(self, value: cst.BaseExpression, scope: _Scope) -> bool:
         """``loss = (per_token * weights).sum()`` with ``weights = mask / tokens_in_step``: weights that divide."""
@@ -695,6 +718,31 @@ def _capped_values(cap: cst.Call) -> list[cst.BaseExpression]:
 
 def _caps_at_one(value: cst.BaseExpression, ratios: set[str]) -> bool:
     return _is_cap(value) and any(dotted_name(x) in ratios for x in _capped_values(value))
+
+
+_WORLD_SIZE = re.compile(r"^(world_size|num_processes|num_replicas|n_?gpus?|num_gpus|num_ranks|get_world_size|xrt_world_size)$")
+
+
+def _by_world_size_only(expr: cst.BaseExpression) -> bool:
+    """``loss / world_size``, ``loss / dist.get_world_size()``: every scaling divides by the number of ranks."""
+    divisions = 0
+    for node in walk(expr):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            if not _world_size(node.right):
+                return False
+            divisions += 1
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            return False  # ``loss * scale / world_size``: the factor may divide by the micro-batches
+        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
+            return False
+    return divisions > 0
+
+
+def _world_size(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Call):
+        return not node.args and _WORLD_SIZE.search(callee_name(node) or "") is not None
+    name = dotted_name(node)
+    return name is not None and _WORLD_SIZE.search(name.rsplit(".", 1)[-1]) is not None
 
 
 def _norm_ratio(value: cst.BaseExpression) -> bool:

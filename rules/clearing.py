@@ -410,7 +410,9 @@ class UnscaledAccumulatedLoss(Rule):
     **Stays quiet when**
 
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
-      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss),
+      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
+      a division by the world size alone does not count: DDP already
+      averages over ranks and the micro-batches are still summed),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
