@@ -49,7 +49,9 @@ class MissingZeroGrad(Rule):
     Also flagged: one optimizer stepped twice in one iteration with another
     backward between and no clear (``loss_a.backward(); opt.step();
     loss_b.backward(); opt.step()``): the second step applies the first
-    backward's gradients again.
+    backward's gradients again. And a backward before the training loop (a
+    check, gradients printed at start) whose gradients the loop's first step
+    applies: the loop clears only after stepping and nothing clears between.
 
     **Loops it reads**: ``for`` and ``while`` loops; a step function that
     every loop of its package calling it leaves the gradient work to
@@ -75,6 +77,10 @@ class MissingZeroGrad(Rule):
       stepped in hooks): each gradient is applied and freed during backward;
     - the backward is ``torch.distributed.autograd.backward``: gradients live
       in the per-iteration distributed autograd context, never in ``.grad``;
+    - before the loop: the earlier backward's loss is not visibly computed by
+      a model the optimizer was built over (a teacher, an input saliency),
+      or something clears, steps or takes the optimizer in between, or the
+      loop clears before it steps;
     - in a step function: a loop calling it does gradient work of its own
       beside the call (the clear may be there), or the stepped optimizer and
       a cleared one both come from elsewhere (they may share parameters).
@@ -127,6 +133,80 @@ class MissingZeroGrad(Rule):
                     fix=fixes.add_zero_grad(model, step),
                 )
             yield from _steps_reapplying_gradients(model, root)
+            yield from _backward_before_loop(model, root)
+
+
+def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
+    """A backward before the training loop (a check, a debug print of gradients) whose gradients the first step applies.
+
+    ``out.sum().backward()`` before ``for x, y in loader: loss.backward();
+    opt.step(); opt.zero_grad()``: the loop clears only after stepping, so
+    its first step adds the earlier backward's gradients to the first batch's.
+    Only when the earlier loss comes from a model the optimizer was built
+    over, and nothing between them clears, steps or takes the optimizer.
+    """
+    seen: set[tuple[int, str]] = set()
+    for step, _ in steps_with_loops(root):
+        outer = step.loops[0]
+        key = (id(outer), last_name(step.target or ""))
+        if step.target is None or key in seen:
+            continue
+        seen.add(key)
+        sources = param_sources(model, step.target)
+        iteration = root.events_in(outer)
+        if not sources or not iteration:
+            continue
+        start = root.order(iteration[0])
+        before = [e for e in root.events[:start] if not e.loops]
+        backward = next((e for e in reversed(before) if e.kind is EventKind.BACKWARD), None)
+        if backward is None or backward.framework is not None or any(f.branch == "except" for f in backward.frames):
+            continue
+        after = before[before.index(backward) + 1:]
+        if any(_clears_or_steps(model, e, step.target) for e in after):
+            continue
+        if not _computed_by(model, backward, sources):
+            continue
+        first_clear = next((e for e in iteration if _clears_or_steps(model, e, step.target) and e.kind is not EventKind.STEP), None)
+        first_step = next((e for e in iteration if e.kind is EventKind.STEP and same_object(e.target, step.target)), None)
+        if first_clear is None or first_step is None or root.order(first_clear) < root.order(first_step):
+            continue  # no clear at all is the loop's own finding; a clear before the step removes these gradients
+        yield Report(
+            backward.node,
+            f"the gradients of this backward are not cleared before the loop at line {model.line(outer.node)}, which "
+            f"clears `{step.target}` only after stepping: its first step at line {model.line(first_step.node)} applies "
+            f"them too; clear `{step.target}` before the loop",
+        )
+
+
+def _clears_or_steps(model: LoopModel, event: Event, optimizer: str) -> bool:
+    if event.kind is EventKind.ZERO:
+        return clears(model, event, optimizer)
+    if event.kind is EventKind.STEP:
+        return event.target is None or same_object(event.target, optimizer)
+    return event.kind == HANDOFF and same_object(event.target, optimizer) and handoff_may_clear(event, model.keeps_handed)
+
+
+def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> bool:
+    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models)."""
+    if backward.loss is None or model.index is None:
+        return False
+    expressions = [backward.loss]
+    name = dotted_name(backward.loss) or _root_of(backward.loss)
+    if name is not None:
+        function = _function_around(model, backward.node)
+        expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+    return any(
+        isinstance(node, cst.Call) and last_name(dotted_name(node.func) or "") in sources
+        for expression in expressions for node in walk(expression)
+    )
+
+
+def _root_of(expression: cst.BaseExpression) -> str | None:
+    """``out`` for ``out.sum()`` or ``out[0].mean()``."""
+    node = expression
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
 
 
 def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> bool:
