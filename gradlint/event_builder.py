@@ -71,6 +71,7 @@ class EventBuilder:
         self._switches: dict[tuple[int, int], bool] = {}
         self._hand_clips: dict[cst.FunctionDef, bool] = {}
         self._world_size_divisions: dict[tuple[int, str], bool] = {}
+        self._wrappers: dict[str, bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -464,7 +465,24 @@ class EventBuilder:
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:
             return known.kind
+        if self._wraps_optimizer(name):
+            return ObjKind.OPTIMIZER
         return kind_from_name(name)
+
+    def _wraps_optimizer(self, name: str) -> bool:
+        """Whether ``name`` is only ever built from a class of this module whose ``step()`` and ``zero_grad()``
+        step and clear an optimizer it holds (``self.optimizer.step()``): an optimizer by another name."""
+        if name not in self._wrappers:
+            values = [v for table in self.index.assignments.values() for v in table.get(name, [])]
+            classes = {dotted_name(v.func) if isinstance(v, cst.Call) else None for v in values}
+            found = False
+            if len(classes) == 1 and None not in classes:
+                class_name = classes.pop()
+                found = class_name in self.index.class_methods and all(
+                    _delegates(self.index.method_of(class_name, method), method) for method in ("step", "zero_grad")
+                )
+            self._wrappers[name] = found
+        return self._wrappers[name]
 
     def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
         args = positional_args(call)
@@ -718,6 +736,18 @@ def _capped_values(cap: cst.Call) -> list[cst.BaseExpression]:
 
 def _caps_at_one(value: cst.BaseExpression, ratios: set[str]) -> bool:
     return _is_cap(value) and any(dotted_name(x) in ratios for x in _capped_values(value))
+
+
+def _delegates(method: cst.FunctionDef | None, name: str) -> bool:
+    """Whether a method calls the same method on an attribute of ``self`` that names an optimizer (``self._optimizer.step()``)."""
+    if method is None:
+        return False
+    return any(
+        isinstance(node, cst.Call) and method_name(node) == name
+        and (dotted_name(receiver(node)) or "").startswith("self.")
+        and kind_from_name(dotted_name(receiver(node))) is ObjKind.OPTIMIZER
+        for node in walk(method.body)
+    )
 
 
 _WORLD_SIZE = re.compile(r"^(world_size|num_processes|num_replicas|n_?gpus?|num_gpus|num_ranks|get_world_size|xrt_world_size)$")

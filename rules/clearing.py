@@ -53,6 +53,10 @@ class MissingZeroGrad(Rule):
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
 
+    An object built from a class of the module whose ``step()`` and
+    ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
+    logging wrapper) is read as that optimizer.
+
     **Loops it reads**: ``for`` and ``while`` loops; a step function that
     every loop of its package calling it leaves the gradient work to
     (``trainer.train_step(batch)``, in this module or another); a Lightning
