@@ -114,15 +114,17 @@ def scan_calls(text: str) -> FileCalls:
     hands: set[str] = set()
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
+    optimizers = _OPT.search(text) is not None  # every optimizer's name holds "opt"
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args:
+        if optimizers and isinstance(node, ast.Call) and node.args:
             name, _ = _callee(node.func)
             if name is not None and any(_names_optimizer(a) for a in node.args):
                 hands.add(name)
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defines.add(node.name)
-                functions.append(node)
+                if optimizers:
+                    functions.append(node)
             if unscales and "unscale_" in _plain_calls(node):
                 after_unscale |= _loop_calls(node)[0]
         elif isinstance(node, ast.Import):
@@ -134,23 +136,26 @@ def scan_calls(text: str) -> FileCalls:
             for name in called:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
-    steps_handed, clears_handed = _what_handed_optimizers_get(functions)
+    steps_handed, clears_handed = _what_handed_optimizers_get(functions, defines)
     return FileCalls(
         frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale),
         frozenset(hands), steps_handed, clears_handed,
     )
 
 
-def _names_optimizer(arg: ast.AST) -> bool:
-    """``opt``, ``self.optimizer``: an argument whose name says it is an optimizer."""
-    name = ast.unparse(arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
-    return name is not None and kind_from_name(name) is ObjKind.OPTIMIZER
+_OPT = re.compile("opt", re.IGNORECASE)
 
 
-def _what_handed_optimizers_get(functions: list) -> tuple[frozenset[str], frozenset[str]]:
+def _names_optimizer(node: ast.AST) -> bool:
+    """``opt``, ``self.optimizer``, a parameter ``optimizer``: a name that says it is an optimizer."""
+    last = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.arg) else None
+    return last is not None and _OPT.search(last) is not None and kind_from_name(last) is ObjKind.OPTIMIZER
+
+
+def _what_handed_optimizers_get(functions: list, defines: set[str]) -> tuple[frozenset[str], frozenset[str]]:
     """Which of a file's functions step a parameter (every definition of the name), and which may clear gradients.
 
-    A function steps a parameter when ``p.step()`` runs whatever path the
+    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` runs whatever path the
     body takes, early returns aside (a skipped step, as a scaler's): in its
     own top-level statements, inside ``with``, in both branches of an
     ``if``/``else``, or through a call handing ``p`` to another function of
@@ -161,22 +166,29 @@ def _what_handed_optimizers_get(functions: list) -> tuple[frozenset[str], frozen
     stepping: set[str] = set()
     changed = True
     by_name: dict[str, list] = {}
+    handed = {}
     for function in functions:
         by_name.setdefault(function.name, []).append(function)
+        handed[function] = {a.arg for a in _arguments(function) if _names_optimizer(a)}
+    unread = {name for name, definitions in by_name.items() if not all(handed[f] for f in definitions)}
     while changed:  # a function steps through another of the file: until nothing more is learnt
         changed = False
         for name, definitions in by_name.items():
-            if name not in stepping and all(_steps_parameter(f.body, _parameters(f), stepping) for f in definitions):
+            if name not in stepping and name not in unread and all(_steps_parameter(f.body, handed[f], stepping) for f in definitions):
                 stepping.add(name)
                 changed = True
-    clearing = {f.name for f in functions if _may_clear(f)}
+    # A function not read (no parameter named as an optimizer, or none at all in a file without one) may clear.
+    clearing = (set(defines) - set(by_name)) | unread | {f.name for f in functions if handed[f] and _may_clear(f)}
     return frozenset(stepping), frozenset(clearing)
 
 
-def _parameters(function) -> set[str]:
+def _arguments(function) -> list[ast.arg]:
     args = function.args
-    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
-    return set(names) - {"self", "cls"}
+    return [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+
+
+def _parameters(function) -> set[str]:
+    return {a.arg for a in _arguments(function)}
 
 
 def _steps_parameter(body: list[ast.stmt], params: set[str], stepping: set[str]) -> bool:
