@@ -31,7 +31,7 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
     per_batch = known.per_batch
     index = ModuleIndex(module)
     index.text = text
-    builder = EventBuilder(index)
+    builder = EventBuilder(index, steps_handed=known.steps_handed)
     roots = [Root("<module>", module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
     manual = _lightning_manual_steps(index)
@@ -55,6 +55,7 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,
         wrapped_by_caller=known.wrapped_by_caller,
+        keeps_handed=known.keeps_handed,
     )
 
 

@@ -61,14 +61,19 @@ class _Scope:
 class EventBuilder:
     """Turns statements into events, inlining helpers of the same module."""
 
-    def __init__(self, index: ModuleIndex) -> None:
+    def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset()) -> None:
         self.index = index
+        self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
         self._may_hold_no_sync = index.text is None or "no_sync" in index.text
+        self._switches: dict[tuple[int, int], bool] = {}
+        self._hand_clips: dict[cst.FunctionDef, bool] = {}
+        self._world_size_divisions: dict[tuple[int, str], bool] = {}
+        self._wrappers: dict[str, bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -146,12 +151,16 @@ class EventBuilder:
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
-        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body))
+        fixed = not accumulation and self._mode_switch(statement.test, scope.function)
+        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed)
         self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
             return
-        else_frame = Frame(FrameKind.BRANCH, statement, "else", accumulation, count, exits=not isinstance(orelse, cst.If) and _leaves(orelse.body))
+        else_frame = Frame(
+            FrameKind.BRANCH, statement, "else", accumulation, count,
+            exits=not isinstance(orelse, cst.If) and _leaves(orelse.body), fixed=fixed,
+        )
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
         else:
@@ -183,6 +192,8 @@ class EventBuilder:
         for node in walk(test):
             if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
                 return True, node.right
+        if self._mode_switch(test, function):
+            return False, None  # ``if accumulation_steps > 1:`` picks a mode once; the same branch runs every batch
         for node in walk(test):
             name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
             if name is None:
@@ -196,6 +207,16 @@ class EventBuilder:
                         if found:
                             return True, count
         return False, None
+
+    def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""
+        if not _accumulation_enabled(test):
+            return False
+        key = (id(test), id(function))
+        if key not in self._switches:
+            name_only = function is not None and isinstance(test.left, cst.Name)  # a local; an attribute may count elsewhere
+            self._switches[key] = not _counted_in(test, function if name_only else self.index.module)
+        return self._switches[key]
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))
@@ -394,16 +415,21 @@ class EventBuilder:
             emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
             return
         helper = index.resolve_function(call, scope.function)
+        if self._clips_by_hand(helper or self._instance_method(call, scope.function)):
+            emit(EventKind.CLIP, framework="by_hand")  # ``clipper.step(params)``: the module's own norm clipping
+            return
         if helper is not None:
             self._inline(helper, call, scope, out)
             return
         if name and _CLEAR_HELPER.search(name):
             emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
             return
-        for arg in call.args:
-            arg_name = dotted_name(arg.value)
-            if arg_name and self._kind(arg_name) is ObjKind.OPTIMIZER:
-                emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+        handed = [name for name in (dotted_name(arg.value) for arg in call.args) if name and self._kind(name) is ObjKind.OPTIMIZER]
+        for arg_name in handed:
+            emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+        if len(handed) == 1 and name in self.steps_handed:
+            # ``self.mp_trainer.optimize(self.opt)``: every function of that name in the run steps the optimizer it is handed
+            emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
         """None for torch's own clipping; otherwise who clips (accelerate unscales first, FSDP shards)."""
@@ -415,13 +441,55 @@ class EventBuilder:
             return None
         return "module"
 
+    def _instance_method(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """``clipper.step(...)`` where ``clipper`` (or ``self.clipper``) is only ever built from a class of this module."""
+        func = call.func
+        receiver_name = dotted_name(func.value) if isinstance(func, cst.Attribute) else None
+        if receiver_name is None or receiver_name in ("self", "cls"):
+            return None
+        if receiver_name.startswith("self."):
+            values = [v for table in self.index.assignments.values() for v in table.get(receiver_name, [])]
+        else:
+            values = self._assigned(receiver_name, function)
+        if len(values) != 1 or not isinstance(values[0], cst.Call):
+            return None
+        class_name = dotted_name(values[0].func)
+        if class_name not in self.index.class_methods:
+            return None
+        return self.index.method_of(class_name, func.attr.value)
+
+    def _clips_by_hand(self, function: cst.FunctionDef | None) -> bool:
+        """Whether a function of this module clips gradients by their norm itself (computed once per function)."""
+        if function is None:
+            return False
+        if function not in self._hand_clips:
+            self._hand_clips[function] = _clips_gradient_norm(function)
+        return self._hand_clips[function]
+
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
             return ObjKind.UNKNOWN
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:
             return known.kind
+        if self._wraps_optimizer(name):
+            return ObjKind.OPTIMIZER
         return kind_from_name(name)
+
+    def _wraps_optimizer(self, name: str) -> bool:
+        """Whether ``name`` is only ever built from a class of this module whose ``step()`` and ``zero_grad()``
+        step and clear an optimizer it holds (``self.optimizer.step()``): an optimizer by another name."""
+        if name not in self._wrappers:
+            values = [v for table in self.index.assignments.values() for v in table.get(name, [])]
+            classes = {dotted_name(v.func) if isinstance(v, cst.Call) else None for v in values}
+            found = False
+            if len(classes) == 1 and None not in classes:
+                class_name = classes.pop()
+                found = class_name in self.index.class_methods and all(
+                    _delegates(self.index.method_of(class_name, method), method) for method in ("step", "zero_grad")
+                )
+            self._wrappers[name] = found
+        return self._wrappers[name]
 
     def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
         args = positional_args(call)
@@ -465,13 +533,17 @@ class EventBuilder:
         return {"scaled": scaled, "loss": loss, "upstream": upstream, "normalised": loss is not None and self._normalised(loss, scope)}
 
     def _normalised(self, loss: cst.BaseExpression, scope: _Scope) -> bool:
-        """Whether the loss handed to backward was divided (or scaled down) on its way there."""
-        if scales_down(loss):
+        """Whether the loss handed to backward was divided (or scaled down) on its way there.
+
+        Dividing by the world size alone is no division by the number of
+        micro-batches (DDP averages over ranks; the micro-batches are still summed).
+        """
+        if scales_down(loss) and not _by_world_size_only(loss):
             return True
         name = dotted_name(loss)
         if name is None:
             return False
-        if name in self.index.divided_names.get(scope.function, set()):
+        if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_world_size_only(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
             if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
@@ -482,7 +554,38 @@ class EventBuilder:
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
                     return True
+            if self._weighted_by_divided(value, scope):
+                return True
         return False
+
+    def _divided_by_world_size_only(self, name: str, function: cst.FunctionDef | None) -> bool:
+        """Whether every way ``name`` is scaled down in the function is a division by the world size."""
+        key = (id(function), name)
+        if key not in self._world_size_divisions:
+            scalings: list[cst.BaseExpression] = []
+            for node in walk(function if function is not None else self.index.module):
+                if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                    scalings.append(node.value)
+                elif isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+                    if isinstance(node.operator, cst.DivideAssign):
+                        scalings.append(cst.BinaryOperation(cst.Name("x"), cst.Divide(), node.value))
+                    elif isinstance(node.operator, cst.MultiplyAssign):
+                        scalings.append(node.value)  # never by the world size alone
+                elif isinstance(node, cst.Call) and method_name(node) in ("mul_", "div_") and dotted_name(receiver(node)) == name:
+                    scalings.append(node)
+            self._world_size_divisions[key] = bool(scalings) and all(_by_world_size_only(s) for s in scalings)
+        return self._world_size_divisions[key]
+
+    def _weighted_by_divided(self, value: cst.BaseExpression, scope: _Scope) -> bool:
+        """``loss = (per_token * weights).sum()`` with ``weights = mask / tokens_in_step``: weights that divide."""
+        if isinstance(value, Unpacked):
+            return False
+        divided = self.index.divided_names.get(scope.function, set()) | self.index.divided_names.get(None, set())
+        return any(
+            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+            and any(dotted_name(side) in divided for side in (node.left, node.right))
+            for node in walk(value)
+        )
 
     # -- helpers
 
@@ -550,6 +653,144 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
         if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.SubtractAssign) and dotted_name(small.target) == counter:
             return True
     return False
+
+
+# ``count > 1``, ``count != 1``, ``count >= 2``, ``count == 1``...: whether accumulation is on at all.
+_ENABLED_TESTS = {1.0: (cst.GreaterThan, cst.NotEqual, cst.Equal, cst.LessThanEqual), 2.0: (cst.GreaterThanEqual, cst.LessThan)}
+_MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThanEqual}
+
+
+def _accumulation_enabled(test: cst.BaseExpression) -> bool:
+    """``if args.gradient_accumulation_steps > 1:``: a test of the configured count against 1, not of the micro-batch.
+
+    It has the same value on every batch, so neither of its branches is an
+    accumulation guard (a ``%`` of the batch index inside one still is).
+    """
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return False
+    operator, right, left = test.comparisons[0].operator, test.comparisons[0].comparator, test.left
+    if number(left) is not None:
+        left, right = right, left
+        operator = _MIRRORED.get(type(operator), type(operator))()
+    limit = number(right)
+    name = dotted_name(left) if isinstance(left, (cst.Name, cst.Attribute)) else None
+    if name is None or limit not in _ENABLED_TESTS or not isinstance(operator, _ENABLED_TESTS[limit]):
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return bool(_ACCUMULATION_WORDS.search(last)) and bool(_COUNT_WORDS.search(last))
+
+
+_COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)
+
+
+def _counted_in(test: cst.Comparison, body: cst.CSTNode) -> bool:
+    """Whether the tested name is a running counter (``accumulated += 1``, reset with ``= 0``), not a setting."""
+    name = dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
+    for node in walk(body):
+        if isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+            return True
+        if isinstance(node, cst.Assign) and number(node.value) == 0 and any(dotted_name(t.target) == name for t in node.targets):
+            return True
+    return False
+
+
+def _clips_gradient_norm(function: cst.FunctionDef) -> bool:
+    """Whether a function is norm clipping written out, as torch's ``clip_grad_norm_`` is.
+
+    It reads ``.grad``, computes a coefficient ``max_norm / (total_norm + eps)``,
+    caps it at 1 (``if coef < 1:``, ``clamp(coef, max=1.0)``, ``min(coef, 1)``)
+    and hands it to a call that scales the gradients (``g.mul_(coef)``,
+    ``multi_tensor_applier(scale, buf, [grads, grads], coef)``). Whatever the
+    function or its class is called: the body says it.
+    """
+    nodes = list(walk(function.body))
+    if not any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in nodes):
+        return False
+    ratios: set[str] = set()  # names holding max_norm / (norm + eps)
+    capped: set[str] = set()  # names holding it capped at 1
+    for n in nodes:
+        if isinstance(n, cst.Assign):
+            names = {dotted_name(t.target) for t in n.targets} - {None}
+            if _norm_ratio(n.value):
+                ratios |= names
+            elif _caps_at_one(n.value, ratios) or (_is_cap(n.value) and any(_norm_ratio(x) for x in _capped_values(n.value))):
+                capped |= names
+        elif isinstance(n, cst.Comparison) and dotted_name(n.left) in ratios and len(n.comparisons) == 1:
+            comparison = n.comparisons[0]
+            if isinstance(comparison.operator, (cst.LessThan, cst.LessThanEqual)) and number(comparison.comparator) == 1:
+                capped.add(dotted_name(n.left))  # ``if clip_coef < 1:`` then scale by clip_coef
+    return any(
+        isinstance(n, cst.Call) and not _is_cap(n) and any(dotted_name(a.value) in capped for a in n.args)
+        for n in nodes
+    )
+
+
+_CAPS = ("clamp", "clamp_", "min", "clip")
+
+
+def _is_cap(node: cst.BaseExpression) -> bool:
+    """``torch.clamp(x, max=1.0)``, ``x.clamp_(max=1)``, ``min(x, 1.0)``: a value capped at 1."""
+    return isinstance(node, cst.Call) and callee_name(node) in _CAPS and any(number(a.value) == 1 for a in node.args)
+
+
+def _capped_values(cap: cst.Call) -> list[cst.BaseExpression]:
+    """What a cap caps: its arguments and, for a method, its receiver."""
+    values = [a.value for a in cap.args]
+    if isinstance(cap.func, cst.Attribute):
+        values.append(cap.func.value)
+    return values
+
+
+def _caps_at_one(value: cst.BaseExpression, ratios: set[str]) -> bool:
+    return _is_cap(value) and any(dotted_name(x) in ratios for x in _capped_values(value))
+
+
+def _delegates(method: cst.FunctionDef | None, name: str) -> bool:
+    """Whether a method calls the same method on an attribute of ``self`` that names an optimizer (``self._optimizer.step()``)."""
+    if method is None:
+        return False
+    return any(
+        isinstance(node, cst.Call) and method_name(node) == name
+        and (dotted_name(receiver(node)) or "").startswith("self.")
+        and kind_from_name(dotted_name(receiver(node))) is ObjKind.OPTIMIZER
+        for node in walk(method.body)
+    )
+
+
+_WORLD_SIZE = re.compile(r"^(world_size|num_processes|num_replicas|n_?gpus?|num_gpus|num_ranks|get_world_size|xrt_world_size)$")
+
+
+def _by_world_size_only(expr: cst.BaseExpression) -> bool:
+    """``loss / world_size``, ``loss / dist.get_world_size()``: every scaling divides by the number of ranks."""
+    divisions = 0
+    for node in walk(expr):
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+            if not _world_size(node.right):
+                return False
+            divisions += 1
+        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            return False  # ``loss * scale / world_size``: the factor may divide by the micro-batches
+        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
+            return False
+    return divisions > 0
+
+
+def _world_size(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Call):
+        return not node.args and _WORLD_SIZE.search(callee_name(node) or "") is not None
+    name = dotted_name(node)
+    return name is not None and _WORLD_SIZE.search(name.rsplit(".", 1)[-1]) is not None
+
+
+def _norm_ratio(value: cst.BaseExpression) -> bool:
+    """``max_norm / (total_norm + 1e-6)``: a threshold over a norm plus a small epsilon."""
+    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Divide):
+        return False
+    denominator = value.right
+    if not isinstance(denominator, cst.BinaryOperation) or not isinstance(denominator.operator, cst.Add):
+        return False
+    epsilon = number(denominator.right)
+    return epsilon is not None and 0 < epsilon <= 1e-3
 
 
 def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:

@@ -51,7 +51,9 @@ class Frame:
     micro-batch steps (``(i + 1) % k == 0``, ``accelerator.sync_gradients``,
     a flag computed from such a test) and ``count`` holds the ``k`` when it is
     visible. ``branch`` is ``"if"``, ``"else"`` or ``"after"`` (the rest of a
-    block after ``if not boundary: continue``).
+    block after ``if not boundary: continue``). ``fixed`` marks a branch whose
+    test has the same value on every batch (``if accumulation_steps > 1:``):
+    its two branches never both run in one training run.
     """
 
     kind: FrameKind
@@ -62,6 +64,7 @@ class Frame:
     context: str | None = None  # WITH: "no_sync", "accumulate", "autocast"
     exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
     called_by: str | None = None  # LOOP over a whole function: who runs it once per batch (for messages)
+    fixed: bool = False  # BRANCH: the test is a setting, the same on every batch (accumulation on or off)
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""
@@ -177,6 +180,7 @@ class LoopModel:
     called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: a caller hands it a data-parallel model
+    keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:

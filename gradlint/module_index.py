@@ -119,6 +119,10 @@ class ModuleIndex:
             return self._method(owner, func.attr.value, set()) if owner else None
         return None
 
+    def method_of(self, class_name: str, name: str) -> cst.FunctionDef | None:
+        """A method of one of this module's classes, found on the class or its bases of this module."""
+        return self._method(class_name, name, set())
+
     def _method(self, class_name: str, name: str, seen: set[str]) -> cst.FunctionDef | None:
         if class_name in seen:
             return None

@@ -53,12 +53,16 @@ class FileCalls:
     after_unscale: frozenset[str] = frozenset()  # names called by a function (or the module body) that also calls unscale_
     # ``function:argument:wrapper`` for each call handed a data-parallel model the file wraps (:func:`_wrapped_passed`)
     passes_wrapped: frozenset[str] = frozenset()
+    hands: frozenset[str] = frozenset()  # names called with an optimizer argument (``trainer.optimize(self.opt)``)
+    steps_handed: frozenset[str] = frozenset()  # functions defined here, each definition stepping an optimizer it is handed
+    clears_handed: frozenset[str] = frozenset()  # functions defined here, some definition of which may clear gradients
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
         return [
             sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports),
             sorted(self.after_unscale), sorted(self.passes_wrapped),
+            sorted(self.hands), sorted(self.steps_handed), sorted(self.clears_handed),
         ]
 
     @classmethod
@@ -73,6 +77,10 @@ CALLED_IN_LOOP = "called:"
 UNSCALED_BY_CALLER = "unscaled:"
 # ``wrapped:function:argument:wrapper``: some call of the run hands this function a data-parallel model.
 WRAPPED_BY_CALLER = "wrapped:"
+# In a file's context, names it hands an optimizer to: functions of the run that step the optimizer
+# they are handed, and functions of the run that never clear gradients.
+STEPS_HANDED = "steps:"
+KEEPS_HANDED = "keeps:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,21 +91,18 @@ class Context:
     called_in_loop: frozenset[str] = frozenset()  # called from some loop of the run
     unscaled_by_caller: frozenset[str] = frozenset()  # called by a function that also calls unscale_
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: handed a data-parallel model
+    steps_handed: frozenset[str] = frozenset()  # called with an optimizer here; every definition in the run steps it
+    keeps_handed: frozenset[str] = frozenset()  # called with an optimizer here; defined in the run, never clearing
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
         """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
-        per_batch, called, unscaled, wrapped = set(), set(), set(), set()
+        prefixes = (CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED)
+        found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
-            if name.startswith(CALLED_IN_LOOP):
-                called.add(name[len(CALLED_IN_LOOP):])
-            elif name.startswith(UNSCALED_BY_CALLER):
-                unscaled.add(name[len(UNSCALED_BY_CALLER):])
-            elif name.startswith(WRAPPED_BY_CALLER):
-                wrapped.add(name[len(WRAPPED_BY_CALLER):])
-            else:
-                per_batch.add(name)
-        return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled), frozenset(wrapped))
+            prefix = next((p for p in prefixes if name.startswith(p)), "")
+            found[prefix].add(name[len(prefix):])
+        return cls(*(frozenset(found[p]) for p in ("", *prefixes)))
 
 
 def scan_calls(text: str) -> FileCalls:
@@ -113,17 +118,25 @@ def scan_calls(text: str) -> FileCalls:
     defines: set[str] = set()
     imports: set[str] = set()
     after_unscale: set[str] = set()
+    hands: set[str] = set()
+    functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
     wraps = _WRAP_TOKENS.search(text) is not None  # only then can a call hand on a wrapped model
+    optimizers = _OPT.search(text) is not None  # every optimizer's name holds "opt"
     calls: list[ast.Call] = []
     assigns: list[ast.Assign] = []
     from_imports: list[ast.ImportFrom] = []
     for node in ast.walk(tree):
-        if wraps:
-            kind = type(node)
-            if kind is ast.Call:
+        kind = type(node)
+        if kind is ast.Call:
+            if optimizers and node.args:
+                name, _ = _callee(node.func)
+                if name is not None and any(_names_optimizer(a) for a in node.args):
+                    hands.add(name)
+            if wraps:
                 calls.append(node)
-                continue
+            continue
+        if wraps:
             if kind is ast.Assign:
                 assigns.append(node)
             elif kind is ast.ImportFrom:
@@ -131,6 +144,8 @@ def scan_calls(text: str) -> FileCalls:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 defines.add(node.name)
+                if optimizers:
+                    functions.append(node)
             if unscales and "unscale_" in _plain_calls(node):
                 after_unscale |= _loop_calls(node)[0]
         elif isinstance(node, ast.Import):
@@ -143,7 +158,11 @@ def scan_calls(text: str) -> FileCalls:
                 others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
                 (shared if others_work else alone).add(name)
     passes = _wrapped_passed(calls, assigns, from_imports) if wraps else frozenset()
-    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale), passes)
+    steps_handed, clears_handed = _what_handed_optimizers_get(functions, defines)
+    return FileCalls(
+        frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale),
+        passes, frozenset(hands), steps_handed, clears_handed,
+    )
 
 
 # What a file must spell to wrap a model for data parallelism, and how each spelling is named.
@@ -214,6 +233,104 @@ def _dotted(node: ast.AST) -> str | None:
         parts.append(node.attr)
         node = node.value
     return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+_OPT = re.compile("opt", re.IGNORECASE)
+
+
+def _names_optimizer(node: ast.AST) -> bool:
+    """``opt``, ``self.optimizer``, a parameter ``optimizer``: a name that says it is an optimizer."""
+    last = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.arg) else None
+    return last is not None and _OPT.search(last) is not None and kind_from_name(last) is ObjKind.OPTIMIZER
+
+
+def _what_handed_optimizers_get(functions: list, defines: set[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """Which of a file's functions step a parameter (every definition of the name), and which may clear gradients.
+
+    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` runs whatever path the
+    body takes, early returns aside (a skipped step, as a scaler's): in its
+    own top-level statements, inside ``with``, in both branches of an
+    ``if``/``else``, or through a call handing ``p`` to another function of
+    the file that steps it (``return self._optimize_fp16(opt)``). A function
+    may clear when it calls ``zero_grad``, stores into ``.grad``, or calls
+    anything whose name says zero, clear or reset.
+    """
+    stepping: set[str] = set()
+    changed = True
+    by_name: dict[str, list] = {}
+    handed = {}
+    for function in functions:
+        by_name.setdefault(function.name, []).append(function)
+        handed[function] = {a.arg for a in _arguments(function) if _names_optimizer(a)}
+    unread = {name for name, definitions in by_name.items() if not all(handed[f] for f in definitions)}
+    while changed:  # a function steps through another of the file: until nothing more is learnt
+        changed = False
+        for name, definitions in by_name.items():
+            if name not in stepping and name not in unread and all(_steps_parameter(f.body, handed[f], stepping) for f in definitions):
+                stepping.add(name)
+                changed = True
+    # A function not read (no parameter named as an optimizer, or none at all in a file without one) may clear.
+    clearing = (set(defines) - set(by_name)) | unread | {f.name for f in functions if handed[f] and _may_clear(f)}
+    return frozenset(stepping), frozenset(clearing)
+
+
+def _arguments(function) -> list[ast.arg]:
+    args = function.args
+    return [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg not in ("self", "cls")]
+
+
+def _parameters(function) -> set[str]:
+    return {a.arg for a in _arguments(function)}
+
+
+def _steps_parameter(body: list[ast.stmt], params: set[str], stepping: set[str]) -> bool:
+    for statement in body:
+        value = statement.value if isinstance(statement, (ast.Expr, ast.Return, ast.Assign)) else None
+        if isinstance(value, ast.Call):
+            name, receiver = _callee(value.func)
+            if name == "step" and receiver in params:
+                return True
+            if name in stepping and any(isinstance(a, ast.Name) and a.id in params for a in value.args):
+                return True
+        elif isinstance(statement, ast.If) and statement.orelse:
+            if _steps_parameter(statement.body, params, stepping) and _steps_parameter(statement.orelse, params, stepping):
+                return True
+        elif isinstance(statement, ast.With) and _steps_parameter(statement.body, params, stepping):
+            return True
+    return False
+
+
+_CLEARING_NAME = re.compile(r"zero|clear|reset", re.IGNORECASE)
+_READS_OPTIMIZER = ("step", "state_dict")  # calls on a handed optimizer that leave its gradients alone
+
+
+def _may_clear(function) -> bool:
+    """Whether a function may clear gradients: unless it visibly cannot, it may.
+
+    It may when it calls ``zero_grad`` or anything named for zeroing, clearing
+    or resetting, stores into ``.grad``, calls a name the scan cannot read, or
+    hands a parameter or ``self`` on to other code, which the scan does not follow.
+    """
+    reachable = _parameters(function) | {"self", "cls"}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call):
+            name, receiver = _callee(node.func)
+            if name is None or _CLEARING_NAME.search(name):
+                return True
+            if receiver is not None and receiver.split(".")[0] in reachable and name not in _READS_OPTIMIZER:
+                return True
+            arguments = [*node.args, *(k.value for k in node.keywords)]
+            if any(isinstance(a, (ast.Name, ast.Attribute, ast.Starred)) and _root(a) in reachable for a in arguments):
+                return True
+        elif isinstance(node, ast.Attribute) and node.attr == "grad" and isinstance(node.ctx, ast.Store):
+            return True
+    return False
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _plain_calls(scope: ast.AST) -> set[str]:
@@ -287,6 +404,10 @@ class ProjectIndex:
         shared: dict[str, set[str]] = {}
         unscaled: dict[str, set[str]] = {}
         wrapped: dict[str, set[str]] = {}
+        defined: dict[str, set[str]] = {}
+        stepping: dict[str, set[str]] = {}
+        not_stepping: dict[str, set[str]] = {}
+        clearing: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
@@ -294,10 +415,17 @@ class ProjectIndex:
             unscaled.setdefault(unit, set()).update(calls.after_unscale)
             if calls.passes_wrapped:
                 wrapped.setdefault(unit, set()).update(calls.passes_wrapped)
+            defined.setdefault(unit, set()).update(calls.defines)
+            stepping.setdefault(unit, set()).update(calls.steps_handed)
+            not_stepping.setdefault(unit, set()).update(calls.defines - calls.steps_handed)
+            clearing.setdefault(unit, set()).update(calls.clears_handed)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
         self._wrapped = {unit: frozenset(names) for unit, names in wrapped.items()}
+        # A name decides only when every definition of it in the unit agrees.
+        self._steps_handed = {unit: frozenset(stepping[unit] - not_stepping[unit]) for unit in stepping}
+        self._keeps_handed = {unit: frozenset(defined[unit] - clearing[unit]) for unit in defined}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -306,18 +434,25 @@ class ProjectIndex:
         The per-batch bodies; prefixed ``called:``, those some loop of the unit calls;
         prefixed ``unscaled:``, those some function of the unit calls in a body that
         also calls ``unscale_``; prefixed ``wrapped:``, ``function:argument:wrapper`` for
-        those some call of the unit hands a data-parallel model (:class:`Context` reads them back).
+        those some call of the unit hands a data-parallel model. Beyond its own functions,
+        among the names it hands an optimizer to: prefixed ``steps:``, those every definition
+        of which in the unit steps the optimizer it is handed; prefixed ``keeps:``, those
+        defined in the unit and never clearing (:class:`Context` reads them back).
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
         called = self._called.get(unit, frozenset()) & calls.defines
         unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
         wrapped = [fact for fact in self._wrapped.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
+        steps = self._steps_handed.get(unit, frozenset()) & calls.hands
+        keeps = self._keeps_handed.get(unit, frozenset()) & calls.hands
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
             + tuple(UNSCALED_BY_CALLER + name for name in sorted(unscaled))
             + tuple(WRAPPED_BY_CALLER + fact for fact in sorted(wrapped))
+            + tuple(STEPS_HANDED + name for name in sorted(steps))
+            + tuple(KEEPS_HANDED + name for name in sorted(keeps))
         )
 
 

@@ -69,14 +69,18 @@ _NOT_CLEARING = re.compile(
 )
 
 
-def handoff_may_clear(handoff: Event) -> bool:
+def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bool:
     """Whether code the module does not show, handed the optimizer, may clear its gradients.
 
-    Unknown code is taken to clear unless its name says what else it does
-    (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer, epoch)``,
-    ``save_checkpoint(model, optimizer)``).
+    Code of another file of the run that never clears (``keeps``, from the
+    project index: every definition of the name in the run is read and none
+    clears or hands its arguments on) does not. Unknown code is taken to
+    clear unless its name says what else it does (``clip_gradient(optimizer, 1.0)``,
+    ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(model, optimizer)``).
     """
     name = callee_name(handoff.node) if isinstance(handoff.node, cst.Call) else None
+    if name is not None and name in keeps:
+        return False
     return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
 
 
@@ -127,7 +131,7 @@ class Accumulation:
 
 def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
-    backwards = backwards_in(root, loop)
+    backwards = [b for b in backwards_in(root, loop) if not split_by_setting(b, step)]
     at = root.order(step)
     for frame in frames_inside(step, loop):
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
@@ -241,6 +245,16 @@ def exclusive(a: Event, b: Event) -> bool:
     """Whether two events sit in different branches of one ``if``: no single pass runs both."""
     branches = {id(f.node): f.branch for f in a.frames if f.kind is FrameKind.BRANCH}
     return any(f.kind is FrameKind.BRANCH and branches.get(id(f.node), f.branch) != f.branch for f in b.frames)
+
+
+def split_by_setting(a: Event, b: Event) -> bool:
+    """Whether two events sit in different branches of an ``if`` on a setting (``if accum_steps > 1:``).
+
+    Unlike other branches, those never alternate between batches: gradients
+    from one never meet a step in the other.
+    """
+    branches = {id(f.node): f.branch for f in a.frames if f.kind is FrameKind.BRANCH and f.fixed}
+    return any(f.kind is FrameKind.BRANCH and f.fixed and branches.get(id(f.node), f.branch) != f.branch for f in b.frames)
 
 
 def backwards_reaching(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import inspect
 import operator
+import re
 import textwrap
 from collections.abc import Callable, Iterator
 
@@ -189,12 +190,19 @@ def scales_down(node: cst.CSTNode) -> bool:
 
 
 def _is_factor(node: cst.BaseExpression) -> bool:
-    """A multiplicand that is a plain name or attribute (``scale``, ``self.loss_weight``), not another loss."""
+    """A multiplicand that is a plain name or attribute (``scale``, ``grad_accum_scale``), not another loss.
+
+    Per-sample weights or a mask (``(losses * weights).mean()``) weight the
+    micro-batch's own samples: they are no division by the number of micro-batches.
+    """
     name = dotted_name(node)
     if name is None:
         return False
     last = name.rsplit(".", 1)[-1].lower()
-    return "loss" not in last
+    return "loss" not in last and not _WEIGHTING.search(last)
+
+
+_WEIGHTING = re.compile(r"(^|_)(weights?|masks?)$")
 
 
 # LibCST's ``node.children`` rebuilds the node through a visitor to list its

@@ -44,6 +44,11 @@ class ClipPerMicroBatch(Rule):
     of the accumulation and before the step: under the same guard as the
     step (``if accelerator.sync_gradients:`` with accelerate).
 
+    Clipping written out in the module counts whatever it is called
+    (``clipper.step(params)``): a function or method of the module that
+    reads ``.grad``, computes ``max_norm / (total_norm + eps)``, caps it at 1
+    and scales the gradients by it, as ``clip_grad_norm_`` does.
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):
@@ -77,7 +82,8 @@ class ClipPerMicroBatch(Rule):
     summary = "gradients are clipped on every micro-batch of an accumulation, or after the step that used them"
     severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
-    needs = ((BACKWARD, STEP, "clip_grad"),)  # clip_grad_norm_, clip_grad_value_, clip_gradients
+    # clip_grad_norm_, clip_grad_value_, clip_gradients; clipping written out in the module reads ``.grad``
+    needs = ((BACKWARD, STEP, "clip_grad"), (BACKWARD, STEP, ".grad"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -159,8 +165,8 @@ class ClipPerMicroBatch(Rule):
 def _clips(clip: Event) -> bool:
     """Whether a clipping call can change gradients: not when its threshold is infinite (it only measures the norm)."""
     call = clip.node
-    if not isinstance(call, cst.Call):
-        return True
+    if not isinstance(call, cst.Call) or clip.framework == "by_hand":
+        return True  # the module's own clipping: its threshold is not an argument of this call
     args = positional_args(call)
     threshold = keyword_arg(call, "max_norm") or keyword_arg(call, "clip_value") or keyword_arg(call, "gradient_clip_val")
     if threshold is None:  # clip_grad_norm_(params, max_norm); model.clip_grad_norm_(max_norm) (FSDP)

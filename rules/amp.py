@@ -161,7 +161,7 @@ class StepBypassesScaler(Rule):
                     scaled = {last_name(s.target) for s in steps if s.via_scaler is not None and s.target is not None}
                     bypassing[id(loop)] = [
                         s for s in steps
-                        if s.via_scaler is None and s.framework != "closure" and (s.target is None or last_name(s.target) not in scaled)
+                        if s.via_scaler is None and s.framework not in ("closure", "handed") and (s.target is None or last_name(s.target) not in scaled)
                     ]
                 for step in bypassing[id(loop)]:
                     if id(step) not in reaching:
@@ -394,8 +394,9 @@ class ScalerUnscalePerMicroBatch(Rule):
 
     **Stays quiet when** the optimizer is not stepped through the same
     scaler; the unscale or update sits under an accumulation guard, in the
-    other branch of the step's ``if``, or leaves the loop before the step
-    (a skipped batch). The fix moves a per-micro-batch ``update()`` that is a
+    other branch of the step's ``if`` (also of an ``if accumulation_steps >
+    1:`` that picks the mode once), or leaves the loop before the step (a
+    skipped batch). The fix moves a per-micro-batch ``update()`` that is a
     statement of its own in a block around the step to right after the step;
     a per-micro-batch ``unscale_`` is not moved, since the clipping that
     reads the unscaled gradients has to move with it.

@@ -27,6 +27,7 @@ from gradlint.queries import (
     param_sources,
     rebuilt_in,
     same_object,
+    split_by_setting,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
@@ -48,7 +49,13 @@ class MissingZeroGrad(Rule):
     Also flagged: one optimizer stepped twice in one iteration with another
     backward between and no clear (``loss_a.backward(); opt.step();
     loss_b.backward(); opt.step()``): the second step applies the first
-    backward's gradients again.
+    backward's gradients again. And a backward before the training loop (a
+    check, gradients printed at start) whose gradients the loop's first step
+    applies: the loop clears only after stepping and nothing clears between.
+
+    An object built from a class of the module whose ``step()`` and
+    ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
+    logging wrapper) is read as that optimizer.
 
     **Loops it reads**: ``for`` and ``while`` loops; a step function that
     every loop of its package calling it leaves the gradient work to
@@ -65,13 +72,19 @@ class MissingZeroGrad(Rule):
     - the optimizer is handed to code the model cannot see, which may clear
       it, unless the callee's name says what else it does
       (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
-      epoch)``, ``save_checkpoint(...)``);
+      epoch)``, ``save_checkpoint(...)``), or every function of that name in
+      the files of the run is read and none clears (no ``zero_grad``, no
+      store into ``.grad``, no argument handed on to other code);
     - a fresh optimizer over fresh tensors is built every iteration;
     - the optimizer is set up for gradient release (optimi's
       ``gradient_release=True``, torchtune, a per-parameter optimizer dict
       stepped in hooks): each gradient is applied and freed during backward;
     - the backward is ``torch.distributed.autograd.backward``: gradients live
       in the per-iteration distributed autograd context, never in ``.grad``;
+    - before the loop: the earlier backward's loss is not visibly computed by
+      a model the optimizer was built over (a teacher, an input saliency),
+      or something clears, steps or takes the optimizer in between, or the
+      loop clears before it steps;
     - in a step function: a loop calling it does gradient work of its own
       beside the call (the clear may be there), or the stepped optimizer and
       a cleared one both come from elsewhere (they may share parameters).
@@ -111,7 +124,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) and handoff_may_clear(e) for e in root.events_of(HANDOFF, loop)):
+                if any(same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
@@ -124,6 +137,80 @@ class MissingZeroGrad(Rule):
                     fix=fixes.add_zero_grad(model, step),
                 )
             yield from _steps_reapplying_gradients(model, root)
+            yield from _backward_before_loop(model, root)
+
+
+def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
+    """A backward before the training loop (a check, a debug print of gradients) whose gradients the first step applies.
+
+    ``out.sum().backward()`` before ``for x, y in loader: loss.backward();
+    opt.step(); opt.zero_grad()``: the loop clears only after stepping, so
+    its first step adds the earlier backward's gradients to the first batch's.
+    Only when the earlier loss comes from a model the optimizer was built
+    over, and nothing between them clears, steps or takes the optimizer.
+    """
+    seen: set[tuple[int, str]] = set()
+    for step, _ in steps_with_loops(root):
+        outer = step.loops[0]
+        key = (id(outer), last_name(step.target or ""))
+        if step.target is None or key in seen:
+            continue
+        seen.add(key)
+        sources = param_sources(model, step.target)
+        iteration = root.events_in(outer)
+        if not sources or not iteration:
+            continue
+        start = root.order(iteration[0])
+        before = [e for e in root.events[:start] if not e.loops]
+        backward = next((e for e in reversed(before) if e.kind is EventKind.BACKWARD), None)
+        if backward is None or backward.framework is not None or any(f.branch == "except" for f in backward.frames):
+            continue
+        after = before[before.index(backward) + 1:]
+        if any(_clears_or_steps(model, e, step.target) for e in after):
+            continue
+        if not _computed_by(model, backward, sources):
+            continue
+        first_clear = next((e for e in iteration if _clears_or_steps(model, e, step.target) and e.kind is not EventKind.STEP), None)
+        first_step = next((e for e in iteration if e.kind is EventKind.STEP and same_object(e.target, step.target)), None)
+        if first_clear is None or first_step is None or root.order(first_clear) < root.order(first_step):
+            continue  # no clear at all is the loop's own finding; a clear before the step removes these gradients
+        yield Report(
+            backward.node,
+            f"the gradients of this backward are not cleared before the loop at line {model.line(outer.node)}, which "
+            f"clears `{step.target}` only after stepping: its first step at line {model.line(first_step.node)} applies "
+            f"them too; clear `{step.target}` before the loop",
+        )
+
+
+def _clears_or_steps(model: LoopModel, event: Event, optimizer: str) -> bool:
+    if event.kind is EventKind.ZERO:
+        return clears(model, event, optimizer)
+    if event.kind is EventKind.STEP:
+        return event.target is None or same_object(event.target, optimizer)
+    return event.kind == HANDOFF and same_object(event.target, optimizer) and handoff_may_clear(event, model.keeps_handed)
+
+
+def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> bool:
+    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models)."""
+    if backward.loss is None or model.index is None:
+        return False
+    expressions = [backward.loss]
+    name = dotted_name(backward.loss) or _root_of(backward.loss)
+    if name is not None:
+        function = _function_around(model, backward.node)
+        expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+    return any(
+        isinstance(node, cst.Call) and last_name(dotted_name(node.func) or "") in sources
+        for expression in expressions for node in walk(expression)
+    )
+
+
+def _root_of(expression: cst.BaseExpression) -> str | None:
+    """``out`` for ``out.sum()`` or ``out[0].mean()``."""
+    node = expression
+    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
+        node = node.func if isinstance(node, cst.Call) else node.value
+    return node.value if isinstance(node, cst.Name) else None
 
 
 def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> bool:
@@ -163,7 +250,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(
                     (e.kind is EventKind.ZERO and clears(model, e, event.target))
-                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e))
+                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e, model.keeps_handed))
                     for e in between
                 )
                 if backward is not None and not handled:
@@ -275,8 +362,10 @@ class ZeroGradInAccumulation(Rule):
     **Stays quiet when** the clear is under the same guard as the step (or
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
-    (GL002's finding), or clears the prepared optimizer inside
-    ``accumulate()``.
+    (GL002's finding), clears the prepared optimizer inside
+    ``accumulate()``, or sits in the other branch of an ``if
+    accumulation_steps > 1:`` that picks the mode once (its branches never
+    alternate between batches).
     """
 
     code = "GL003"
@@ -308,6 +397,8 @@ class ZeroGradInAccumulation(Rule):
                 for zero in candidates:
                     if zero.node in settled or id(zero) in between or not clears(model, zero, step.target):
                         continue
+                    if split_by_setting(zero, step):
+                        continue  # ``if accum_steps > 1: ...step... else: zero_grad()...``: the modes never mix
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     yield settled.note(
@@ -389,6 +480,10 @@ class UnscaledAccumulatedLoss(Rule):
     dividing the loss by N, each step is N times larger than the same batch
     would give in one piece: the learning rate is secretly multiplied by N.
 
+    The step may be in another file of the run: a function every
+    definition of which steps the optimizer it is handed
+    (``self.mp_trainer.optimize(self.opt)``) steps it at the call.
+
     **Fix.** Divide the loss before ``backward()``: ``(loss / accum).backward()``,
     ``loss = loss / accum`` or ``loss /= accum``. Frameworks that divide for you
     (``accelerator.backward``, DeepSpeed's ``engine.backward``) need nothing;
@@ -399,7 +494,9 @@ class UnscaledAccumulatedLoss(Rule):
     **Stays quiet when**
 
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
-      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss),
+      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
+      a division by the world size alone does not count: DDP already
+      averages over ranks and the micro-batches are still summed),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
@@ -411,11 +508,17 @@ class UnscaledAccumulatedLoss(Rule):
       communication hook that divides by more than the world size;
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - the loss is multiplied by a factor that may be ``1 / n``
+      (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
+      ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
     - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
       so, or weight decay / learning rate scaled by the accumulation count
       (a recipe tuned for a nominal batch);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
-      reports that loop, naming the undivided loss in its message.
+      reports that loop, naming the undivided loss in its message;
+    - the backward sits in the branch of ``if accumulation_steps > 1:`` that
+      does not accumulate (a setting, not a guard: the branches never
+      alternate).
 
     **Bad**::
 
@@ -503,7 +606,7 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
         zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
-    return any(clears(model, z, step.target) and not leaves_before(z, step) for z in zeros)
+    return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
 
 
 # A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.

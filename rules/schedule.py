@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import Event, LoopModel
-from gradlint.queries import Accumulation, accumulation, frames_inside, steps_with_loops
+from gradlint.queries import Accumulation, accumulation, frames_inside, split_by_setting, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
 
@@ -31,7 +31,10 @@ class SchedulerStepsPerMicroBatch(Rule):
     - the scheduler steps under the accumulation guard, or takes an argument
       (a metric or an epoch);
     - the loop is accelerate's (``accelerator.backward`` or ``accumulate()``):
-      its prepared schedulers skip the micro-batches that do not step.
+      its prepared schedulers skip the micro-batches that do not step;
+    - the scheduler steps in the branch of ``if accumulation_steps > 1:``
+      that does not accumulate (the test is a setting: one branch runs for
+      the whole training).
 
     **Bad**::
 
@@ -79,7 +82,7 @@ class SchedulerStepsPerMicroBatch(Rule):
                 for sched in scheds:
                     if sched.node in settled:
                         continue
-                    if not sched.has_args and _every_micro_batch(sched, loop, acc):
+                    if not sched.has_args and _every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step):
                         yield settled.note(
                             Report(
                                 sched.node,
