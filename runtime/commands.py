@@ -167,7 +167,8 @@ def measure_command(
 
     Prints peak memory with its split, median step time and the largest
     parameter difference from the as-written run. Arguments after ``--`` go
-    to the script. Exit 2 when a mode could not be measured.
+    to the script. Exit 2 when a mode could not be measured. Under torchrun
+    every rank measures and rank 0 prints its table with every rank's peaks.
     """
     _require_torch("measure")
     from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot

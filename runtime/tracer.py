@@ -100,7 +100,7 @@ def _has_nonzero(grad: torch.Tensor) -> bool:
     if values.numel() <= _READ_AS_LIST:
         # A few values read into Python cost less than dispatching a reduction
         # and reading its result back (about 3 us against 15 us for a bias).
-        return any(values.flatten().tolist())
+        return any((values if values.dim() == 1 else values.flatten()).tolist())
     return bool(values.any())
 
 
@@ -119,8 +119,12 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     ``skip_first_scale`` the first such node (a GradScaler's multiplication) is
     not counted.
     """
+    return _factor_below(loss.grad_fn, skip_first_scale)
+
+
+def _factor_below(node: Any, skip_first_scale: bool) -> float:
+    """:func:`loss_factor` from the loss's node."""
     factor = 1.0
-    node = loss.grad_fn
     skipped = not skip_first_scale
     while node is not None:
         name = type(node).__name__
@@ -160,7 +164,7 @@ def _roots(args: tuple, kwargs: dict) -> tuple:
 
 
 def _root_nodes(roots: tuple) -> list[Any]:
-    """The autograd nodes a backward from ``roots`` starts at (a leaf root starts at its ``AccumulateGrad``)."""
+    """The autograd node each of ``roots`` starts a backward at (a leaf at its ``AccumulateGrad``; ``None`` for none)."""
     nodes = []
     for root in roots:
         if isinstance(root, torch.Tensor):
@@ -169,8 +173,7 @@ def _root_nodes(roots: tuple) -> list[Any]:
                 node = grad_accumulator(root)
         else:
             node = getattr(root, "node", None)  # a GradientEdge
-        if node is not None:
-            nodes.append(node)
+        nodes.append(node)
     return nodes
 
 
@@ -341,8 +344,8 @@ class Tracer:
         self.events.append(event)
         return event
 
-    def _hook_roots(self, roots: tuple) -> list[Any]:
-        """Make the root nodes of a backward from ``roots`` call :meth:`_graph_started`; return the handles to remove.
+    def _hook_roots(self, nodes: list[Any]) -> list[Any]:
+        """Make the root ``nodes`` of a backward call :meth:`_graph_started`; return the handles to remove.
 
         ``register_prehook`` builds a ``RemovableHandle`` and a hook dictionary
         in Python, for a node that is new at every step (about 10 us per
@@ -354,7 +357,9 @@ class Tracer:
         tensor hooks from its parameter, so a leaf root takes a removable pre-hook.
         """
         handles = []
-        for node in _root_nodes(roots):
+        for node in nodes:
+            if node is None:
+                continue
             if type(node).__name__ != "AccumulateGrad" and hasattr(node, "_register_hook_dict"):
                 node._register_hook_dict(self._graph_start_holder)
             else:
@@ -373,7 +378,7 @@ class Tracer:
                 self._touched.append(followed)
 
     def _inner_backward(self, original: Any, args: tuple, kwargs: dict) -> Any:
-        handles = self._hook_roots(_roots(args, kwargs))
+        handles = self._hook_roots(_root_nodes(_roots(args, kwargs)))
         try:
             return original(*args, **kwargs)
         finally:
@@ -428,18 +433,20 @@ class Tracer:
             if tracer.release_loop:
                 tracer._check_budget()
             roots = _roots(args, kwargs)
+            nodes = _root_nodes(roots)
             loss = roots[0] if roots else None
             scaler = tracer._scaled.get(loss) if tracer._scaler_used and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
             before = []
             for opt, followed in live:
                 before.append(grad_state(followed.params(opt)))
-            factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
+            # the loss's node, looked up once for the factor and for the hook
+            factor = _factor_below(nodes[0], scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
             event = tracer._record(EventKind.BACKWARD, None, sys._getframe(1), scaled=scaler, factor=factor)
             # A hook on the root node asks, once the graph runs, which optimizers it
             # reaches (instead of a gradient hook on every parameter).
             tracer._in_graph, tracer._touched, tracer._leaf_roots, tracer._graphs_seen = live, [], set(), set()
-            handles = tracer._hook_roots(roots)
+            handles = tracer._hook_roots(nodes)
             tracer._allreduces = 0
             tracer._depth += 1
             tracer._released = {}
