@@ -168,8 +168,21 @@ def _paired(
 
 
 def tracer_section(repeats: int = 9, steps: int = 500) -> None:
+    # One intra-op thread: with two on the shared 2-core machine, every pause
+    # between kernels (the tracer's Python) lets the other OpenMP thread sleep,
+    # and waking it under load costs whatever the scheduler makes it cost (the
+    # ratio swung from 1.1x to 7x between runs at load 8).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _tracer_section(repeats, steps)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _tracer_section(repeats: int, steps: int) -> None:
     print(f"\n2. tracer overhead: MLP 64-256-256-10, batch 32, AdamW, {steps} steps per run, median step, "
-          f"{repeats} plain/traced pairs (ABBA order), load average {os.getloadavg()[0]:.1f}")
+          f"{repeats} plain/traced pairs (ABBA order), 1 thread, load average {os.getloadavg()[0]:.1f}")
     plain_times, traced_times, equal = _paired(steps, repeats)
     ratios = sorted(t / p for p, t in zip(plain_times, traced_times))
     plain, traced = statistics.median(plain_times), statistics.median(traced_times)
