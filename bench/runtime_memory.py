@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import platform
 import statistics
@@ -120,7 +121,7 @@ def _mlp(depth: int, width: int) -> nn.Sequential:
     """``depth`` linear layers (2 parameter tensors each) from 64 inputs to 10 classes."""
     sizes = [64] + [width] * (depth - 1) + [10]
     layers: list[nn.Module] = []
-    for a, b in zip(sizes, sizes[1:]):
+    for a, b in itertools.pairwise(sizes):
         layers += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*layers[:-1])
 

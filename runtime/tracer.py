@@ -210,7 +210,7 @@ class _Followed:
     the last read (``add_param_group``, a group's list edited in place).
     """
 
-    __slots__ = ("label", "layout", "smallest_first", "accumulators")
+    __slots__ = ("accumulators", "label", "layout", "smallest_first")
 
     def __init__(self) -> None:
         self.label: str | None = None  # handed out at the optimizer's first appearance in the trace
