@@ -167,7 +167,8 @@ def measure_command(
 
     Prints peak memory with its split, median step time and the largest
     parameter difference from the as-written run. Arguments after ``--`` go
-    to the script. Exit 2 when a mode could not be measured.
+    to the script. Exit 2 when a mode could not be measured. Under torchrun
+    every rank measures and rank 0 prints its table with every rank's peaks.
     """
     _require_torch("measure")
     from gradlint.runtime.measure import MeasureError, format_table, measure_script, plot
@@ -175,6 +176,8 @@ def measure_command(
     from gradlint.progress import StatusLine
 
     status = StatusLine("gradlint measure: ")  # drawn on a terminal only: no carriage returns in CI logs
+    payload: dict[str, Any]
+    results = []
     try:
         prefix = None
         if cuda_snapshot:
@@ -183,18 +186,60 @@ def measure_command(
             prefix = os.path.splitext(plot_path)[0]
         results, refused = measure_script(script, _script_args(), steps, fake, status.update, time_steps, prefix)
     except MeasureError as err:
+        payload = {"error": f"gradlint measure: {script}: {err}", "detail": err.traceback, "code": EXIT_ERROR}
+    else:
+        payload = {"report": format_table(results, fake, refused), "code": EXIT_CLEAN,
+                   "peaks": [[r.mode, r.memory.peak] for r in results]}
+    finally:
         status.close()
-        if err.traceback:
-            click.echo(err.traceback, err=True)
-        click.echo(f"gradlint measure: {script}: {err}", err=True)
-        sys.exit(EXIT_ERROR)
-    status.close()
     from gradlint.runtime.ranks import rank_and_world
 
     ranks = rank_and_world()
-    if ranks is not None and ranks[0] != 0:
-        return  # under torchrun rank 0 prints its table; every rank measured the same loop
-    click.echo(format_table(results, fake, refused))
+    if ranks is not None:
+        payload = _merged_measure(payload, *ranks)
+        if payload is None:
+            sys.exit(EXIT_CLEAN)  # rank 0 speaks for this rank
+    if "error" in payload:
+        if payload["detail"]:
+            click.echo(payload["detail"], err=True)
+        click.echo(payload["error"], err=True)
+        sys.exit(EXIT_ERROR)
+    click.echo(payload["report"])
     if plot_path:
         plot(results, plot_path)
         click.echo(f"memory plot written to {plot_path}")
+
+
+def _merged_measure(payload: dict[str, Any], rank: int, world: int) -> dict[str, Any] | None:
+    """Under torchrun: every rank hands its result to rank 0, which gets one payload to print (``None`` elsewhere).
+
+    Each rank measured its own replica of the loop; their peaks can differ by
+    a few bytes (what the all-reduces allocate, and when). Rank 0 shows its own
+    table and, per mode, the largest peak and every rank's; any rank that could
+    not be measured makes the whole an error, with that rank's message.
+    """
+    from gradlint.runtime.measure import human_bytes
+    from gradlint.runtime.ranks import exchange
+
+    payload["rank"] = rank
+    gathered = exchange(payload, rank, world)
+    if gathered is None:
+        return None
+    failed = [p for p in gathered if "error" in p or p.get("missing")]
+    if failed:
+        details = [f"[rank {p['rank']}]\n{p['detail']}" for p in failed if p.get("detail")]
+        errors = [f"gradlint measure: rank {p['rank']} sent no result" if p.get("missing") else f"{p['error']} (rank {p['rank']})"
+                  for p in failed]
+        return {"error": "\n".join(errors), "detail": "\n".join(details), "code": EXIT_ERROR}
+    lines = [f"merged over {world} ranks (the table above is rank {rank}'s):"]
+    for i, (mode, _) in enumerate(payload["peaks"]):
+        peaks = [(p["rank"], p["peaks"][i][1]) for p in gathered if i < len(p["peaks"]) and p["peaks"][i][0] == mode]
+        absent = [p["rank"] for p in gathered if not (i < len(p["peaks"]) and p["peaks"][i][0] == mode)]
+        top_rank, top = max(peaks, key=lambda rank_peak: rank_peak[1])  # the first of equal ones
+        text = f"largest peak {human_bytes(top)} on rank {top_rank}; " + ", ".join(
+            f"rank {r} {human_bytes(peak)}" for r, peak in peaks
+        )
+        if absent:
+            text += f"; not measured on rank{'s' if len(absent) > 1 else ''} " + ", ".join(map(str, absent))
+        lines.append(f"  {mode}: {text}")
+    return {**payload, "report": payload["report"] + "\n" + "\n".join(lines)}

@@ -115,3 +115,25 @@ def _close_process_group(synchronise: bool) -> None:
         else:
             dist.barrier()
     dist.destroy_process_group()
+    _name_next_default_group()
+
+
+_groups_closed = 0
+
+
+def _name_next_default_group() -> None:
+    """Give the default group the script creates in its next run here its own keys in the launch's store.
+
+    ``gradlint measure`` runs a script once per mode in one process, and under
+    torchrun every run initialises its group in the same store. The default
+    group is named after a counter that ``destroy_process_group`` resets to 0,
+    so a new group would read the keys the previous one left: gloo connected
+    to the peers' old, closed addresses (connection refused) and the store
+    barrier found its count already complete. Every rank closes as many groups
+    as the others, so the number closed so far is the same name on every rank.
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    global _groups_closed
+    _groups_closed += 1
+    c10d._world.group_count = _groups_closed

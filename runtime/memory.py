@@ -27,6 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from gradlint.runtime.accumulators import grad_accumulator
+
 CATEGORIES = ("parameters", "gradients", "optimizer state", "activations", "temporaries")
 
 PARAMS, GRADS, STATE, ACTS, TEMPS = CATEGORIES
@@ -66,13 +68,6 @@ def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
         return [t.untyped_storage()]
     except (RuntimeError, NotImplementedError):  # sparse, nested, exotic subclasses
         return []
-
-
-def _grad_accumulator(p: torch.Tensor) -> Any:
-    """The autograd node that accumulates ``p``'s gradient (``None`` where there is none)."""
-    with torch.enable_grad():
-        node = p.view_as(p).grad_fn
-    return node.next_functions[0][0] if node is not None and node.next_functions else None
 
 
 class TensorMemoryMeter(TorchDispatchMode):
@@ -151,7 +146,7 @@ class TensorMemoryMeter(TorchDispatchMode):
             # post-accumulate-grad hook on the parameter would make torch-optimi's
             # prepare_for_gradient_release refuse it.
             self._handles.append(p.register_hook(self._mark_gradient))
-            accumulator = _grad_accumulator(p)
+            accumulator = grad_accumulator(p)
             if accumulator is not None:
                 ref = weakref.ref(p)
                 self._handles.append(accumulator.register_hook(lambda *_: self._mark_accumulated(ref())))

@@ -6,6 +6,7 @@ import functools
 import os
 import sys
 import sysconfig
+from types import CodeType, FrameType
 from typing import NamedTuple
 
 import torch
@@ -39,43 +40,46 @@ def _is_user(filename: str) -> bool:
     return not os.path.realpath(filename).startswith(_SKIP_DIRS)
 
 
-# code object -> the user's absolute path for its file, or None for plumbing.
-# Keyed by code object so that each frame of the walk costs one dict lookup;
-# code objects live as long as their functions, and a loop has few of them.
-_user_path_of_code: dict = {}
-_UNSEEN = object()
+class _CodeInfo(NamedTuple):
+    code: object  # held so that its id is not reused while cached
+    path: str | None  # the user's absolute path, or None for plumbing
+    lines: dict[int, int]  # instruction offset -> line
 
 
-def _user_path(code: object) -> str | None:
-    filename = code.co_filename  # type: ignore[attr-defined]
-    path = os.path.abspath(filename) if _is_user(filename) else None
-    if len(_user_path_of_code) > 65536:  # code compiled anew in a loop (exec): do not grow without bound
-        _user_path_of_code.clear()
-    _user_path_of_code[code] = path
-    return path
+# id(code object) -> what the walk needs about it. Keyed by id, not by the code
+# object: hashing a code object hashes its constants every time (about 9 us for
+# a script's module-level code, where training loops often live).
+_code_info: dict[int, _CodeInfo] = {}
 
 
-# (code object, instruction offset) -> line: CPython 3.11 computes ``f_lineno``
-# by scanning the code's line table from its start, on every call.
-_line_at: dict = {}
+def _info(code: CodeType) -> _CodeInfo:
+    filename = code.co_filename
+    info = _CodeInfo(code, os.path.abspath(filename) if _is_user(filename) else None, {})
+    if len(_code_info) > 65536:  # code compiled anew in a loop (exec): do not grow without bound
+        _code_info.clear()
+    _code_info[id(code)] = info
+    return info
 
 
-def user_site(skip: int = 1) -> Site:
-    """The innermost frame outside torch, this package and the stdlib plumbing that runs scripts."""
-    frame = sys._getframe(skip)
-    known = _user_path_of_code
+def user_site(frame: FrameType | None = None) -> Site:
+    """The innermost frame outside torch, this package and the stdlib plumbing that runs scripts.
+
+    The search starts at ``frame`` (default: the caller's); a wrapper passes
+    its own caller's frame so that its frames are not walked again.
+    """
+    if frame is None:
+        frame = sys._getframe(1)
+    known = _code_info
     while frame is not None:
         code = frame.f_code
-        path = known.get(code, _UNSEEN)
-        if path is _UNSEEN:
-            path = _user_path(code)
-        if path is not None:
-            where = (code, frame.f_lasti)
-            line = _line_at.get(where)
+        info = known.get(id(code))
+        if info is None:
+            info = _info(code)
+        if info.path is not None:
+            # CPython 3.11 computes f_lineno by scanning the code's line table from its start.
+            line = info.lines.get(frame.f_lasti)
             if line is None:
-                if len(_line_at) > 65536:
-                    _line_at.clear()
-                line = _line_at[where] = frame.f_lineno
-            return Site(path, line)
+                line = info.lines[frame.f_lasti] = frame.f_lineno
+            return Site(info.path, line)
         frame = frame.f_back
     return Site("<unknown>", 0)

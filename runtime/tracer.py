@@ -2,8 +2,9 @@
 
 The tracer patches the few torch entry points that clear, backpropagate, step,
 unscale, clip or schedule, and registers PyTorch's own hooks where they exist
-(the global optimizer step pre-hook, ``register_post_accumulate_grad_hook``,
-DDP's communication hook). Each event carries the user's file and line and the
+(the global optimizer step pre-hook, DDP's communication hook, and at each
+backward one hook on its root node that asks the autograd engine which
+parameters' gradient nodes the graph will run). Each event carries the user's file and line and the
 facts that the source cannot show: whether the gradients were already non-zero
 when a backward started, which optimizers a backward reached, the constant the
 loss was multiplied by at the root of its autograd graph, how many all-reduces
@@ -19,6 +20,9 @@ import dataclasses
 import functools
 import gc
 import inspect
+import itertools
+import operator
+import sys
 import weakref
 from typing import Any, Iterable
 
@@ -27,6 +31,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.events import EventKind
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.accumulators import grad_accumulator
 from gradlint.runtime.clipping import ClipInterceptor
 from gradlint.runtime.sites import Site, user_site
 
@@ -43,7 +48,7 @@ class StopTraining(BaseException):
     """
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Event:
     """One observed event: what happened, where in the user's code, and what was seen."""
 
@@ -75,30 +80,31 @@ def _short(value: Any) -> str:
 def grad_state(params: Iterable[torch.Tensor]) -> str:
     """``"none"`` (no gradient allocated), ``"zero"`` (allocated, all zero) or ``"dirty"``.
 
-    Gradients are looked at smallest first: one non-zero value decides, so in
-    the usual case (gradients present) only the smallest one is read.
+    Gradients are read in the order given and one non-zero value decides: the
+    tracer passes each optimizer's parameters smallest first, so in the usual
+    case (gradients present) only the smallest one is read.
     """
-    grads = [g for g in (p.grad for p in params) if g is not None]
-    if not grads:
-        return "none"
-    grads.sort(key=_numel)
-    for g in grads:
-        values = g._values() if g.is_sparse else g
-        if values.numel() <= _READ_AS_LIST:
-            # A few values read into Python cost less than dispatching a reduction
-            # and reading its result back (about 3 us against 15 us for a bias).
-            if any(values.flatten().tolist()):
-                return "dirty"
-        elif values.any():
+    state = "none"
+    for p in params:
+        grad = p.grad
+        if grad is None:
+            continue
+        if _has_nonzero(grad):
             return "dirty"
-    return "zero"
+        state = "zero"
+    return state
+
+
+def _has_nonzero(grad: torch.Tensor) -> bool:
+    values = grad._values() if grad.is_sparse else grad
+    if values.numel() <= _READ_AS_LIST:
+        # A few values read into Python cost less than dispatching a reduction
+        # and reading its result back (about 3 us against 15 us for a bias).
+        return any((values if values.dim() == 1 else values.flatten()).tolist())
+    return bool(values.any())
 
 
 _READ_AS_LIST = 256
-
-
-def _numel(tensor: torch.Tensor) -> int:
-    return tensor._nnz() if tensor.is_sparse else tensor.numel()
 
 
 _SCALE_NODES = {"MulBackward0", "DivBackward0"}
@@ -113,8 +119,12 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     ``skip_first_scale`` the first such node (a GradScaler's multiplication) is
     not counted.
     """
+    return _factor_below(loss.grad_fn, skip_first_scale)
+
+
+def _factor_below(node: Any, skip_first_scale: bool) -> float:
+    """:func:`loss_factor` from the loss's node."""
     factor = 1.0
-    node = loss.grad_fn
     skipped = not skip_first_scale
     while node is not None:
         name = type(node).__name__
@@ -145,20 +155,99 @@ def loss_factor(loss: torch.Tensor, skip_first_scale: bool = False) -> float:
     return factor
 
 
+def _roots(args: tuple, kwargs: dict) -> tuple:
+    """The roots given to ``torch.autograd.backward(tensors, ...)``: tensors or ``GradientEdge`` s."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    if isinstance(tensors, (list, tuple)):
+        return tuple(tensors)
+    return () if tensors is None else (tensors,)
+
+
+def _root_nodes(roots: tuple) -> list[Any]:
+    """The autograd node each of ``roots`` starts a backward at (a leaf at its ``AccumulateGrad``; ``None`` for none)."""
+    nodes = []
+    for root in roots:
+        if isinstance(root, torch.Tensor):
+            node = root.grad_fn
+            if node is None:
+                node = grad_accumulator(root)
+        else:
+            node = getattr(root, "node", None)  # a GradientEdge
+        nodes.append(node)
+    return nodes
+
+
 @functools.lru_cache(maxsize=64)
 def _signature(function: Any) -> inspect.Signature:
     return inspect.signature(function)
 
 
 def _set_to_none(function: Any, args: tuple, kwargs: dict) -> bool:
-    if not kwargs and len(args) == 1:
-        return True  # zero_grad() with no arguments: the default, set_to_none=True
+    """The ``set_to_none`` a ``zero_grad`` call given arguments (``self`` first) runs with."""
     try:
         bound = _signature(function).bind(*args, **kwargs)
     except TypeError:
         return True
     bound.apply_defaults()
     return bool(bound.arguments.get("set_to_none", True))
+
+
+_group_params = operator.itemgetter("params")
+
+
+def _all_params(optimizer: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
+    """Every parameter of every group, iterated without a Python frame per group."""
+    return itertools.chain.from_iterable(map(_group_params, optimizer.param_groups))
+
+
+class _Followed:
+    """An optimizer the tracer follows: its label and its parameters, re-read only when they change.
+
+    ``smallest_first`` orders the parameters for :func:`grad_state`;
+    ``accumulators`` holds the ``AccumulateGrad`` node of each parameter that
+    requires a gradient, which tells whether a backward reaches the optimizer.
+    The parameters are re-read when the identity of any parameter differs from
+    the last read (``add_param_group``, a group's list edited in place).
+    """
+
+    __slots__ = ("accumulators", "label", "layout", "smallest_first")
+
+    def __init__(self) -> None:
+        self.label: str | None = None  # handed out at the optimizer's first appearance in the trace
+        self.layout: tuple[int, ...] | None = None
+        self.smallest_first: list[torch.Tensor] = []
+        self.accumulators: list[Any] = []
+
+    def params(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        """The optimizer's parameters now, smallest first."""
+        layout = tuple(map(id, _all_params(optimizer)))
+        if layout != self.layout:
+            params = list(_all_params(optimizer))
+            self.smallest_first = sorted(params, key=torch.Tensor.numel)
+            self.accumulators = [node for node in map(grad_accumulator, params) if node is not None]
+            self.layout = layout  # ids stay valid: smallest_first keeps the parameters alive
+        return self.smallest_first
+
+    def reached(self, optimizer: torch.optim.Optimizer, leaf_roots: set[int]) -> bool:
+        """Whether the running backward accumulates into any of the optimizer's parameters.
+
+        Called inside the backward. ``leaf_roots``: ids of the nodes of
+        parameters the backward starts from, which the engine does not list
+        among the nodes it will run when there is a single root. A parameter's
+        node can change after it was read (``p.data`` given another dtype or
+        device, a parameter unfrozen): when no known node is in the graph, each
+        parameter's live node is asked for.
+        """
+        if self._any_runs(self.accumulators, leaf_roots):
+            return True
+        self.accumulators = [node for node in map(grad_accumulator, self.params(optimizer)) if node is not None]
+        return self._any_runs(self.accumulators, leaf_roots)
+
+    @staticmethod
+    def _any_runs(nodes: list[Any], leaf_roots: set[int]) -> bool:
+        if any(map(torch._C._will_engine_execute_node, nodes)):
+            return True
+        return bool(leaf_roots) and any(id(node) in leaf_roots for node in nodes)
 
 
 class Tracer:
@@ -178,12 +267,19 @@ class Tracer:
         self._patcher = Patcher()
         self._labels: dict[int, tuple[weakref.ref, str]] = {}  # id -> (object, label): cheaper than a weak-key dict
         self._label_counts: dict[str, int] = {}
-        self._watched: dict[int, weakref.ref] = {}
-        self._param_owners: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._followed: dict[int, tuple[weakref.ref, _Followed]] = {}
         self._scaled: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._scaler_used = False  # spares the backward a weak dictionary's Python-level len() while no scaler ran
         self._ddp_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._touched: set[int] = set()
+        self._in_graph: list[tuple[torch.optim.Optimizer, _Followed]] = []  # the optimizers the running backward asks about
+        self._touched: list[_Followed] = []  # those it reaches, noted as its graph starts
+        self._graphs_seen: set[int] = set()  # graph task ids already asked (a backward can start inner ones)
+        self._leaf_roots: set[int] = set()  # ids of the AccumulateGrad nodes the running backward starts from
+        # A tensor that takes part in nothing, carrying the hook dictionary that
+        # root nodes are given (see _hook_roots).
+        self._graph_start_hooks = {0: self._graph_started}
+        self._graph_start_holder = torch.empty(0)
+        self._graph_start_holder._backward_hooks = self._graph_start_hooks
         self._allreduces = 0
         self._depth = 0
         self._scaler_in_step: str | None = None
@@ -211,56 +307,88 @@ class Tracer:
         Optimizers created while tracing are watched automatically; labels are
         handed out in order of first appearance in the trace.
         """
-        self._follow(optimizer)
-        return self.label(optimizer)
+        return self._labelled(optimizer, self._follow(optimizer))
 
-    def _follow(self, optimizer: torch.optim.Optimizer) -> None:
+    def _labelled(self, optimizer: torch.optim.Optimizer, followed: _Followed) -> str:
+        if followed.label is None:
+            followed.label = self.label(optimizer)
+        return followed.label
+
+    def _follow(self, optimizer: torch.optim.Optimizer) -> _Followed:
         key = id(optimizer)
-        ref = self._watched.get(key)
-        if ref is not None and ref() is optimizer:
-            return
-        self._watched[key] = weakref.ref(optimizer)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                owners = self._param_owners.get(p)
-                if owners is None:
-                    owners = self._param_owners[p] = set()
-                    if p.requires_grad and p.is_leaf:
-                        # A gradient hook, not a post-accumulate one: torch-optimi's
-                        # prepare_for_gradient_release refuses parameters that have those.
-                        self._patcher.keep(p.register_hook(self._reached_hook(owners)))
-                owners.add(key)
+        known = self._followed.get(key)
+        if known is not None and known[0]() is optimizer:
+            return known[1]
+        followed = _Followed()
 
-    def _live_optimizers(self) -> dict[int, torch.optim.Optimizer]:
-        live = {}
-        for key, ref in self._watched.items():
+        def forget(_: Any) -> None:
+            # The record holds the parameters: drop it with the optimizer.
+            if self._followed.get(key, (None, None))[1] is followed:
+                del self._followed[key]
+
+        self._followed[key] = (weakref.ref(optimizer, forget), followed)
+        return followed
+
+    def _live_optimizers(self) -> list[tuple[torch.optim.Optimizer, _Followed]]:
+        live = []
+        for ref, followed in self._followed.values():
             opt = ref()
             if opt is not None:
-                live[key] = opt
+                live.append((opt, followed))
         return live
 
-    @staticmethod
-    def _params(opt: torch.optim.Optimizer) -> Iterable[torch.Tensor]:
-        for group in opt.param_groups:
-            yield from group["params"]
-
     # ---------------------------------------------------------------- record
-    def _record(self, kind: EventKind, target: str | None = None, **facts: Any) -> Event:
-        event = Event(len(self.events), kind, user_site(), target, facts)
+    def _record(self, kind: EventKind, target: str | None, caller: Any, **facts: Any) -> Event:
+        """Append an event; ``caller`` is the frame the search for the user's line starts from."""
+        event = Event(len(self.events), kind, user_site(caller), target, facts)
         self.events.append(event)
         return event
 
-    def _reached_hook(self, owners: set[int]) -> Any:
-        """A gradient hook that marks the optimizers in ``owners`` (a live set) as reached by this backward."""
+    def _hook_roots(self, nodes: list[Any]) -> list[Any]:
+        """Make the root ``nodes`` of a backward call :meth:`_graph_started`; return the handles to remove.
 
-        def reached(grad: torch.Tensor) -> None:
-            self._touched.update(owners)
+        ``register_prehook`` builds a ``RemovableHandle`` and a hook dictionary
+        in Python, for a node that is new at every step (about 10 us per
+        backward on the bench MLP). A non-leaf root takes instead the tracer's
+        own hook dictionary, the way ``Tensor.register_hook`` attaches a
+        tensor's: one C++ call, no handle. That hook stays on the node, which
+        lives as long as the graph; it only reads, and the dictionary is
+        emptied when the tracer exits. An ``AccumulateGrad`` node reads its
+        tensor hooks from its parameter, so a leaf root takes a removable pre-hook.
+        """
+        handles = []
+        for node in nodes:
+            if node is None:
+                continue
+            if type(node).__name__ != "AccumulateGrad" and hasattr(node, "_register_hook_dict"):
+                node._register_hook_dict(self._graph_start_holder)
+            else:
+                self._leaf_roots.add(id(node))
+                handles.append(node.register_prehook(self._graph_started))
+        return handles
 
-        return reached
+    def _graph_started(self, grad_outputs: Any) -> None:
+        """Pre-hook on the backward's root nodes: note which optimizers its graph reaches."""
+        graph = torch._C._current_graph_task_id()
+        if graph in self._graphs_seen:
+            return  # another root of the same graph, or a hook left on a retained graph
+        self._graphs_seen.add(graph)
+        for opt, followed in self._in_graph:
+            if followed not in self._touched and followed.reached(opt, self._leaf_roots):
+                self._touched.append(followed)
+
+    def _inner_backward(self, original: Any, args: tuple, kwargs: dict) -> Any:
+        handles = self._hook_roots(_root_nodes(_roots(args, kwargs)))
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
 
     # ---------------------------------------------------------------- hooks and patches
     def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        name = self.watch(opt)
+        followed = self._follow(opt)
+        name = self._labelled(opt, followed)
         if in_backward():
             # Gradient release (torch-optimi, a post-accumulate hook): a parameter
             # stepped inside backward. The backward as a whole is one loop step.
@@ -271,8 +399,9 @@ class Tracer:
         self._record(
             EventKind.STEP,
             name,
+            sys._getframe(1),
             via_scaler=self._scaler_in_step,
-            grads=grad_state(self._params(opt)),
+            grads=grad_state(followed.params(opt)),
             loop_step=self.steps,
         )
 
@@ -287,7 +416,7 @@ class Tracer:
         self.steps += 1
         self.release_loop = True
         for name, count in self._released.items():
-            self._record(EventKind.STEP, name, grads="released", released=count, loop_step=self.steps)
+            self._record(EventKind.STEP, name, sys._getframe(1), grads="released", released=count, loop_step=self.steps)
         self._released = {}
 
     def _wrap_backward(self, original: Any) -> Any:
@@ -295,17 +424,29 @@ class Tracer:
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             if tracer._depth or in_backward():
+                if tracer._in_graph and in_backward():
+                    # A backward run from inside the traced one (reentrant checkpointing
+                    # recomputes a block and backpropagates through it): part of the same
+                    # loop backward, and it may reach parameters the outer graph does not.
+                    return tracer._inner_backward(original, args, kwargs)
                 return original(*args, **kwargs)
             if tracer.release_loop:
                 tracer._check_budget()
-            first = args[0] if args else next(iter(kwargs.values()), None)
-            loss = first[0] if isinstance(first, (list, tuple)) and first else first
+            roots = _roots(args, kwargs)
+            nodes = _root_nodes(roots)
+            loss = roots[0] if roots else None
             scaler = tracer._scaled.get(loss) if tracer._scaler_used and isinstance(loss, torch.Tensor) else None
             live = tracer._live_optimizers()
-            before = {key: grad_state(tracer._params(opt)) for key, opt in live.items()}
-            factor = loss_factor(loss, skip_first_scale=scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
-            event = tracer._record(EventKind.BACKWARD, None, scaled=scaler, factor=factor)
-            tracer._touched = set()
+            before = []
+            for opt, followed in live:
+                before.append(grad_state(followed.params(opt)))
+            # the loss's node, looked up once for the factor and for the hook
+            factor = _factor_below(nodes[0], scaler is not None) if isinstance(loss, torch.Tensor) else 1.0
+            event = tracer._record(EventKind.BACKWARD, None, sys._getframe(1), scaled=scaler, factor=factor)
+            # A hook on the root node asks, once the graph runs, which optimizers it
+            # reaches (instead of a gradient hook on every parameter).
+            tracer._in_graph, tracer._touched, tracer._leaf_roots, tracer._graphs_seen = live, [], set(), set()
+            handles = tracer._hook_roots(nodes)
             tracer._allreduces = 0
             tracer._depth += 1
             tracer._released = {}
@@ -313,9 +454,16 @@ class Tracer:
                 result = original(*args, **kwargs)
             finally:
                 tracer._depth -= 1
-                touched = [live[k] for k in tracer._touched if k in live]
-                event.facts["touched"] = sorted(tracer.label(opt) for opt in touched)
-                event.facts["before"] = {tracer.label(opt): before[id(opt)] for opt in touched}
+                for handle in handles:
+                    handle.remove()
+                reached = tracer._touched
+                tracer._in_graph, tracer._touched = [], []
+                states = {}
+                for (opt, followed), state in zip(live, before):
+                    if followed in reached:
+                        states[tracer._labelled(opt, followed)] = state
+                event.facts["touched"] = sorted(states)
+                event.facts["before"] = states
                 event.facts["synced"] = tracer._allreduces
             if tracer._released:
                 tracer._record_released_steps()
@@ -328,17 +476,19 @@ class Tracer:
 
         def zero_grad(obj: Any, *args: Any, **kwargs: Any) -> Any:
             if not tracer._depth:
-                set_to_none = _set_to_none(original, (obj, *args), kwargs)
+                set_to_none = _set_to_none(original, (obj, *args), kwargs) if args or kwargs else True
                 if via == "optimizer":
                     targets = [tracer.watch(obj)]
                 else:
                     params = {id(p) for p in obj.parameters()}
                     targets = sorted(
-                        tracer.label(opt)
-                        for opt in tracer._live_optimizers().values()
-                        if any(id(p) in params for p in tracer._params(opt))
+                        tracer._labelled(opt, followed)
+                        for opt, followed in tracer._live_optimizers()
+                        if any(id(p) in params for p in followed.params(opt))
                     )
-                tracer._record(EventKind.ZERO, ",".join(targets) or None, set_to_none=set_to_none, via=via, targets=targets)
+                tracer._record(
+                    EventKind.ZERO, ",".join(targets) or None, sys._getframe(1), set_to_none=set_to_none, via=via, targets=targets
+                )
             return original(obj, *args, **kwargs)
 
         return zero_grad
@@ -352,7 +502,7 @@ class Tracer:
                 return original(*args, **kwargs)
             target = target_of(*args) if target_of else None
             if target is not False:
-                tracer._record(kind, target, **static_facts)
+                tracer._record(kind, target, sys._getframe(1), **static_facts)
             tracer._depth += 1
             try:
                 return original(*args, **kwargs)
@@ -391,7 +541,15 @@ class Tracer:
                 tracer._scaler_in_step = None
             if tracer.steps == steps_before:
                 # inf/NaN found: the scaler skipped the optimizer step.
-                tracer._record(EventKind.STEP, tracer.watch(optimizer), via_scaler=name, skipped=True, grads="skipped", loop_step=tracer.steps)
+                tracer._record(
+                    EventKind.STEP,
+                    tracer.watch(optimizer),
+                    sys._getframe(1),
+                    via_scaler=name,
+                    skipped=True,
+                    grads="skipped",
+                    loop_step=tracer.steps,
+                )
             return result
 
         return step
@@ -417,6 +575,7 @@ class Tracer:
             tracer._record(
                 EventKind.SCHED_STEP,
                 tracer.label(sched),
+                sys._getframe(1),
                 optimizer=tracer.watch(opt) if isinstance(opt, torch.optim.Optimizer) else None,
             )
             tracer._depth += 1
@@ -520,6 +679,7 @@ class Tracer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._graph_start_hooks.clear()  # hooks left on retained graphs do nothing from now on
         self._clipping.restore()
         self._patcher.restore()
         self.active = False

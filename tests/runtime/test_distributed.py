@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,3 +73,36 @@ def test_gradlint_run_module_under_torchrun_prints_one_merged_report_from_rank_0
     # GL302 confirmed: exit 1 from rank 0; the other rank handed its report over and exited 0
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "SIGABRT" not in proc.stderr and "Signal 6" not in proc.stderr
+
+
+def test_gradlint_measure_under_torchrun_prints_one_table_from_rank_0_with_every_rank_s_peaks(fixtures_dir):
+    # Each mode runs the script again in the same process, and every run creates
+    # its default process group anew in the same torchrun store.
+    proc = _torchrun("-m", "gradlint.runtime", "measure", os.path.join(fixtures_dir, "run_ddp_accumulation.py"),
+                     "--steps", "2", "--time-steps", "3")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr[-3000:]
+    assert out.count("step time  max |Δparam|") == 1, out  # one table: rank 0's
+    rows = [line.split() for line in out.splitlines() if line.startswith(("as written ", "set_to_none=True "))]
+    assert [row[0] for row in rows] == ["as", "set_to_none=True"], out
+    for row in rows:
+        assert row[-2] == "ms" and float(row[-3]) > 0, row  # a measured step time
+        assert row[-1] == "0", row  # the same parameters in both modes
+    # four backwards per step: gradient release is ruled out, on every rank alike
+    assert "gradient release: not applicable to this loop: gradient accumulation" in out
+    merged = out.split("merged over 2 ranks (the table above is rank 0's):\n")[1].splitlines()
+    assert len(merged) == 2, out
+    for row, line in zip(rows, merged):
+        # the ranks' peaks can differ by the few bytes the all-reduces allocate
+        mode, own_peak = ("as written", " ".join(row[2:4])) if row[0] == "as" else (row[0], " ".join(row[1:3]))
+        found = re.fullmatch(rf"  {mode}: largest peak (\S+ \S+) on rank (\d); rank 0 (\S+ \S+), rank 1 (\S+ \S+)", line)
+        assert found, line
+        largest, on_rank, *per_rank = found.groups()
+        assert per_rank[0] == own_peak, line
+        assert largest == per_rank[int(on_rank)] and _bytes(largest) == max(map(_bytes, per_rank)), line
+    assert "Signal" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * 1024 ** ["B", "KiB", "MiB", "GiB"].index(unit)
