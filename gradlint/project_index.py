@@ -91,36 +91,125 @@ class Context:
         return cls(frozenset(per_batch), frozenset(called), frozenset(unscaled))
 
 
-def scan_calls(text: str) -> FileCalls:
-    """The names a file's loops call, and the functions it defines; empty when Python cannot parse it."""
-    if "for " not in text and "while " not in text and "def " not in text:
-        return FileCalls()
+def python_tree(text: str) -> ast.Module | None:
+    """Python's tree of ``text``, or None when Python cannot read it (what :func:`scan_calls` then assumes)."""
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def might_call(text: str) -> bool:
+    """Whether :func:`scan_calls` can find anything in ``text``: a loop or a function definition is spelled in it."""
+    return "for " in text or "while " in text or "def " in text
+
+
+def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
+    """The names a file's loops call, and the functions it defines; empty when Python cannot parse it.
+
+    ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
+    """
+    if not might_call(text):
         return FileCalls()
-    alone: set[str] = set()
-    shared: set[str] = set()
-    defines: set[str] = set()
-    imports: set[str] = set()
-    after_unscale: set[str] = set()
-    unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defines.add(node.name)
-            if unscales and "unscale_" in _plain_calls(node):
-                after_unscale |= _loop_calls(node)[0]
-        elif isinstance(node, ast.Import):
-            imports.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            imports.add(node.module.split(".")[0])
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            called, work = _loop_calls(node)
-            for name in called:
-                others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
-                (shared if others_work else alone).add(name)
-    return FileCalls(frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale))
+    if tree is None:
+        tree = python_tree(text)
+        if tree is None:
+            return FileCalls()
+    return _Scan(unscales="unscale_" in text).file(tree)
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+class _Scan:
+    """One file's scan: every statement is visited once, and only the insides of loops are walked to their expressions.
+
+    A loop's calls are those of its body and ``else``; an enclosing loop takes
+    an inner loop's from its summary instead of walking its body again.
+    """
+
+    def __init__(self, unscales: bool) -> None:
+        self.unscales = unscales  # only then can a function call both unscale_ and something else
+        self.alone: set[str] = set()
+        self.shared: set[str] = set()
+        self.defines: set[str] = set()
+        self.imports: set[str] = set()
+        self.after_unscale: set[str] = set()
+        self.loops: dict[ast.AST, tuple[set[str], bool]] = {}  # each loop visited so far: what its body calls, and whether it does gradient work
+
+    def file(self, tree: ast.Module) -> FileCalls:
+        """What :func:`scan_calls` returns for ``tree``."""
+        self._scope(tree)
+        loops = []
+        stack: list[ast.stmt] = list(reversed(tree.body))
+        while stack:  # every statement, in source order (an ``elif`` chain nests too deeply to recurse)
+            statement = stack.pop()
+            kind = type(statement)
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+                self.defines.add(statement.name)
+                self._scope(statement)
+            elif kind is ast.Import:
+                self.imports.update(alias.name.split(".")[0] for alias in statement.names)
+                continue
+            elif kind is ast.ImportFrom:
+                if not statement.level and statement.module:
+                    self.imports.add(statement.module.split(".")[0])
+                continue
+            elif kind in _LOOPS:
+                loops.append(statement)
+            inner: list[ast.stmt] = []
+            for field in ("body", "orelse", "finalbody"):
+                inner.extend(getattr(statement, field, None) or ())
+            for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+                inner.extend(part.body)
+            stack.extend(reversed(inner))
+        for loop in reversed(loops):  # inner loops first: an enclosing loop reads their summaries
+            self._loop(loop)
+        return FileCalls(
+            frozenset(self.alone), frozenset(self.shared), frozenset(self.defines), frozenset(self.imports), frozenset(self.after_unscale)
+        )
+
+    def _scope(self, node: ast.AST) -> None:
+        if self.unscales and "unscale_" in _plain_calls(node):
+            self.after_unscale |= _loop_calls(node)[0]
+
+    def _loop(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
+        called, work = self._calls_in(loop.body + loop.orelse)
+        self.loops[loop] = (called, work)
+        doing_work = sum(1 for name in called if _GRADIENT_WORK.search(name))
+        for name in called:
+            others_work = work or doing_work - (1 if _GRADIENT_WORK.search(name) else 0) > 0
+            (self.shared if others_work else self.alone).add(name)
+
+    def _calls_in(self, statements: list[ast.stmt]) -> tuple[set[str], bool]:
+        """The project-callable names these statements call, and whether they do gradient work spelled out in them."""
+        called: set[str] = set()
+        work = False
+        stack: list[ast.AST] = list(statements)
+        loops = self.loops
+        while stack:
+            node = stack.pop()
+            if isinstance(node, _SKIPPED):
+                continue
+            inner = loops.get(node)
+            if inner is not None:  # an inner loop: its body is summarised, only its header is left to read
+                called |= inner[0]
+                work = work or inner[1]
+                stack.extend([node.test] if type(node) is ast.While else [node.target, node.iter])
+                continue
+            if isinstance(node, ast.Call):
+                name, receiver = _callee(node.func)
+                if name is not None:
+                    if name in ("backward", "zero_grad", "no_sync", "unscale_", "manual_backward"):
+                        work = True
+                    elif name == "step" and receiver is not None and kind_from_name(receiver) in _NOT_PROJECT_STEP:
+                        work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
+                    elif not name.startswith("__"):
+                        called.add(name)
+            elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
+                work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
+            stack.extend(ast.iter_child_nodes(node))
+        return called, work
 
 
 def _plain_calls(scope: ast.AST) -> set[str]:
