@@ -54,27 +54,34 @@ _TOO_DEEP = "cannot parse: code nested too deeply"
 _MAX_BOOLEAN_CHAIN = 2000
 
 
-def _refuse_deep_nesting(text: str) -> ast.Module | None:
-    """Raise :class:`SourceError` for code nested too deeply for LibCST; else Python's tree of ``text``, if it reads it."""
-    try:
-        tree = ast.parse(text)
-    except (RecursionError, MemoryError) as error:
-        raise SourceError(_TOO_DEEP) from error
-    except SyntaxError as error:
-        if "too many nested" in str(error.msg):
+def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Module | None:
+    """Raise :class:`SourceError` for code nested too deeply for LibCST; else Python's tree of ``text``, if it reads it.
+
+    ``tree``, Python's tree of ``text`` when the caller has it already, is not parsed again.
+    """
+    if tree is None:
+        try:
+            tree = ast.parse(text)
+        except (RecursionError, MemoryError) as error:
             raise SourceError(_TOO_DEEP) from error
-        return None  # LibCST decides, and says where (it also reads syntax newer than this Python's)
-    except ValueError:
-        return None
+        except SyntaxError as error:
+            if "too many nested" in str(error.msg):
+                raise SourceError(_TOO_DEEP) from error
+            return None  # LibCST decides, and says where (it also reads syntax newer than this Python's)
+        except ValueError:
+            return None
     if text.count(" and ") + text.count(" or ") > _MAX_BOOLEAN_CHAIN:
         if any(isinstance(node, ast.BoolOp) and len(node.values) > _MAX_BOOLEAN_CHAIN for node in ast.walk(tree)):
             raise SourceError(_TOO_DEEP)
     return tree
 
 
-def parse(text: str) -> cst.Module:
-    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s."""
-    tree = _refuse_deep_nesting(text)
+def parse(text: str, python_tree: ast.Module | None = None) -> cst.Module:
+    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s.
+
+    ``python_tree``, Python's own tree of ``text`` when the caller has parsed it already, is used instead of parsing it again.
+    """
+    tree = _refuse_deep_nesting(text, python_tree)
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
@@ -118,12 +125,19 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def parse_and_check(
-    text: str, path: str, rules: Sequence[type[Rule]], context: Iterable[str] | None = None
+    text: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    context: Iterable[str] | None = None,
+    python_tree: ast.Module | None = None,
 ) -> FileResult:
-    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`); ``context`` as for :func:`check_module`."""
+    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`).
+
+    ``context`` as for :func:`check_module`; ``python_tree`` as for :func:`parse`.
+    """
     with cyclic_gc_paused():
         try:
-            module = parse(text)
+            module = parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
         return check_module(module, path, rules, text, context=context)

@@ -134,9 +134,9 @@ def test_the_collector_is_paused_while_checking_and_restored_after(monkeypatch):
     seen = []
     real_parse = linter.parse
 
-    def parse_watched(text):
+    def parse_watched(text, *tree):
         seen.append(gc.isenabled())
-        return real_parse(text)
+        return real_parse(text, *tree)
 
     monkeypatch.setattr(linter, "parse", parse_watched)
     assert gc.isenabled()
