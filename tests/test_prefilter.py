@@ -111,6 +111,19 @@ def test_a_grad_assignment_passes_gl005_only_beside_a_zeroing_value():
     assert not might_fire("for p in params:\n    p.grad = g.clone()\n    p.grad = None\n", [GradsKeptAllocated])
 
 
+def test_the_release_rules_need_what_they_weigh_against_the_release_set_up():
+    from gradlint.rules import RULES_BY_CODE
+
+    hook_only = "p.register_post_accumulate_grad_hook(hook)\nout = model(x)\n"
+    assert not any(might_fire(hook_only, [RULES_BY_CODE[code]]) for code in ("GL201", "GL202", "GL203"))
+    assert might_fire(hook_only + "scaler = torch.amp.GradScaler()\n", [RULES_BY_CODE["GL201"]])
+    assert might_fire(hook_only + "with torch.autocast('cuda'):\n    pass\n", [RULES_BY_CODE["GL201"]])
+    assert might_fire(hook_only + "cfg = dict(gradient_accumulation_steps=4)\n", [RULES_BY_CODE["GL202"]])
+    assert might_fire(hook_only + "loss.backward()\nmodel.zero_grad()\n", [RULES_BY_CODE["GL202"]])
+    assert not might_fire(hook_only + "loss.backward()\n", [RULES_BY_CODE["GL202"]])
+    assert might_fire(hook_only + "torch.nn.utils.clip_grad_norm_(params, 1.0)\n", [RULES_BY_CODE["GL203"]])
+
+
 def test_tuple_tokens_need_all_their_parts():
     rule = type("R", (), {"needs": ((BACKWARD, STEP),)})
     assert not might_fire("loss.backward()\n", [rule])
