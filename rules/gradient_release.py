@@ -26,11 +26,11 @@ from gradlint.syntax import callee_name, dotted_name, receiver, walk
 
 # Prefilter: every release set-up contains one of RELEASE_TOKENS, and each rule also needs what it weighs
 # against it: GL201 a scaler (named or built with "scaler" in any case) or an ``autocast``; GL202 an
-# accumulation setting (a keyword containing "accum"), or a backward and a step or clear in one loop; GL203
+# accumulation setting (a keyword argument containing "accum"), or a backward and a step or clear in one loop; GL203
 # a clipping call (all contain "clip"). A clear is a call named like ``zero_grad``/``clear_grads`` or
 # ``.grad`` zeroed or assigned.
 RELEASE = re.compile("|".join(map(re.escape, RELEASE_TOKENS)))
-_ACCUM = re.compile("accum", re.IGNORECASE)
+_ACCUM = re.compile(r"accum\w*(?:[\s\\]|#[^\n]*(?![^\n]))*=(?!=)", re.IGNORECASE)  # a keyword argument
 _CLEAR_CALL = re.compile(r"(?:zero|clear|reset)_?grad", re.IGNORECASE)  # the event builder's _CLEAR_HELPER, and zero_grad
 _ACCUMULATES = tuple((RELEASE, BACKWARD, token) for token in (STEP, _CLEAR_CALL, GRAD_ZEROED_BY_METHOD, GRAD_ASSIGNED))
 
