@@ -34,16 +34,35 @@ def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
     Each token is searched for at most once per text, and the tokens of a
     tuple in order, stopping at the first one that is absent.
     """
-    found: dict[object, bool] = {}
+    search = _TokenSearch(text)
+    return any(search.present(token) for token in needed_tokens(rules))
 
-    def present(token: Need) -> bool:
+
+def rules_that_might_fire(text: str, rules: Sequence[type[Rule]]) -> list[type[Rule]]:
+    """The rules among ``rules`` whose prefilter tokens ``text`` contains, each token searched for at most once.
+
+    A rule whose tokens are absent cannot fire (:attr:`Rule.needs`), so a
+    parsed file is checked with these rules only.
+    """
+    search = _TokenSearch(text)
+    return [rule for rule in rules if any(search.present(token) for token in rule.needs)]
+
+
+class _TokenSearch:
+    """Whether a text contains prefilter tokens, each token searched for once."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.found: dict[object, bool] = {}
+
+    def present(self, token: Need) -> bool:
+        """Whether the text contains ``token`` (every part of a tuple, searched in order until one is absent)."""
         if isinstance(token, tuple):
-            return all(present(t) for t in token)
-        if token not in found:
-            found[token] = token in text if isinstance(token, str) else token.search(text) is not None
-        return found[token]
-
-    return any(present(token) for token in needed_tokens(rules))
+            return all(self.present(t) for t in token)
+        found = self.found.get(token)
+        if found is None:
+            found = self.found[token] = token in self.text if isinstance(token, str) else token.search(self.text) is not None
+        return found
 
 
 # LibCST's native parser recurses on the machine stack: code nested deeply
@@ -209,7 +228,9 @@ def lint_text(
     """Check source text as if it were the file ``path``; ``context`` as for :func:`check_module`."""
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
-    if not rules or (prefilter and not might_fire(text, rules)):
+    if prefilter:
+        rules = rules_that_might_fire(text, rules)
+    if not rules:
         return FileResult(path)
     return parse_and_check(text, path, rules, context)
 

@@ -20,7 +20,7 @@ from gradlint.cache import Cache
 from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
-from gradlint.linter import cyclic_gc_paused, might_fire, parse_and_check
+from gradlint.linter import cyclic_gc_paused, parse_and_check, rules_that_might_fire
 from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.project_index import FileCalls, ProjectIndex, might_call, python_tree, scan_calls
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
@@ -48,12 +48,11 @@ class _File:
 
     path: str
     rules: list
-    codes: tuple[str, ...]
     key: str | None  # the cache key of its content
     text: str | None = None
     calls: FileCalls = FileCalls()
     tree: ast.Module | None = None  # Python's tree of the text, kept when the file will be checked
-    passes: bool | None = None  # whether the text passes the prefilter, once read
+    firing: list | None = None  # the rules the prefilter lets check the text, once read
 
 
 def run(
@@ -90,7 +89,7 @@ def run(
         calls = cache.calls(known) if known is not None else None
         if calls is not None:  # an unchanged file is answered without reading it
             cache.remember_file(item, stat, known, cache_codes, prefilter)
-            files.append(_File(item, rules, codes, known, calls=calls))
+            files.append(_File(item, rules, known, calls=calls))
             continue
         try:
             data = read_bytes(item)
@@ -115,12 +114,12 @@ def run(
             calls = scan_calls(text, tree) if tree is not None else FileCalls()
         if cache is not None:
             cache.put_calls(key, calls)
-        passes = bool(rules) and (not prefilter or might_fire(text, rules))
-        if tree is None or not passes or kept_chars + len(text) > KEPT_TREE_CHARS:
+        firing = rules_that_might_fire(text, rules) if prefilter else rules
+        if tree is None or not firing or kept_chars + len(text) > KEPT_TREE_CHARS:
             tree = None  # the check parses it again if it needs it
         else:
             kept_chars += len(text)
-        files.append(_File(item, rules, codes, key, text, calls, tree, passes))
+        files.append(_File(item, rules, key, text, calls, tree, firing))
     project = ProjectIndex((f.path, f.calls) for f in files)
     pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
     pending_keys: list[str | None] = []
@@ -135,17 +134,17 @@ def run(
             results.append(cached)
             file.tree = None
             continue
-        text, passes = file.text, file.passes
+        text, firing = file.text, file.firing
         if text is None:  # known unchanged, but its result under this context is not cached
             try:
                 text = decode(read_bytes(file.path)).text
             except SourceError as error:
                 results.append(FileResult(file.path, error=str(error)))
                 continue
-        if passes is None:
-            passes = bool(file.rules) and (not prefilter or might_fire(text, file.rules))
-        if passes:
-            pending.append((file.path, text, file.codes, context))
+        if firing is None:
+            firing = rules_that_might_fire(text, file.rules) if prefilter else file.rules
+        if firing:  # checked with the rules whose tokens it holds: the others cannot fire
+            pending.append((file.path, text, tuple(rule.code for rule in firing), context))
             pending_keys.append(key)
             pending_trees.append(file.tree)
             file.tree = None

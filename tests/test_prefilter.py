@@ -124,6 +124,24 @@ def test_the_release_rules_need_what_they_weigh_against_the_release_set_up():
     assert might_fire(hook_only + "torch.nn.utils.clip_grad_norm_(params, 1.0)\n", [RULES_BY_CODE["GL203"]])
 
 
+def test_a_parsed_file_is_checked_only_by_the_rules_whose_tokens_it_holds(monkeypatch, tmp_path):
+    from gradlint.rules.parameters import OptimizerOverFrozenParams
+
+    def crash(self, model):
+        raise RuntimeError("ran")
+
+    monkeypatch.setattr(OptimizerOverFrozenParams, "check", crash)
+    loop = "for x in data:\n    loss(x).backward()\n    opt.step()\n"
+    frozen = "model.requires_grad_(False)\nopt = SGD(model.parameters())\n" + loop
+    assert lint_text(loop, "loop.py").error is None
+    assert "GL009" in lint_text(frozen, "frozen.py").error
+    assert "GL009" in lint_text(loop, "loop.py", prefilter=False).error
+    (tmp_path / "loop.py").write_text(loop)
+    (tmp_path / "frozen.py").write_text(frozen)
+    errors = {os.path.basename(r.path): r.error for r in runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)}
+    assert errors["loop.py"] is None and "GL009" in errors["frozen.py"]
+
+
 def test_tuple_tokens_need_all_their_parts():
     rule = type("R", (), {"needs": ((BACKWARD, STEP),)})
     assert not might_fire("loss.backward()\n", [rule])
