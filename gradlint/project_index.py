@@ -28,6 +28,7 @@ uses that file's own loops only.
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import os
 import re
@@ -115,7 +116,15 @@ def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
         tree = python_tree(text)
         if tree is None:
             return FileCalls()
-    return _Scan(unscales="unscale_" in text).file(tree)
+    return _Scan(_lines_naming("unscale_", text)).file(tree)
+
+
+def _lines_naming(word: str, text: str) -> list[int]:
+    """The numbers of the lines of ``text`` that contain ``word``, counted as Python's parser counts them."""
+    if word not in text:
+        return []
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return [number for number, line in enumerate(lines, 1) if word in line]
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -128,8 +137,8 @@ class _Scan:
     an inner loop's from its summary instead of walking its body again.
     """
 
-    def __init__(self, unscales: bool) -> None:
-        self.unscales = unscales  # only then can a function call both unscale_ and something else
+    def __init__(self, unscale_lines: list[int]) -> None:
+        self.unscale_lines = unscale_lines  # where ``unscale_`` is spelled: only a function spanning one can call it
         self.alone: set[str] = set()
         self.shared: set[str] = set()
         self.defines: set[str] = set()
@@ -169,8 +178,15 @@ class _Scan:
             frozenset(self.alone), frozenset(self.shared), frozenset(self.defines), frozenset(self.imports), frozenset(self.after_unscale)
         )
 
-    def _scope(self, node: ast.AST) -> None:
-        if self.unscales and "unscale_" in _plain_calls(node):
+    def _scope(self, node: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        lines = self.unscale_lines
+        if not lines:
+            return
+        if not isinstance(node, ast.Module):
+            first = bisect.bisect_left(lines, node.lineno)
+            if first == len(lines) or lines[first] > node.end_lineno:
+                return  # no line of the function names unscale_
+        if "unscale_" in _plain_calls(node):
             self.after_unscale |= _loop_calls(node)[0]
 
     def _loop(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
