@@ -169,3 +169,20 @@ def test_noqa_lines_asked_gives_the_full_answer_on_the_lines_asked(source, asked
     assert {line: codes for line, codes in answer.items() if line in asked} == expected
     full = noqa_lines(source)
     assert {line: codes for line, codes in full.items() if line in asked} == expected
+
+
+
+def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatch):
+    from gradlint import frameworks
+    from gradlint.build import build_model
+    from gradlint.linter import parse
+
+    walked = []
+    real = frameworks._read
+    monkeypatch.setattr(frameworks, "_read", lambda module: walked.append(module) or real(module))
+    loop = "for x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n"
+    wrapped = "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n" + loop
+    plain = frameworks.framework_settings(build_model(parse(loop), loop))
+    assert walked == [] and plain == frameworks.FrameworkSettings()
+    settings = frameworks.framework_settings(build_model(parse(wrapped), wrapped))
+    assert len(walked) == 1 and len(settings.ddp_wraps) == 1
