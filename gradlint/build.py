@@ -11,6 +11,7 @@ from gradlint.event_builder import EventBuilder
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
+from gradlint.positions import python_tree_of
 from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
 from gradlint.syntax import bool_literal
@@ -26,7 +27,8 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
     a caller unscales gradients around. None: the module alone is the run.
     """
     if context is None:
-        context = alone_in_its_run(scan_calls(text if text is not None else module.code))
+        source = text if text is not None else module.code
+        context = alone_in_its_run(scan_calls(source, python_tree_of(module, source)))
     known = Context.of(context)
     per_batch = known.per_batch
     index = ModuleIndex(module)

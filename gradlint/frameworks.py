@@ -6,8 +6,8 @@ accelerate's ``Accelerator(gradient_accumulation_steps=N)``, Lightning's
 framework. The rules about accumulation need to know which of these
 settings a module makes, and which classes subclass ``LightningModule`` or
 transformers' ``Trainer``, and where ``DistributedDataParallel`` wraps a
-model. One walk of the module answers, only for the files whose text names
-such a setting (the rules' prefilters see to that).
+model. One walk of the module answers, skipped when the text names none of
+the classes and functions that make such a setting.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ _HF_TRAINER = {
 }
 _DEEPSPEED_INITIALIZE = {"deepspeed.initialize"}
 _DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
+# The last part of every name above: a module names one of them (in the call, the base class or its
+# import) wherever a setting, subclass or wrap can be read.
+_LAST_NAMES = ("Accelerator", "Trainer", "LightningModule", "initialize", "DistributedDataParallel", "fully_shard")
 
 
 @dataclasses.dataclass
@@ -79,7 +82,10 @@ def framework_settings(model: LoopModel) -> FrameworkSettings:
     global _last
     if _last is not None and _last[0] is model.module:
         return _last[1]
-    settings = _read(model.module)
+    if model.text is not None and not any(name in model.text for name in _LAST_NAMES):
+        settings = FrameworkSettings()  # nothing below can match: the walk is skipped
+    else:
+        settings = _read(model.module)
     _last = (model.module, settings)
     return settings
 

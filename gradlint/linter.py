@@ -34,16 +34,35 @@ def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
     Each token is searched for at most once per text, and the tokens of a
     tuple in order, stopping at the first one that is absent.
     """
-    found: dict[object, bool] = {}
+    search = _TokenSearch(text)
+    return any(search.present(token) for token in needed_tokens(rules))
 
-    def present(token: Need) -> bool:
+
+def rules_that_might_fire(text: str, rules: Sequence[type[Rule]]) -> list[type[Rule]]:
+    """The rules among ``rules`` whose prefilter tokens ``text`` contains, each token searched for at most once.
+
+    A rule whose tokens are absent cannot fire (:attr:`Rule.needs`), so a
+    parsed file is checked with these rules only.
+    """
+    search = _TokenSearch(text)
+    return [rule for rule in rules if any(search.present(token) for token in rule.needs)]
+
+
+class _TokenSearch:
+    """Whether a text contains prefilter tokens, each token searched for once."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.found: dict[object, bool] = {}
+
+    def present(self, token: Need) -> bool:
+        """Whether the text contains ``token`` (every part of a tuple, searched in order until one is absent)."""
         if isinstance(token, tuple):
-            return all(present(t) for t in token)
-        if token not in found:
-            found[token] = token in text if isinstance(token, str) else token.search(text) is not None
-        return found[token]
-
-    return any(present(token) for token in needed_tokens(rules))
+            return all(self.present(t) for t in token)
+        found = self.found.get(token)
+        if found is None:
+            found = self.found[token] = token in self.text if isinstance(token, str) else token.search(self.text) is not None
+        return found
 
 
 # LibCST's native parser recurses on the machine stack: code nested deeply
@@ -54,27 +73,34 @@ _TOO_DEEP = "cannot parse: code nested too deeply"
 _MAX_BOOLEAN_CHAIN = 2000
 
 
-def _refuse_deep_nesting(text: str) -> ast.Module | None:
-    """Raise :class:`SourceError` for code nested too deeply for LibCST; else Python's tree of ``text``, if it reads it."""
-    try:
-        tree = ast.parse(text)
-    except (RecursionError, MemoryError) as error:
-        raise SourceError(_TOO_DEEP) from error
-    except SyntaxError as error:
-        if "too many nested" in str(error.msg):
+def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Module | None:
+    """Raise :class:`SourceError` for code nested too deeply for LibCST; else Python's tree of ``text``, if it reads it.
+
+    ``tree``, Python's tree of ``text`` when the caller has it already, is not parsed again.
+    """
+    if tree is None:
+        try:
+            tree = ast.parse(text)
+        except (RecursionError, MemoryError) as error:
             raise SourceError(_TOO_DEEP) from error
-        return None  # LibCST decides, and says where (it also reads syntax newer than this Python's)
-    except ValueError:
-        return None
+        except SyntaxError as error:
+            if "too many nested" in str(error.msg):
+                raise SourceError(_TOO_DEEP) from error
+            return None  # LibCST decides, and says where (it also reads syntax newer than this Python's)
+        except ValueError:
+            return None
     if text.count(" and ") + text.count(" or ") > _MAX_BOOLEAN_CHAIN:
         if any(isinstance(node, ast.BoolOp) and len(node.values) > _MAX_BOOLEAN_CHAIN for node in ast.walk(tree)):
             raise SourceError(_TOO_DEEP)
     return tree
 
 
-def parse(text: str) -> cst.Module:
-    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s."""
-    tree = _refuse_deep_nesting(text)
+def parse(text: str, python_tree: ast.Module | None = None) -> cst.Module:
+    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s.
+
+    ``python_tree``, Python's own tree of ``text`` when the caller has parsed it already, is used instead of parsing it again.
+    """
+    tree = _refuse_deep_nesting(text, python_tree)
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
@@ -118,12 +144,19 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def parse_and_check(
-    text: str, path: str, rules: Sequence[type[Rule]], context: Iterable[str] | None = None
+    text: str,
+    path: str,
+    rules: Sequence[type[Rule]],
+    context: Iterable[str] | None = None,
+    python_tree: ast.Module | None = None,
 ) -> FileResult:
-    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`); ``context`` as for :func:`check_module`."""
+    """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`).
+
+    ``context`` as for :func:`check_module`; ``python_tree`` as for :func:`parse`.
+    """
     with cyclic_gc_paused():
         try:
-            module = parse(text)
+            module = parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
         return check_module(module, path, rules, text, context=context)
@@ -195,7 +228,9 @@ def lint_text(
     """Check source text as if it were the file ``path``; ``context`` as for :func:`check_module`."""
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
-    if not rules or (prefilter and not might_fire(text, rules)):
+    if prefilter:
+        rules = rules_that_might_fire(text, rules)
+    if not rules:
         return FileResult(path)
     return parse_and_check(text, path, rules, context)
 

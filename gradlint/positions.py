@@ -33,7 +33,7 @@ def remember_python_tree(module: cst.Module, tree: ast.Module) -> None:
     _last_tree = (module, tree)
 
 
-def _python_tree(module: cst.Module, text: str | None) -> ast.Module | None:
+def python_tree_of(module: cst.Module, text: str | None) -> ast.Module | None:
     """Python's tree of ``module``'s text: the one the linter kept, else parsed now; None if Python cannot read it."""
     last = _last_tree  # one read: another thread may replace it meanwhile
     if last is not None and last[0] is module:
@@ -184,7 +184,7 @@ class Positions:
 
     def _python_statement(self, line: cst.BaseStatement) -> ast.stmt | None:
         """Python's statement for ``line`` (for a line of ``a; b``, for ``a``), found by descending both trees side by side."""
-        tree = _python_tree(self.module, self.text)
+        tree = python_tree_of(self.module, self.text)
         if tree is None:
             return None
         chain: list[cst.CSTNode] = []
@@ -271,7 +271,7 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     """
     if text is None or "\r" in text.replace("\r\n", ""):
         return None  # a lone carriage return is a line break to Python, not to the line count of LibCST's code
-    tree = _python_tree(module, text)
+    tree = python_tree_of(module, text)
     if tree is None:
         return None
     token_lines = _first_token_lines(tree)

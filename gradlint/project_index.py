@@ -28,6 +28,7 @@ uses that file's own loops only.
 from __future__ import annotations
 
 import ast
+import bisect
 import dataclasses
 import os
 import re
@@ -105,25 +106,158 @@ class Context:
         return cls(*(frozenset(found[p]) for p in ("", *prefixes)))
 
 
-def scan_calls(text: str) -> FileCalls:
-    """The names a file's loops call, and the functions it defines; empty when Python cannot parse it."""
-    if "for " not in text and "while " not in text and "def " not in text:
-        return FileCalls()
+def python_tree(text: str) -> ast.Module | None:
+    """Python's tree of ``text``, or None when Python cannot read it (what :func:`scan_calls` then assumes)."""
     try:
-        tree = ast.parse(text)
+        return ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def might_call(text: str) -> bool:
+    """Whether :func:`scan_calls` can find anything in ``text``: a loop or a function definition is spelled in it."""
+    return "for " in text or "while " in text or "def " in text
+
+
+def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
+    """The names a file's loops call, and the functions it defines; empty when Python cannot parse it.
+
+    ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
+    """
+    if not might_call(text):
         return FileCalls()
-    alone: set[str] = set()
-    shared: set[str] = set()
-    defines: set[str] = set()
-    imports: set[str] = set()
-    after_unscale: set[str] = set()
+    if tree is None:
+        tree = python_tree(text)
+        if tree is None:
+            return FileCalls()
+    calls = _Scan(_lines_naming("unscale_", text)).file(tree)
+    return _with_handed_and_wrapped(calls, text, tree)
+
+
+def _lines_naming(word: str, text: str) -> list[int]:
+    """The numbers of the lines of ``text`` that contain ``word``, counted as Python's parser counts them."""
+    if word not in text:
+        return []
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return [number for number, line in enumerate(lines, 1) if word in line]
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+class _Scan:
+    """One file's scan: every statement is visited once, and only the insides of loops are walked to their expressions.
+
+    A loop's calls are those of its body and ``else``; an enclosing loop takes
+    an inner loop's from its summary instead of walking its body again.
+    """
+
+    def __init__(self, unscale_lines: list[int]) -> None:
+        self.unscale_lines = unscale_lines  # where ``unscale_`` is spelled: only a function spanning one can call it
+        self.alone: set[str] = set()
+        self.shared: set[str] = set()
+        self.defines: set[str] = set()
+        self.imports: set[str] = set()
+        self.after_unscale: set[str] = set()
+        self.loops: dict[ast.AST, tuple[set[str], bool]] = {}  # each loop visited so far: what its body calls, and whether it does gradient work
+
+    def file(self, tree: ast.Module) -> FileCalls:
+        """What :func:`scan_calls` returns for ``tree``."""
+        self._scope(tree)
+        loops = []
+        stack: list[ast.stmt] = list(reversed(tree.body))
+        while stack:  # every statement, in source order (an ``elif`` chain nests too deeply to recurse)
+            statement = stack.pop()
+            kind = type(statement)
+            if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+                self.defines.add(statement.name)
+                self._scope(statement)
+            elif kind is ast.Import:
+                self.imports.update(alias.name.split(".")[0] for alias in statement.names)
+                continue
+            elif kind is ast.ImportFrom:
+                if not statement.level and statement.module:
+                    self.imports.add(statement.module.split(".")[0])
+                continue
+            elif kind in _LOOPS:
+                loops.append(statement)
+            inner: list[ast.stmt] = []
+            for field in ("body", "orelse", "finalbody"):
+                inner.extend(getattr(statement, field, None) or ())
+            for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+                inner.extend(part.body)
+            stack.extend(reversed(inner))
+        for loop in reversed(loops):  # inner loops first: an enclosing loop reads their summaries
+            self._loop(loop)
+        return FileCalls(
+            frozenset(self.alone), frozenset(self.shared), frozenset(self.defines), frozenset(self.imports), frozenset(self.after_unscale)
+        )
+
+    def _scope(self, node: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        lines = self.unscale_lines
+        if not lines:
+            return
+        if not isinstance(node, ast.Module):
+            first = bisect.bisect_left(lines, node.lineno)
+            if first == len(lines) or lines[first] > node.end_lineno:
+                return  # no line of the function names unscale_
+        if "unscale_" in _plain_calls(node):
+            self.after_unscale |= _loop_calls(node)[0]
+
+    def _loop(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
+        called, work = self._calls_in(loop.body + loop.orelse)
+        self.loops[loop] = (called, work)
+        doing_work = sum(1 for name in called if _GRADIENT_WORK.search(name))
+        for name in called:
+            others_work = work or doing_work - (1 if _GRADIENT_WORK.search(name) else 0) > 0
+            (self.shared if others_work else self.alone).add(name)
+
+    def _calls_in(self, statements: list[ast.stmt]) -> tuple[set[str], bool]:
+        """The project-callable names these statements call, and whether they do gradient work spelled out in them."""
+        called: set[str] = set()
+        work = False
+        stack: list[ast.AST] = list(statements)
+        loops = self.loops
+        while stack:
+            node = stack.pop()
+            if isinstance(node, _SKIPPED):
+                continue
+            inner = loops.get(node)
+            if inner is not None:  # an inner loop: its body is summarised, only its header is left to read
+                called |= inner[0]
+                work = work or inner[1]
+                stack.extend([node.test] if type(node) is ast.While else [node.target, node.iter])
+                continue
+            if isinstance(node, ast.Call):
+                name, receiver = _callee(node.func)
+                if name is not None:
+                    if name in ("backward", "zero_grad", "no_sync", "unscale_", "manual_backward"):
+                        work = True
+                    elif name == "step" and receiver is not None and kind_from_name(receiver) in _NOT_PROJECT_STEP:
+                        work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
+                    elif not name.startswith("__"):
+                        called.add(name)
+            elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
+                work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
+            stack.extend(ast.iter_child_nodes(node))
+        return called, work
+
+
+# A positional argument or a parameter whose name holds "opt" (``helper(opt)``, ``def f(self, optimizer: Optimizer)``):
+# only a file that spells one can hand an optimizer to a function or define one that is handed it.
+_OPTIMIZER_ARGUMENT = re.compile(r"[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", re.IGNORECASE)
+
+
+def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> FileCalls:
+    """``calls`` with the facts about handed optimizers and wrapped models, read in one walk of the tree when the
+    text can hold any of them (a name of an optimizer as an argument, a spelling of a wrap)."""
+    wraps = _WRAP_TOKENS.search(text) is not None  # only then can a call hand on a wrapped model
+    optimizers = _OPTIMIZER_ARGUMENT.search(text) is not None
+    if not wraps and not optimizers:
+        return dataclasses.replace(calls, clears_handed=calls.defines)  # a function not read may clear
     hands: set[str] = set()
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
-    unscales = "unscale_" in text  # only then can a function call both unscale_ and something else
-    wraps = _WRAP_TOKENS.search(text) is not None  # only then can a call hand on a wrapped model
-    optimizers = _OPT.search(text) is not None  # every optimizer's name holds "opt"
-    calls: list[ast.Call] = []
+    found_calls: list[ast.Call] = []
     assigns: list[ast.Assign] = []
     from_imports: list[ast.ImportFrom] = []
     for node in ast.walk(tree):
@@ -134,34 +268,21 @@ def scan_calls(text: str) -> FileCalls:
                 if name is not None and any(_names_optimizer(a) for a in node.args):
                     hands.add(name)
             if wraps:
-                calls.append(node)
-            continue
-        if wraps:
-            if kind is ast.Assign:
-                assigns.append(node)
-            elif kind is ast.ImportFrom:
-                from_imports.append(node)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                defines.add(node.name)
-                if optimizers:
-                    functions.append(node)
-            if unscales and "unscale_" in _plain_calls(node):
-                after_unscale |= _loop_calls(node)[0]
-        elif isinstance(node, ast.Import):
-            imports.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            imports.add(node.module.split(".")[0])
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            called, work = _loop_calls(node)
-            for name in called:
-                others_work = work or any(_GRADIENT_WORK.search(other) for other in called if other != name)
-                (shared if others_work else alone).add(name)
-    passes = _wrapped_passed(calls, assigns, from_imports) if wraps else frozenset()
-    steps_handed, clears_handed = _what_handed_optimizers_get(functions, defines)
-    return FileCalls(
-        frozenset(alone), frozenset(shared), frozenset(defines), frozenset(imports), frozenset(after_unscale),
-        passes, frozenset(hands), steps_handed, clears_handed,
+                found_calls.append(node)
+        elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            if optimizers:
+                functions.append(node)
+        elif wraps and kind is ast.Assign:
+            assigns.append(node)
+        elif wraps and kind is ast.ImportFrom:
+            from_imports.append(node)
+    steps_handed, clears_handed = _what_handed_optimizers_get(functions, set(calls.defines))
+    return dataclasses.replace(
+        calls,
+        passes_wrapped=_wrapped_passed(found_calls, assigns, from_imports) if wraps else frozenset(),
+        hands=frozenset(hands),
+        steps_handed=steps_handed,
+        clears_handed=clears_handed,
     )
 
 

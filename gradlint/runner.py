@@ -8,6 +8,7 @@ sorted by path, whatever the number of jobs.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import multiprocessing
 import os
@@ -19,15 +20,18 @@ from gradlint.cache import Cache
 from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
-from gradlint.linter import might_fire, parse_and_check
+from gradlint.linter import cyclic_gc_paused, parse_and_check, rules_that_might_fire
 from gradlint.named import COMPILED, named_files, syntax_error
-from gradlint.project_index import FileCalls, ProjectIndex, scan_calls
+from gradlint.project_index import FileCalls, ProjectIndex, might_call, python_tree, scan_calls
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
 
 # Below this much source text to parse, starting worker processes costs more than it saves.
 MIN_PARALLEL_CHARS = 200_000
+# Python's trees of the files to check, kept from the first pass for the second, up to this much
+# source text in all (a tree takes about 50 bytes per character of source).
+KEPT_TREE_CHARS = 4_000_000
 
 
 def default_jobs() -> int:
@@ -44,10 +48,11 @@ class _File:
 
     path: str
     rules: list
-    codes: tuple[str, ...]
     key: str | None  # the cache key of its content
     text: str | None = None
     calls: FileCalls = FileCalls()
+    tree: ast.Module | None = None  # Python's tree of the text, kept when the file will be checked
+    firing: list | None = None  # the rules the prefilter lets check the text, once read
 
 
 def run(
@@ -71,6 +76,7 @@ def run(
     named = named_files(paths)
     results: list[FileResult] = []
     files: list[_File] = []
+    kept_chars = 0
     for item in discover(paths, config):
         if isinstance(item, Unreadable):
             results.append(FileResult(item.path, error=item.reason))
@@ -83,7 +89,7 @@ def run(
         calls = cache.calls(known) if known is not None else None
         if calls is not None:  # an unchanged file is answered without reading it
             cache.remember_file(item, stat, known, cache_codes, prefilter)
-            files.append(_File(item, rules, codes, known, calls=calls))
+            files.append(_File(item, rules, known, calls=calls))
             continue
         try:
             data = read_bytes(item)
@@ -101,13 +107,23 @@ def run(
             if cache is not None:
                 cache.put(key, result)
             continue
-        calls = scan_calls(text)
+        tree = None
+        with cyclic_gc_paused():  # Python's tree holds no cycles either
+            if might_call(text):
+                tree = python_tree(text)
+            calls = scan_calls(text, tree) if tree is not None else FileCalls()
         if cache is not None:
             cache.put_calls(key, calls)
-        files.append(_File(item, rules, codes, key, text, calls))
+        firing = rules_that_might_fire(text, rules) if prefilter else rules
+        if tree is None or not firing or kept_chars + len(text) > KEPT_TREE_CHARS:
+            tree = None  # the check parses it again if it needs it
+        else:
+            kept_chars += len(text)
+        files.append(_File(item, rules, key, text, calls, tree, firing))
     project = ProjectIndex((f.path, f.calls) for f in files)
     pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
     pending_keys: list[str | None] = []
+    pending_trees: list[ast.Module | None] = []
     for file in files:
         context = project.context_of(file.path, file.calls)
         if contexts is not None:
@@ -116,24 +132,29 @@ def run(
         cached = cache.get(key, file.path) if cache is not None else None
         if cached is not None:
             results.append(cached)
+            file.tree = None
             continue
-        text = file.text
+        text, firing = file.text, file.firing
         if text is None:  # known unchanged, but its result under this context is not cached
             try:
                 text = decode(read_bytes(file.path)).text
             except SourceError as error:
                 results.append(FileResult(file.path, error=str(error)))
                 continue
-        if file.rules and (not prefilter or might_fire(text, file.rules)):
-            pending.append((file.path, text, file.codes, context))
+        if firing is None:
+            firing = rules_that_might_fire(text, file.rules) if prefilter else file.rules
+        if firing:  # checked with the rules whose tokens it holds: the others cannot fire
+            pending.append((file.path, text, tuple(rule.code for rule in firing), context))
             pending_keys.append(key)
+            pending_trees.append(file.tree)
+            file.tree = None
             continue
         # Not parsed: a file named on the command line is still compiled.
         result = FileResult(file.path, error=syntax_error(text) if file.path in named else None)
         results.append(result)
         if cache is not None:
             cache.put(key, result)
-    for key, result in zip(pending_keys, _check_all(pending, jobs or default_jobs())):
+    for key, result in zip(pending_keys, _check_all(pending, jobs or default_jobs(), pending_trees)):
         results.append(result)
         if cache is not None:
             cache.put(key, result)
@@ -149,9 +170,14 @@ def _stat(path: str) -> os.stat_result | None:
         return None
 
 
-def check_text(path: str, text: str, codes: tuple[str, ...], context: tuple[str, ...] = ()) -> FileResult:
-    """Parse and check one file's text with the rules named by ``codes``; ``context`` as for :func:`build_model`."""
-    return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes], context)
+def check_text(
+    path: str, text: str, codes: tuple[str, ...], context: tuple[str, ...] = (), python_tree: ast.Module | None = None
+) -> FileResult:
+    """Parse and check one file's text with the rules named by ``codes``.
+
+    ``context`` as for :func:`build_model`; ``python_tree``, Python's tree of ``text`` if parsed already.
+    """
+    return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes], context, python_tree)
 
 
 def _check_one(task: tuple[str, str, tuple[str, ...], tuple[str, ...]]) -> FileResult:
@@ -159,11 +185,21 @@ def _check_one(task: tuple[str, str, tuple[str, ...], tuple[str, ...]]) -> FileR
     return check_text(path, text, codes, context)
 
 
-def _check_all(tasks: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]], jobs: int) -> list[FileResult]:
-    """Results in the order of ``tasks``: in this process for one job or one file, else in a process pool."""
+def _check_all(
+    tasks: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]], jobs: int, trees: list[ast.Module | None]
+) -> list[FileResult]:
+    """Results in the order of ``tasks``: in this process for one job or one file, else in a process pool.
+
+    ``trees`` holds Python's tree of each task's text where the first pass kept it; only this process uses them.
+    """
     jobs = min(jobs, len(tasks))
     if jobs <= 1 or sum(len(task[1]) for task in tasks) < MIN_PARALLEL_CHARS:
-        return [_check_one(task) for task in tasks]
+        results = []
+        for index, task in enumerate(tasks):
+            results.append(check_text(*task, python_tree=trees[index]))
+            trees[index] = None  # freed as soon as used
+        return results
+    trees.clear()
     # Largest first, so that no worker is left with a big file at the end.
     order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i][1]))
     results: list[FileResult | None] = [None] * len(tasks)

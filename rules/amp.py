@@ -231,7 +231,7 @@ class ClipBeforeUnscale(Rule):
     summary = "gradients are clipped before scaler.unscale_(optimizer)"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ((BACKWARD, "clip", SCALER),)
+    needs = ((BACKWARD, "clip", SCALER), (STEP, "clip", SCALER))  # the second: a step function whose caller scales the backward
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:

@@ -680,14 +680,17 @@ def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
     return bool(_MICRO_LOOP_WORDS.search(header))
 
 
-# GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data`` followed by ``.zero_``,
-# ``.fill_``, ``.mul_`` or an assignment, with any blanks, ``)``, line
-# continuations or comments between; every form the model counts as zeroing
-# gradients in place.
+# GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data``, with any
+# blanks, ``)``, line continuations or comments between the parts (a comment is read to the line's end,
+# so the search stays linear), then either ``.zero_``, ``.fill_`` or ``.mul_`` (GRAD_ZEROED_BY_METHOD), or
+# an assignment (GRAD_ASSIGNED) in a text that also holds a value the model reads as zero gradients:
+# ``zeros_like`` or a product with a zero literal in any spelling (``0 * p.grad``, ``p.grad * 0.0``).
 _GAP = r"(?:[\s\\)]|#[^\n]*(?![^\n]))*"
-GRAD_ZEROED_IN_PLACE = re.compile(
-    rf"\.{_GAP}grad(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?(?:\.{_GAP}(?:zero_|fill_|mul_)(?!\w)|=(?!=))"
-)
+_GRAD = rf"\.{_GAP}grad(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?"
+GRAD_ZEROED_BY_METHOD = re.compile(rf"{_GRAD}\.{_GAP}(?:zero_|fill_|mul_)(?!\w)")
+GRAD_ASSIGNED = re.compile(rf"{_GRAD}=(?!=)")
+_ZERO_LITERAL = r"(?<![\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\.(?:0(?:_?0)*)?)?|\.0(?:_?0)*)(?:[eE][+-]?\d(?:_?\d)*)?)(?![\w.])"
+ZEROING_VALUE = re.compile(rf"zeros_like|{_ZERO_LITERAL}{_GAP}\*|\*(?:[\s\\(]|#[^\n]*(?![^\n]))*{_ZERO_LITERAL}")
 
 
 class GradsKeptAllocated(Rule):
@@ -731,7 +734,7 @@ class GradsKeptAllocated(Rule):
     summary = "gradients are zeroed in place where set_to_none=True would free them"
     severity = Severity.WARNING
     fix = FixKind.SAFE
-    needs = ((call_of("zero_grad"), "False"), GRAD_ZEROED_IN_PLACE)
+    needs = ((call_of("zero_grad"), "False"), GRAD_ZEROED_BY_METHOD, (GRAD_ASSIGNED, ZEROING_VALUE))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.uses_cuda_graphs:

@@ -8,6 +8,7 @@ a ``GradScaler``, gradient accumulation, gradient-norm clipping.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -19,8 +20,19 @@ from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
 from gradlint.release_setups import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
 from gradlint.fixes.fuse_into_backward import release_fix
-from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule
+from gradlint.rules.clearing import GRAD_ASSIGNED, GRAD_ZEROED_BY_METHOD
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
+
+# Prefilter: every release set-up contains one of RELEASE_TOKENS, and each rule also needs what it weighs
+# against it: GL201 a scaler (named or built with "scaler" in any case) or an ``autocast``; GL202 an
+# accumulation setting (a keyword argument containing "accum"), or a backward and a step or clear in one loop; GL203
+# a clipping call (all contain "clip"). A clear is a call named like ``zero_grad``/``clear_grads`` or
+# ``.grad`` zeroed or assigned.
+RELEASE = re.compile("|".join(map(re.escape, RELEASE_TOKENS)))
+_ACCUM = re.compile(r"accum\w*(?:[\s\\]|#[^\n]*(?![^\n]))*=(?!=)", re.IGNORECASE)  # a keyword argument
+_CLEAR_CALL = re.compile(r"(?:zero|clear|reset)_?grad", re.IGNORECASE)  # the event builder's _CLEAR_HELPER, and zero_grad
+_ACCUMULATES = tuple((RELEASE, BACKWARD, token) for token in (STEP, _CLEAR_CALL, GRAD_ZEROED_BY_METHOD, GRAD_ASSIGNED))
 
 
 def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
@@ -114,7 +126,7 @@ class GradScalerWithGradientRelease(Rule):
     summary = "a GradScaler or float16 autocast together with gradient release"
     severity = Severity.ERROR
     fix = None
-    needs = RELEASE_TOKENS
+    needs = ((RELEASE, SCALER), (RELEASE, "autocast"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         release = model.release
@@ -200,7 +212,7 @@ class AccumulationWithGradientRelease(Rule):
     summary = "gradient accumulation together with gradient release"
     severity = Severity.ERROR
     fix = None
-    needs = RELEASE_TOKENS
+    needs = ((RELEASE, _ACCUM), *_ACCUMULATES)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         release = model.release
@@ -301,7 +313,7 @@ class ClippingWithGradientRelease(Rule):
     summary = "gradient clipping together with gradient release"
     severity = Severity.ERROR
     fix = None
-    needs = RELEASE_TOKENS
+    needs = ((RELEASE, "clip"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         release = model.release

@@ -134,9 +134,9 @@ def test_the_collector_is_paused_while_checking_and_restored_after(monkeypatch):
     seen = []
     real_parse = linter.parse
 
-    def parse_watched(text):
+    def parse_watched(text, *tree):
         seen.append(gc.isenabled())
-        return real_parse(text)
+        return real_parse(text, *tree)
 
     monkeypatch.setattr(linter, "parse", parse_watched)
     assert gc.isenabled()
@@ -169,3 +169,39 @@ def test_noqa_lines_asked_gives_the_full_answer_on_the_lines_asked(source, asked
     assert {line: codes for line, codes in answer.items() if line in asked} == expected
     full = noqa_lines(source)
     assert {line: codes for line, codes in full.items() if line in asked} == expected
+
+
+
+def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatch):
+    from gradlint import frameworks
+    from gradlint.build import build_model
+    from gradlint.linter import parse
+
+    walked = []
+    real = frameworks._read
+    monkeypatch.setattr(frameworks, "_read", lambda module: walked.append(module) or real(module))
+    loop = "for x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n"
+    wrapped = "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n" + loop
+    plain = frameworks.framework_settings(build_model(parse(loop), loop))
+    assert walked == [] and plain == frameworks.FrameworkSettings()
+    settings = frameworks.framework_settings(build_model(parse(wrapped), wrapped))
+    assert len(walked) == 1 and len(settings.ddp_wraps) == 1
+
+
+def test_the_framework_shortcut_loses_no_setting_on_any_fixture():
+    # A module whose walk finds any setting must name one of the framework names in its text; a
+    # framework set that grows without its last name in _LAST_NAMES fails here.
+    from gradlint import frameworks
+    from gradlint.linter import parse
+
+    missed = []
+    for path in sorted((ROOT / "fixtures").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        try:
+            module = parse(text)
+        except Exception:
+            continue  # the unparsable fixtures test the error path
+        if frameworks._read(module) != frameworks.FrameworkSettings():
+            if not any(name in text for name in frameworks._LAST_NAMES):
+                missed.append(path.relative_to(ROOT).as_posix())
+    assert missed == []

@@ -20,7 +20,7 @@ from gradlint.config import Config
 from gradlint.linter import lint_text, might_fire, needed_tokens
 from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
 from gradlint.rules import ALL_RULES
-from gradlint.rules.clearing import GRAD_ZEROED_IN_PLACE
+from gradlint.rules.clearing import GRAD_ASSIGNED, GRAD_ZEROED_BY_METHOD, ZEROING_VALUE
 from gradlint.rules.parameters import FREEZES
 
 EVERY_RULE = dataclasses.replace(Config(), select=("ALL",))
@@ -69,14 +69,23 @@ def test_the_prefilter_skips_most_fixtures_without_findings_for_no_rule():
         (BACKWARD, "(loss.backward)()", True),
         (BACKWARD, "# kept for backward compatibility", False),
         (word("grad"), "p.grad.zero_()", True),
-        (GRAD_ZEROED_IN_PLACE, "p.grad.zero_()", True),
-        (GRAD_ZEROED_IN_PLACE, "p.grad.data.zero_()", True),
-        (GRAD_ZEROED_IN_PLACE, "(p.grad).fill_(0)", True),
-        (GRAD_ZEROED_IN_PLACE, "p.grad \\\n    .mul_(0)", True),
-        (GRAD_ZEROED_IN_PLACE, "p.grad = 0 * p.grad", True),
-        (GRAD_ZEROED_IN_PLACE, "p.grad.data=torch.zeros_like(p)", True),
-        (GRAD_ZEROED_IN_PLACE, "g = p.grad; torch.autograd.grad(y, x); p.grad is None; p.grad == g", False),
-        (GRAD_ZEROED_IN_PLACE, "x.requires_grad = True; p.grad.data.norm()", False),
+        (GRAD_ZEROED_BY_METHOD, "p.grad.zero_()", True),
+        (GRAD_ZEROED_BY_METHOD, "p.grad.data.zero_()", True),
+        (GRAD_ZEROED_BY_METHOD, "(p.grad).fill_(0)", True),
+        (GRAD_ZEROED_BY_METHOD, "p.grad \\\n    .mul_(0)", True),
+        (GRAD_ZEROED_BY_METHOD, "p.grad = 0 * p.grad; opt.zero_grad(); x.zero_()", False),
+        (GRAD_ASSIGNED, "p.grad = 0 * p.grad", True),
+        (GRAD_ASSIGNED, "p.grad.data=torch.zeros_like(p)", True),
+        (GRAD_ASSIGNED, "g = p.grad; torch.autograd.grad(y, x); p.grad is None; p.grad == g", False),
+        (GRAD_ASSIGNED, "x.requires_grad = True; p.grad.data.norm()", False),
+        (ZEROING_VALUE, "torch.zeros_like(p.grad)", True),
+        (ZEROING_VALUE, "0 * g", True),
+        (ZEROING_VALUE, "g * 0.0", True),
+        (ZEROING_VALUE, "g*0x0", True),
+        (ZEROING_VALUE, "g * .0e3", True),
+        (ZEROING_VALUE, "(0_0)  # none\n  * g", True),
+        (ZEROING_VALUE, "g * (\n    0  # none\n)", True),
+        (ZEROING_VALUE, "g * 10; g * 0.5; 1.0 * g; g * a0; x = 0; y = 2 * 3", False),
         (word("grad"), "p. grad = None", True),
         (word("grad"), "x.requires_grad_(); torch.no_grad(); y.grad_fn", False),
         (call_of("zero_grad"), "model.zero_grad(set_to_none=False)", True),
@@ -94,6 +103,45 @@ def test_tokens(token, text, present):
     assert might_fire(text, [type("R", (), {"needs": (token,)})]) is present
 
 
+def test_a_grad_assignment_passes_gl005_only_beside_a_zeroing_value():
+    from gradlint.rules.clearing import GradsKeptAllocated
+
+    assert might_fire("for p in params:\n    p.grad = 0 * p.grad\n", [GradsKeptAllocated])
+    assert might_fire("for p in params:\n    p.grad.data = torch.zeros_like(p.grad)\n", [GradsKeptAllocated])
+    assert not might_fire("for p in params:\n    p.grad = g.clone()\n    p.grad = None\n", [GradsKeptAllocated])
+
+
+def test_the_release_rules_need_what_they_weigh_against_the_release_set_up():
+    from gradlint.rules import RULES_BY_CODE
+
+    hook_only = "p.register_post_accumulate_grad_hook(hook)\nout = model(x)\n"
+    assert not any(might_fire(hook_only, [RULES_BY_CODE[code]]) for code in ("GL201", "GL202", "GL203"))
+    assert might_fire(hook_only + "scaler = torch.amp.GradScaler()\n", [RULES_BY_CODE["GL201"]])
+    assert might_fire(hook_only + "with torch.autocast('cuda'):\n    pass\n", [RULES_BY_CODE["GL201"]])
+    assert might_fire(hook_only + "cfg = dict(gradient_accumulation_steps=4)\n", [RULES_BY_CODE["GL202"]])
+    assert might_fire(hook_only + "loss.backward()\nmodel.zero_grad()\n", [RULES_BY_CODE["GL202"]])
+    assert not might_fire(hook_only + "loss.backward()\n", [RULES_BY_CODE["GL202"]])
+    assert might_fire(hook_only + "torch.nn.utils.clip_grad_norm_(params, 1.0)\n", [RULES_BY_CODE["GL203"]])
+
+
+def test_a_parsed_file_is_checked_only_by_the_rules_whose_tokens_it_holds(monkeypatch, tmp_path):
+    from gradlint.rules.parameters import OptimizerOverFrozenParams
+
+    def crash(self, model):
+        raise RuntimeError("ran")
+
+    monkeypatch.setattr(OptimizerOverFrozenParams, "check", crash)
+    loop = "for x in data:\n    loss(x).backward()\n    opt.step()\n"
+    frozen = "model.requires_grad_(False)\nopt = SGD(model.parameters())\n" + loop
+    assert lint_text(loop, "loop.py").error is None
+    assert "GL009" in lint_text(frozen, "frozen.py").error
+    assert "GL009" in lint_text(loop, "loop.py", prefilter=False).error
+    (tmp_path / "loop.py").write_text(loop)
+    (tmp_path / "frozen.py").write_text(frozen)
+    errors = {os.path.basename(r.path): r.error for r in runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)}
+    assert errors["loop.py"] is None and "GL009" in errors["frozen.py"]
+
+
 def test_tuple_tokens_need_all_their_parts():
     rule = type("R", (), {"needs": ((BACKWARD, STEP),)})
     assert not might_fire("loss.backward()\n", [rule])
@@ -104,7 +152,7 @@ def test_tuple_tokens_need_all_their_parts():
 def test_files_the_prefilter_rejects_are_never_parsed(tmp_path, monkeypatch):
     parsed = []
     real = linter.parse  # the runner parses through linter.parse_and_check
-    monkeypatch.setattr(linter, "parse", lambda text: parsed.append(text) or real(text))
+    monkeypatch.setattr(linter, "parse", lambda text, *tree: parsed.append(text) or real(text, *tree))
     for i in range(30):
         (tmp_path / f"model{i}.py").write_text("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
     (tmp_path / "train.py").write_text("for x in data:\n    loss(x).backward()\n    opt.step()\n")
@@ -155,6 +203,6 @@ def test_a_comment_of_many_hashes_after_a_dot_is_searched_quickly():
     # The gap between tokens may hold a comment; read as a whole to the line's end,
     # a comment of many "#" cannot make the search try every way of splitting it.
     text = "x = y.  " + "#" * 200 + "\n" * 3 + "p.grad = None\n"
-    assert GRAD_ZEROED_IN_PLACE.search(text) is not None  # before: still searching after ten minutes
+    assert GRAD_ASSIGNED.search(text) is not None  # before: still searching after ten minutes
     assert call_of("step").search("opt.step  " + "#" * 200 + "\n") is None
     assert call_of("step").search("opt.step  # (\n") is None  # the "(" is inside the comment
