@@ -71,6 +71,8 @@ class EventBuilder:
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
         self._may_hold_no_sync = index.text is None or "no_sync" in index.text
         self._switches: dict[tuple[int, int], bool] = {}
+        self._factors: dict[int, frozenset[str]] = {}  # the dotted names multiplied in each assigned value
+        self._counted: dict[int, frozenset[str]] = {}  # the names each body counts (``n += 1``, ``n = 0``)
         self._hand_clips: dict[cst.FunctionDef, bool] = {}
         self._world_size_divisions: dict[tuple[int, str], bool] = {}
         self._wrappers: dict[str, bool] = {}
@@ -215,7 +217,10 @@ class EventBuilder:
         key = (id(test), id(function))
         if key not in self._switches:
             name_only = function is not None and isinstance(test.left, cst.Name)  # a local; an attribute may count elsewhere
-            self._switches[key] = not _counted_in(test, function if name_only else self.index.module)
+            body = function if name_only else self.index.module
+            if id(body) not in self._counted:
+                self._counted[id(body)] = _counted_names(body)
+            self._switches[key] = _tested_name(test) not in self._counted[id(body)]
         return self._switches[key]
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
@@ -580,12 +585,19 @@ class EventBuilder:
         """``loss = (per_token * weights).sum()`` with ``weights = mask / tokens_in_step``: weights that divide."""
         if isinstance(value, Unpacked):
             return False
-        divided = self.index.divided_names.get(scope.function, set()) | self.index.divided_names.get(None, set())
-        return any(
-            isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
-            and any(dotted_name(side) in divided for side in (node.left, node.right))
-            for node in walk(value)
-        )
+        factors = self._factors.get(id(value))
+        if factors is None:  # each value is walked once, however many backwards ask about it
+            factors = self._factors[id(value)] = frozenset(
+                name
+                for node in walk(value)
+                if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+                for name in (dotted_name(node.left), dotted_name(node.right))
+                if name is not None
+            )
+        if not factors:
+            return False
+        divided = self.index.divided_names.get(scope.function, set())
+        return not factors.isdisjoint(divided) or not factors.isdisjoint(self.index.divided_names.get(None, set()))
 
     # -- helpers
 
@@ -683,15 +695,21 @@ def _accumulation_enabled(test: cst.BaseExpression) -> bool:
 _COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)
 
 
-def _counted_in(test: cst.Comparison, body: cst.CSTNode) -> bool:
-    """Whether the tested name is a running counter (``accumulated += 1``, reset with ``= 0``), not a setting."""
-    name = dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
+def _tested_name(test: cst.Comparison) -> str | None:
+    """The name compared with a number in ``test``."""
+    return dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
+
+
+def _counted_names(body: cst.CSTNode) -> frozenset[str]:
+    """The names ``body`` uses as running counters (``accumulated += 1``, reset with ``= 0``), not settings."""
+    names = set()
     for node in walk(body):
-        if isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
-            return True
-        if isinstance(node, cst.Assign) and number(node.value) == 0 and any(dotted_name(t.target) == name for t in node.targets):
-            return True
-    return False
+        if isinstance(node, cst.AugAssign):
+            names.add(dotted_name(node.target))
+        elif isinstance(node, cst.Assign) and number(node.value) == 0:
+            names.update(dotted_name(t.target) for t in node.targets)
+    names.discard(None)
+    return frozenset(names)
 
 
 def _clips_gradient_norm(function: cst.FunctionDef) -> bool:

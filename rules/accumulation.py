@@ -326,6 +326,33 @@ def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression
     )
 
 
+_assignments_seen: tuple[cst.Module, dict[int, dict[str, list[cst.CSTNode]]]] | None = None
+
+
+def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+    """Every assignment under ``scope`` (nested functions included), by the dotted name it assigns.
+
+    One walk per scope and module: a module-level loop with many backwards
+    would otherwise walk the whole module once per backward.
+    """
+    global _assignments_seen
+    if _assignments_seen is None or _assignments_seen[0] is not module:
+        _assignments_seen = (module, {})
+    by_scope = _assignments_seen[1]
+    if id(scope) not in by_scope:
+        found: dict[str, list[cst.CSTNode]] = {}
+        for node in walk(scope):
+            if isinstance(node, cst.Assign):
+                for name in {dotted_name(t.target) for t in node.targets} - {None}:
+                    found.setdefault(name, []).append(node)
+            elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+                name = dotted_name(node.target)
+                if name is not None:
+                    found.setdefault(name, []).append(node)
+        by_scope[id(scope)] = found
+    return by_scope[id(scope)]
+
+
 def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, before: tuple[int, int]) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
     """Where ``loss`` was divided on its way to ``before``: ``(division, divisor)`` pairs.
 
@@ -340,13 +367,7 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     if name is None:
         return []
     last: tuple[tuple[int, int], cst.CSTNode] | None = None
-    for node in walk(scope):
-        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
-            pass
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
-            pass
-        else:
-            continue
+    for node in _assignments_in(model.module, scope).get(name, ()):
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)

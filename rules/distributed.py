@@ -235,12 +235,26 @@ def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int])
     return False
 
 
+_names_seen: tuple[cst.Module, dict[int, frozenset[str]]] | None = None
+
+
+def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
+    """Every dotted name written under ``scope``, one walk per scope and module (the rule asks once per event)."""
+    global _names_seen
+    if _names_seen is None or _names_seen[0] is not module:
+        _names_seen = (module, {})
+    by_scope = _names_seen[1]
+    if id(scope) not in by_scope:
+        by_scope[id(scope)] = frozenset(dotted_name(n) for n in walk(scope) if isinstance(n, (cst.Name, cst.Attribute)))
+    return by_scope[id(scope)]
+
+
 def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str]) -> dict[str, str]:
     """The wrapped models code in ``root`` can reach: named in its function, assigned at module level, or ``self.`` attributes of its class."""
     index = model.index
     if index is None:
         return wrapped
-    named = {dotted_name(n) for n in walk(root.node) if isinstance(n, (cst.Name, cst.Attribute))}
+    named = _names_in(model.module, root.node)
     method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
     return {
