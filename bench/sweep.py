@@ -116,9 +116,12 @@ def markdown_table(counts: dict[str, Counter]) -> str:
 
 
 def mirror_of(mirrors: Path, repository: str) -> Path | None:
-    """The bare git directory of ``owner/name`` under the mirrors folder, if it is there."""
+    """The git directory of ``owner/name`` under the mirrors folder, if it is there.
+
+    Mirrors come bare (``repo/`` or the folder itself) or, for some repositories, as ``repo/.git``.
+    """
     folder = mirrors / repository.replace("/", "+")
-    for candidate in (folder / "repo", folder):
+    for candidate in (folder / "repo", folder / "repo" / ".git", folder):
         if (candidate / "HEAD").is_file():
             return candidate
     return None
