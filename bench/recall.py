@@ -32,6 +32,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import libcst
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep import extract_python, mirror_of, read_tsv, run_gradlint  # noqa: E402
 
@@ -66,6 +68,7 @@ class Outcome:
     found_line: int | None
     found_text: str = ""
     gone_after_fix: bool | None = None
+    parse_error: str = ""
 
     @property
     def found(self) -> bool:
@@ -107,6 +110,17 @@ def persists(bug: Bug, found_text: str, fixed_tree: Path, fixed_findings: list[d
             if _line_text(fixed_tree / bug.path, finding["line"]) == found_text:
                 return True
     return False
+
+
+def parse_error_of(path: Path) -> str:
+    """Why gradlint could not read the buggy file (it reports it as unchecked), or "" when it parses."""
+    if not path.is_file():
+        return "file not extracted"
+    try:
+        libcst.parse_module(path.read_bytes())
+    except libcst.ParserSyntaxError as error:
+        return f"does not parse: {str(error).splitlines()[0]}"
+    return ""
 
 
 def tally(outcomes: list[Outcome]) -> dict[str, Counter]:
@@ -171,7 +185,7 @@ def evaluate(bug: Bug, git_dir: Path, work: Path, cache: dict) -> Outcome:
     tree, findings = _findings(git_dir, parent, bug, work, cache)
     match = nearest_match(bug, findings)
     if match is None:
-        return Outcome(bug, None)
+        return Outcome(bug, None, parse_error=parse_error_of(tree / bug.path))
     text = _line_text(tree / bug.path, match["line"])
     fixed_tree, fixed_findings = _findings(git_dir, bug.fix_commit, bug, work, cache)
     return Outcome(bug, match["line"], text, not persists(bug, text, fixed_tree, fixed_findings))
@@ -203,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if misses:
         print(f"\n{len(misses)} missed:")
         for o in misses:
-            print(f"- {o.bug.repository} {o.bug.path}:{o.bug.line} {o.bug.expected}: {o.bug.what}")
+            unread = f" [not checked: {o.parse_error}]" if o.parse_error else ""
+            print(f"- {o.bug.repository} {o.bug.path}:{o.bug.line} {o.bug.expected}: {o.bug.what}{unread}")
     suspicious = [o for o in outcomes if o.found and not o.gone_after_fix]
     if suspicious:
         print(f"\n{len(suspicious)} found but still reported after the fix:")

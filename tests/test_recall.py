@@ -99,3 +99,11 @@ def test_missing_mirrors_give_one_clear_error(tmp_path, capsys):
     assert recall.main(["--mirrors", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert error.startswith("recall: no git mirror under") and error.count("\n") == 1
+
+
+def test_a_buggy_file_that_does_not_parse_is_told_apart(tmp_path):
+    (tmp_path / "old.py").write_text("x = y.cuda(async=True)\n")
+    (tmp_path / "new.py").write_text("x = y.cuda(non_blocking=True)\n")
+    assert recall.parse_error_of(tmp_path / "old.py").startswith("does not parse: Syntax Error @ 1:")
+    assert recall.parse_error_of(tmp_path / "new.py") == ""
+    assert recall.parse_error_of(tmp_path / "absent.py") == "file not extracted"
