@@ -116,20 +116,29 @@ def markdown_table(counts: dict[str, Counter]) -> str:
 
 
 def mirror_of(mirrors: Path, repository: str) -> Path | None:
-    """The bare git directory of ``owner/name`` under the mirrors folder, if it is there."""
+    """The git directory of ``owner/name`` under the mirrors folder, if it is there.
+
+    Mirrors come bare (``repo/`` or the folder itself) or, for some repositories, as ``repo/.git``.
+    """
     folder = mirrors / repository.replace("/", "+")
-    for candidate in (folder / "repo", folder):
+    for candidate in (folder / "repo", folder / "repo" / ".git", folder):
         if (candidate / "HEAD").is_file():
             return candidate
     return None
 
 
-def extract_python(git_dir: Path, commit: str, target: Path) -> int:
-    """Write the ``.py`` files of ``commit`` under ``target``; returns how many (absent blobs are skipped)."""
-    listing = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "ls-tree", "-r", "-z", commit],
-        check=True, capture_output=True,
-    ).stdout.decode()
+def extract_python(git_dir: Path, commit: str, target: Path, pathspec: str = "", recursive: bool = True) -> int:
+    """Write the ``.py`` files of ``commit`` under ``target``; returns how many (absent blobs are skipped).
+
+    ``pathspec`` limits them to one folder; ``recursive=False`` takes the repository root's files alone.
+    Files keep their repository paths under ``target``.
+    """
+    command = ["git", f"--git-dir={git_dir}", "ls-tree", "-z", commit]
+    if recursive:
+        command.insert(3, "-r")
+    if pathspec:
+        command += ["--", pathspec]
+    listing = subprocess.run(command, check=True, capture_output=True).stdout.decode()
     blobs = []
     for entry in filter(None, listing.split("\0")):
         meta, path = entry.split("\t", 1)

@@ -93,3 +93,12 @@ def test_identical_lines_in_one_file_keep_their_own_verdicts(tmp_path):
     assert [(f.line, f.occurrence) for f in findings] == [(3, 1), (9, 2)]
     counts, untriaged = sweep.tally(findings, verdicts)
     assert (counts["GL005"]["true"], counts["GL005"]["false"], untriaged) == (1, 1, [])
+
+
+@pytest.mark.parametrize("layout", ["repo", "repo/.git", ""])
+def test_a_mirror_is_found_bare_or_as_a_git_folder(tmp_path, layout):
+    git_dir = tmp_path / "o+r" / layout
+    git_dir.mkdir(parents=True)
+    (git_dir / "HEAD").write_text("ref: refs/heads/main\n")
+    assert sweep.mirror_of(tmp_path, "o/r") == git_dir
+    assert sweep.mirror_of(tmp_path, "o/other") is None
