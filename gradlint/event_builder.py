@@ -40,6 +40,8 @@ _ACCUMULATION_WORDS = re.compile(
     r"take_step|step_now|is_accumulating",
     re.IGNORECASE,
 )
+# The last part of a counter's name that says "micro-batches since the last step": ``acc_step``, ``accum_iter``.
+_ACCUMULATION_COUNTER = re.compile(r"^(grad_)?acc(um(ulation|ulated)?)?_?(step|iter|count|idx|counter)$", re.IGNORECASE)
 _FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
 _ENGINE_NAME = re.compile(r"(^|_)(ds_|deepspeed_)?engine$|^deepspeed", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
@@ -196,6 +198,9 @@ class EventBuilder:
                 return True, node.right
         if self._mode_switch(test, function):
             return False, None  # ``if accumulation_steps > 1:`` picks a mode once; the same branch runs every batch
+        count = self._cyclic_counter_at_zero(test, function)
+        if count is not None:
+            return True, count
         for node in walk(test):
             name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
             if name is None:
@@ -209,6 +214,25 @@ class EventBuilder:
                         if found:
                             return True, count
         return False, None
+
+    def _cyclic_counter_at_zero(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> cst.BaseExpression | None:
+        """``if state.acc_step == 0:`` where ``state.acc_step = (state.acc_step + 1) % n``: the count ``n``, or None.
+
+        An accumulation counter kept in range by ``%`` is 0 on one micro-batch in
+        ``n``, as ``step % n == 0`` is; the name must say accumulation step.
+        """
+        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+            return None
+        left, right = test.left, test.comparisons[0].comparator
+        counter = left if number(right) == 0 else right if number(left) == 0 else None
+        name = dotted_name(counter) if isinstance(counter, (cst.Name, cst.Attribute)) else None
+        if name is None or not _ACCUMULATION_COUNTER.search(name.rsplit(".", 1)[-1]):
+            return None
+        for value in self._assigned(name, function):
+            if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+                if any(dotted_name(n) == name for n in walk(value.left) if isinstance(n, (cst.Name, cst.Attribute))):
+                    return value.right
+        return None
 
     def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
         """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""

@@ -69,7 +69,9 @@ class ClipPerMicroBatch(Rule):
 
     **Stays quiet when** the clip only measures the norm
     (``max_norm=float("inf")``); the clip sits under an accumulation guard or
-    leaves the loop before the step; inside ``accelerator.accumulate()``, when
+    leaves the loop before the step; the step's ``if state.acc_step == 0:``
+    tests a counter that nothing keeps in range with ``%`` (only
+    ``acc_step = (acc_step + 1) % n`` makes it 0 once in ``n`` micro-batches); inside ``accelerator.accumulate()``, when
     the module builds its ``Accelerator`` without an accumulation setting
     that may exceed 1 (every batch then syncs); after the step, when a backward or another step
     follows the clip in the same iteration (it may be meant for them) or the
