@@ -76,7 +76,8 @@ class EventBuilder:
         self._factors: dict[int, frozenset[str]] = {}  # the dotted names multiplied in each assigned value
         self._counted: dict[int, frozenset[str]] = {}  # the names each body counts (``n += 1``, ``n = 0``)
         self._hand_clips: dict[cst.FunctionDef, bool] = {}
-        self._world_size_divisions: dict[tuple[int, str], bool] = {}
+        self._no_count_divisions: dict[tuple[int, str], bool] = {}
+        self._running: dict[int, frozenset[str]] = {}  # each function's running micro-batch counters
         self._wrappers: dict[str, bool] = {}
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
@@ -565,14 +566,16 @@ class EventBuilder:
         """Whether the loss handed to backward was divided (or scaled down) on its way there.
 
         Dividing by the world size alone is no division by the number of
-        micro-batches (DDP averages over ranks; the micro-batches are still summed).
+        micro-batches (DDP averages over ranks; the micro-batches are still summed),
+        nor is dividing by a running micro-batch counter (1, 2, ... until the step).
         """
-        if scales_down(loss) and not _by_world_size_only(loss):
+        running = self._running_counters(scope.function)
+        if scales_down(loss) and not _by_no_count(loss, running):
             return True
         name = dotted_name(loss)
         if name is None:
             return False
-        if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_world_size_only(name, scope.function):
+        if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
             if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
@@ -587,10 +590,10 @@ class EventBuilder:
                 return True
         return False
 
-    def _divided_by_world_size_only(self, name: str, function: cst.FunctionDef | None) -> bool:
-        """Whether every way ``name`` is scaled down in the function is a division by the world size."""
+    def _divided_by_no_count(self, name: str, function: cst.FunctionDef | None) -> bool:
+        """Whether every way ``name`` is scaled down in the function divides by the world size or a running counter."""
         key = (id(function), name)
-        if key not in self._world_size_divisions:
+        if key not in self._no_count_divisions:
             scalings: list[cst.BaseExpression] = []
             for node in walk(function if function is not None else self.index.module):
                 if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and scales_down(node.value):
@@ -602,8 +605,17 @@ class EventBuilder:
                         scalings.append(node.value)  # never by the world size alone
                 elif isinstance(node, cst.Call) and method_name(node) in ("mul_", "div_") and dotted_name(receiver(node)) == name:
                     scalings.append(node)
-            self._world_size_divisions[key] = bool(scalings) and all(_by_world_size_only(s) for s in scalings)
-        return self._world_size_divisions[key]
+            running = self._running_counters(function)
+            self._no_count_divisions[key] = bool(scalings) and all(_by_no_count(s, running) for s in scalings)
+        return self._no_count_divisions[key]
+
+    def _running_counters(self, function: cst.FunctionDef | None) -> frozenset[str]:
+        """The function's micro-batch counters: ``n += 1``, reset by ``n = 0`` in an ``if n >= ...:`` branch (computed once)."""
+        if function is None:
+            return frozenset()
+        if id(function) not in self._running:
+            self._running[id(function)] = _running_counters(function)
+        return self._running[id(function)]
 
     def _weighted_by_divided(self, value: cst.BaseExpression, scope: _Scope) -> bool:
         """``loss = (per_token * weights).sum()`` with ``weights = mask / tokens_in_step``: weights that divide."""
@@ -802,12 +814,16 @@ def _delegates(method: cst.FunctionDef | None, name: str) -> bool:
 _WORLD_SIZE = re.compile(r"^(world_size|num_processes|num_replicas|n_?gpus?|num_gpus|num_ranks|get_world_size|xrt_world_size)$")
 
 
-def _by_world_size_only(expr: cst.BaseExpression) -> bool:
-    """``loss / world_size``, ``loss / dist.get_world_size()``: every scaling divides by the number of ranks."""
+def _by_no_count(expr: cst.BaseExpression, running: frozenset[str] = frozenset()) -> bool:
+    """``loss / world_size``, ``loss / accum_n_steps``: every scaling divides by the number of ranks or a running counter.
+
+    DDP averages over ranks; a counter that runs 1, 2, ... between steps weighs
+    each micro-batch by its place, not by the number of micro-batches.
+    """
     divisions = 0
     for node in walk(expr):
         if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
-            if not _world_size(node.right):
+            if not _world_size(node.right) and not (isinstance(node.right, cst.Name) and node.right.value in running):
                 return False
             divisions += 1
         elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
@@ -815,6 +831,40 @@ def _by_world_size_only(expr: cst.BaseExpression) -> bool:
         elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
             return False
     return divisions > 0
+
+
+def _running_counters(function: cst.FunctionDef) -> frozenset[str]:
+    """Local names counted up by ``+= 1`` and set back to 0 in a branch that tests them against a threshold.
+
+    ``n += 1`` on each micro-batch, ``if n >= accum_steps: ...; n = 0``: ``n`` is
+    1, 2, ... up to the count, never the count itself until the last micro-batch.
+    """
+    incremented = {
+        node.target.value
+        for node in walk(function)
+        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign)
+        and isinstance(node.target, cst.Name) and number(node.value) == 1
+    }
+    if not incremented:
+        return frozenset()
+    reset = set()
+    for node in walk(function):
+        if not isinstance(node, cst.If):
+            continue
+        tested = {
+            comparison.left.value
+            for comparison in walk(node.test)
+            if isinstance(comparison, cst.Comparison) and len(comparison.comparisons) == 1
+            and isinstance(comparison.left, cst.Name) and comparison.left.value in incremented
+            and isinstance(comparison.comparisons[0].operator, _THRESHOLD_TESTS)
+        }
+        if tested and isinstance(node.body, cst.IndentedBlock):
+            for line in node.body.body:
+                if isinstance(line, cst.SimpleStatementLine):
+                    for small in line.body:
+                        if isinstance(small, cst.Assign) and number(small.value) == 0:
+                            reset.update(t.target.value for t in small.targets if isinstance(t.target, cst.Name) and t.target.value in tested)
+    return frozenset(reset)
 
 
 def _world_size(node: cst.BaseExpression) -> bool:

@@ -496,7 +496,11 @@ class UnscaledAccumulatedLoss(Rule):
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
       ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
       a division by the world size alone does not count: DDP already
-      averages over ranks and the micro-batches are still summed),
+      averages over ranks and the micro-batches are still summed; nor does
+      a division by a running counter, ``n += 1`` per micro-batch and
+      ``n = 0`` in the ``if n >= accum:`` branch that steps, which is 1, 2,
+      ... rather than the count; a running average of the logged loss by
+      that counter is no backward and is left alone),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
