@@ -214,33 +214,7 @@ class _Scan:
 
     def _calls_in(self, statements: list[ast.stmt]) -> tuple[set[str], bool]:
         """The project-callable names these statements call, and whether they do gradient work spelled out in them."""
-        called: set[str] = set()
-        work = False
-        stack: list[ast.AST] = list(statements)
-        loops = self.loops
-        while stack:
-            node = stack.pop()
-            if isinstance(node, _SKIPPED):
-                continue
-            inner = loops.get(node)
-            if inner is not None:  # an inner loop: its body is summarised, only its header is left to read
-                called |= inner[0]
-                work = work or inner[1]
-                stack.extend([node.test] if type(node) is ast.While else [node.target, node.iter])
-                continue
-            if isinstance(node, ast.Call):
-                name, receiver = _callee(node.func)
-                if name is not None:
-                    if name in ("backward", "zero_grad", "no_sync", "unscale_", "manual_backward"):
-                        work = True
-                    elif name == "step" and receiver is not None and kind_from_name(receiver) in _NOT_PROJECT_STEP:
-                        work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
-                    elif not name.startswith("__"):
-                        called.add(name)
-            elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
-                work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
-            stack.extend(ast.iter_child_nodes(node))
-        return called, work
+        return _calls_in(statements, self.loops)
 
 
 # A positional argument or a parameter whose name holds "opt" (``helper(opt)``, ``def f(self, optimizer: Optimizer)``):
@@ -471,13 +445,28 @@ def _plain_calls(scope: ast.AST) -> set[str]:
 
 
 def _loop_calls(loop: ast.AST) -> tuple[set[str], bool]:
-    """The project-callable names a loop's body calls, and whether it does gradient work spelled out in it."""
+    """The project-callable names a loop's (or a scope's) body calls, and whether it does gradient work spelled out in it."""
+    return _calls_in(list(getattr(loop, "body", [])) + list(getattr(loop, "orelse", [])), {})
+
+
+def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], bool]]) -> tuple[set[str], bool]:
+    """The project-callable names ``statements`` call, and whether they do gradient work spelled out in them.
+
+    ``loops`` holds the summaries of inner loops already read: such a loop's
+    body is not walked again, only its header.
+    """
     called: set[str] = set()
     work = False
-    stack = list(getattr(loop, "body", [])) + list(getattr(loop, "orelse", []))
+    stack: list[ast.AST] = list(statements)
     while stack:
         node = stack.pop()
         if isinstance(node, _SKIPPED):
+            continue
+        inner = loops.get(node)
+        if inner is not None:
+            called |= inner[0]
+            work = work or inner[1]
+            stack.extend([node.test] if type(node) is ast.While else [node.target, node.iter])
             continue
         if isinstance(node, ast.Call):
             name, receiver = _callee(node.func)
