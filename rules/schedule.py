@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import libcst as cst
+
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
-from gradlint.model import Event, LoopModel
+from gradlint.model import Event, Frame, FrameKind, LoopModel
 from gradlint.queries import Accumulation, accumulation, frames_inside, split_by_setting, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
+from gradlint.rules.unprepared import certainly_unprepared, terminal
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -31,7 +34,16 @@ class SchedulerStepsPerMicroBatch(Rule):
     - the scheduler steps under the accumulation guard, or takes an argument
       (a metric or an epoch);
     - the loop is accelerate's (``accelerator.backward`` or ``accumulate()``):
-      its prepared schedulers skip the micro-batches that do not step;
+      its prepared schedulers skip the micro-batches that do not step. Inside
+      ``with accelerator.accumulate(...)`` it reports a scheduler stepped beside
+      the optimizer only when that scheduler is certainly plain: built in the
+      module (a ``torch.optim.lr_scheduler`` class or a ``get_*schedule*`` of
+      transformers/diffusers), handed to no ``prepare``/``prepare_scheduler``
+      (any position, tuples, ``self.`` attributes: names are matched by their
+      last part) nor to any function that could prepare it, no ``prepare``
+      of the module takes ``*args``, and the optimizer is prepared (or handed
+      to a helper together with the accelerator). It stays quiet under a test
+      of its own, such as ``if accelerator.sync_gradients:``;
     - the scheduler steps in the branch of ``if accumulation_steps > 1:``
       that does not accumulate (the test is a setting: one branch runs for
       the whole training).
@@ -70,6 +82,17 @@ class SchedulerStepsPerMicroBatch(Rule):
                 scheds = root.events_of(EventKind.SCHED_STEP, loop)
                 if not scheds:
                     continue
+                for sched in _unprepared_in_accumulate(model, step, scheds):
+                    if sched.node not in settled:
+                        yield settled.note(
+                            Report(
+                                sched.node,
+                                f"`{sched.target}.step()` runs on every micro-batch inside `accumulate()`, but "
+                                f"`{sched.target}` never goes through `accelerator.prepare`: unlike the prepared "
+                                f"`{step.target}`, it does not skip the micro-batches that do not step, so the "
+                                f"schedule runs that many times too fast; prepare it with the optimizer",
+                            )
+                        )
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
@@ -92,6 +115,34 @@ class SchedulerStepsPerMicroBatch(Rule):
                                 fix=move_scheduler_step(model, sched, step),
                             )
                         )
+
+
+def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]) -> Iterator[Event]:
+    """The argument-less scheduler steps beside ``step`` in one ``accelerator.accumulate`` block that no
+    ``accelerator.prepare`` of the module can have wrapped (its prepared schedulers skip non-stepping micro-batches)."""
+    for block in step.frames:
+        accelerator = _accumulating_accelerator(block)
+        if accelerator is None:
+            continue
+        for sched in scheds:
+            if sched.has_args or not sched.inside(block) or not sched.target or not step.target:
+                continue
+            if any(not step.inside(f) for f in frames_inside(sched, block)):
+                continue  # under a test of its own (``if accelerator.sync_gradients:``)
+            scheduler, optimizer = terminal(cst.parse_expression(sched.target)), terminal(cst.parse_expression(step.target))
+            if scheduler and optimizer and certainly_unprepared(model.module, scheduler, optimizer, accelerator):
+                yield sched
+
+
+def _accumulating_accelerator(frame: Frame) -> str | None:
+    """``accelerator`` for the frame of ``with self.accelerator.accumulate(model):``."""
+    if frame.kind is not FrameKind.WITH or frame.context != "accumulate" or not isinstance(frame.node, cst.With):
+        return None
+    for item in frame.node.items:
+        call = item.item
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "accumulate":
+            return terminal(call.func.value)
+    return None
 
 
 def _every_micro_batch(sched: Event, loop, acc: Accumulation) -> bool:
