@@ -129,6 +129,20 @@ class Accumulation:
     count: cst.BaseExpression | None  # the number of micro-batches, when the code shows it
 
 
+def runs_every_micro_batch(event: Event, loop: Frame, acc: Accumulation) -> bool:
+    """Whether ``event`` runs on the micro-batches that do not step: outside the guard, or inside the micro-batch loop."""
+    if acc.style == "guard":
+        return not any(f.accumulation for f in frames_inside(event, loop))
+    return event.inside(acc.frame)
+
+
+def accumulation_place(model: LoopModel, acc: Accumulation) -> str:
+    """Where an accumulating step sits, for messages."""
+    if acc.style == "guard":
+        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
+    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
+
+
 def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
     backwards = [b for b in backwards_in(root, loop) if not split_by_setting(b, step)]

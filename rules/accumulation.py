@@ -16,7 +16,16 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.queries import Accumulation, accumulation, clears, exclusive, frames_inside, home_loop, leaves_before, steps_with_loops
+from gradlint.queries import (
+    accumulation,
+    accumulation_place,
+    clears,
+    exclusive,
+    home_loop,
+    leaves_before,
+    runs_every_micro_batch,
+    steps_with_loops,
+)
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
@@ -109,7 +118,7 @@ class ClipPerMicroBatch(Rule):
             if acc is None:
                 continue
             for clip in root.events_of(EventKind.CLIP, loop):
-                if id(clip) in seen or not _clips(clip) or not _every_micro_batch(clip, loop, acc):
+                if id(clip) in seen or not _clips(clip) or not runs_every_micro_batch(clip, loop, acc):
                     continue
                 if leaves_before(clip, step) or exclusive(clip, step):
                     continue
@@ -117,7 +126,7 @@ class ClipPerMicroBatch(Rule):
                 yield Report(
                     clip.node,
                     f"`{model.code(clip.node)}` clips on every micro-batch but `{step.target}` only steps "
-                    f"{_where(model, acc)}: it clips partial sums of the gradients; clip once, right before the step",
+                    f"{accumulation_place(model, acc)}: it clips partial sums of the gradients; clip once, right before the step",
                 )
 
     def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:
@@ -185,22 +194,9 @@ def _is_infinite(node: cst.BaseExpression) -> bool:
     return name is not None and name.rsplit(".", 1)[-1] == "inf"
 
 
-def _every_micro_batch(event: Event, loop: Frame, acc: Accumulation) -> bool:
-    """Whether an event runs on the micro-batches that do not step."""
-    if acc.style == "guard":
-        return not any(f.accumulation for f in frames_inside(event, loop))
-    return event.inside(acc.frame)
-
-
 def _accumulate_frame(event: Event) -> Frame | None:
     """The innermost ``with accelerator.accumulate(...)`` around an event."""
     return next((f for f in reversed(event.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
-
-
-def _where(model: LoopModel, acc: Accumulation) -> str:
-    if acc.style == "guard":
-        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
-    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
 
 
 class LossDividedTwice(Rule):

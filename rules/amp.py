@@ -14,14 +14,15 @@ from gradlint.objects import last_name
 from gradlint.queries import (
     Accumulation,
     accumulation,
+    accumulation_place,
     backwards_reaching,
     exclusive,
-    frames_inside,
     home_loop,
     innermost_loop,
     leaves_before,
     loop_phrase,
     region,
+    runs_every_micro_batch,
     same_object,
     stepping_loop,
     steps_with_loops,
@@ -422,13 +423,13 @@ class ScalerUnscalePerMicroBatch(Rule):
                 for event in root.events_in(region_frame):
                     if id(event) in seen or not _belongs_to(event, step):
                         continue
-                    if not _runs_every_micro_batch(event, loop, acc) or leaves_before(event, step) or exclusive(event, step):
+                    if not runs_every_micro_batch(event, loop, acc) or leaves_before(event, step) or exclusive(event, step):
                         continue
                     seen.add(id(event))
                     yield self._report(model, event, step, acc)
 
     def _report(self, model: LoopModel, event: Event, step: Event, acc: Accumulation) -> Report:
-        where = _accumulation_place(model, acc)
+        where = accumulation_place(model, acc)
         if event.kind is EventKind.UNSCALE:
             return Report(
                 event.node,
@@ -450,15 +451,3 @@ def _belongs_to(event: Event, step: Event) -> bool:
     if event.kind is EventKind.UNSCALE:
         return same_object(event.via_scaler, step.via_scaler) and (event.target is None or same_object(event.target, step.target))
     return event.kind is EventKind.SCALER_UPDATE and same_object(event.target, step.via_scaler)
-
-
-def _runs_every_micro_batch(event: Event, loop, acc: Accumulation) -> bool:
-    if acc.style == "guard":
-        return not any(f.accumulation for f in frames_inside(event, loop))
-    return event.inside(acc.frame)
-
-
-def _accumulation_place(model: LoopModel, acc: Accumulation) -> str:
-    if acc.style == "guard":
-        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
-    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"

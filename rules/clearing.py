@@ -16,6 +16,7 @@ from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
     Accumulation,
     accumulation,
+    accumulation_place,
     clears,
     clears_between_backward_and_step,
     exclusive,
@@ -405,7 +406,7 @@ class ZeroGradInAccumulation(Rule):
                         Report(
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                            f"{_where(model, acc)}: only the last micro-batch's gradients reach the step"
+                            f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
                             f"{_undivided_too(model, root, acc)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
@@ -465,12 +466,6 @@ def _divided_for_step(backward: Event) -> bool:
         or backward.upstream
     )
 
-
-def _where(model: LoopModel, acc: Accumulation) -> str:
-    """Where an accumulating step sits, for messages."""
-    if acc.style == "guard":
-        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
-    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
 
 
 class UnscaledAccumulatedLoss(Rule):
@@ -570,7 +565,7 @@ class UnscaledAccumulatedLoss(Rule):
                         continue
                     yield Report(
                         backward.node,
-                        f"gradients are accumulated for `{step.target}`, which steps {_where(model, acc)}, "
+                        f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
                         f"but the loss is not divided by {count}: each step is that many times too large",
                         fix=fixes.divide_loss(model, backward, acc),
                     )

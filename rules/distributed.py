@@ -13,7 +13,7 @@ from gradlint.frameworks import framework_settings
 from gradlint.model import NO_SYNC, Event, Frame, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import accumulation, steps_with_loops
+from gradlint.queries import accumulation, accumulation_place, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
@@ -406,7 +406,7 @@ def _synced_for_you(backward: Event) -> bool:
 
 
 def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
-    where = f"`{step.target}` only steps {_where(model, acc)}"
+    where = f"`{step.target}` only steps {accumulation_place(model, acc)}"
     if by == ACCELERATE:
         return (
             f"`{name}` is prepared by accelerate, which wraps it in DistributedDataParallel when the script runs on "
@@ -431,12 +431,6 @@ def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
         f"but {where}: run the micro-batches that do not step "
         f"inside `{name}.no_sync()` (or set `require_backward_grad_sync = False` for them)"
     )
-
-
-def _where(model: LoopModel, acc) -> str:
-    if acc.style == "guard":
-        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
-    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
 
 
 # Casts that change every floating-point parameter's dtype, and the dtype each gives.

@@ -9,7 +9,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import Event, Frame, FrameKind, LoopModel
-from gradlint.queries import Accumulation, accumulation, frames_inside, split_by_setting, steps_with_loops
+from gradlint.queries import accumulation, accumulation_place, frames_inside, runs_every_micro_batch, split_by_setting, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
 from gradlint.rules.unprepared import certainly_unprepared, terminal
@@ -105,12 +105,12 @@ class SchedulerStepsPerMicroBatch(Rule):
                 for sched in scheds:
                     if sched.node in settled:
                         continue
-                    if not sched.has_args and _every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step):
+                    if not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step):
                         yield settled.note(
                             Report(
                                 sched.node,
                                 f"`{sched.target}.step()` runs on every micro-batch but `{step.target}` only steps "
-                                f"{_where(model, acc)}: the schedule advances once per micro-batch and runs that many "
+                                f"{accumulation_place(model, acc)}: the schedule advances once per micro-batch and runs that many "
                                 f"times too fast; step it right after `{step.target}.step()`",
                                 fix=move_scheduler_step(model, sched, step),
                             )
@@ -143,16 +143,3 @@ def _accumulating_accelerator(frame: Frame) -> str | None:
         if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "accumulate":
             return terminal(call.func.value)
     return None
-
-
-def _every_micro_batch(sched: Event, loop, acc: Accumulation) -> bool:
-    """Whether a scheduler step runs on micro-batches that do not step the optimizer."""
-    if acc.style == "guard":
-        return not any(f.accumulation for f in frames_inside(sched, loop))
-    return sched.inside(acc.frame)
-
-
-def _where(model: LoopModel, acc: Accumulation) -> str:
-    if acc.style == "guard":
-        return f"under the accumulation guard at line {model.line(acc.frame.node)}"
-    return f"after the micro-batch loop at line {model.line(acc.frame.node)}"
