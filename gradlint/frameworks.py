@@ -18,6 +18,7 @@ import libcst as cst
 
 from gradlint.imports import ImportMap
 from gradlint.model import LoopModel
+from gradlint.per_module import PerModule
 from gradlint.syntax import TRIVIA, children, dotted_name, keyword_arg, number
 
 _ACCELERATOR = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
@@ -74,20 +75,18 @@ class FrameworkSettings:
     fsdp2_shards: list[cst.Call] = dataclasses.field(default_factory=list)
 
 
-_last: tuple[cst.Module, FrameworkSettings] | None = None
+_settings: PerModule[FrameworkSettings] = PerModule()
 
 
 def framework_settings(model: LoopModel) -> FrameworkSettings:
     """The framework settings of ``model``'s module (computed once per module)."""
-    global _last
-    if _last is not None and _last[0] is model.module:
-        return _last[1]
+    return _settings.get(model.module, None, lambda: _settings_of(model))
+
+
+def _settings_of(model: LoopModel) -> FrameworkSettings:
     if model.text is not None and not any(name in model.text for name in _LAST_NAMES):
-        settings = FrameworkSettings()  # nothing below can match: the walk is skipped
-    else:
-        settings = _read(model.module)
-    _last = (model.module, settings)
-    return settings
+        return FrameworkSettings()  # nothing below can match: the walk is skipped
+    return _read(model.module)
 
 
 def counts_more_than_one(value: cst.BaseExpression) -> bool:

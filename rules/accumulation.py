@@ -16,6 +16,7 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
     accumulation_place,
@@ -324,7 +325,7 @@ def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression
     )
 
 
-_assignments_seen: tuple[cst.Module, dict[int, dict[str, list[cst.CSTNode]]]] | None = None
+_assignments: PerModule[dict[str, list[cst.CSTNode]]] = PerModule()
 
 
 def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
@@ -333,22 +334,20 @@ def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cs
     One walk per scope and module: a module-level loop with many backwards
     would otherwise walk the whole module once per backward.
     """
-    global _assignments_seen
-    if _assignments_seen is None or _assignments_seen[0] is not module:
-        _assignments_seen = (module, {})
-    by_scope = _assignments_seen[1]
-    if id(scope) not in by_scope:
-        found: dict[str, list[cst.CSTNode]] = {}
-        for node in walk(scope):
-            if isinstance(node, cst.Assign):
-                for name in {dotted_name(t.target) for t in node.targets} - {None}:
-                    found.setdefault(name, []).append(node)
-            elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
-                name = dotted_name(node.target)
-                if name is not None:
-                    found.setdefault(name, []).append(node)
-        by_scope[id(scope)] = found
-    return by_scope[id(scope)]
+    return _assignments.get(module, id(scope), lambda: _collect_assignments(scope))
+
+
+def _collect_assignments(scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+    found: dict[str, list[cst.CSTNode]] = {}
+    for node in walk(scope):
+        if isinstance(node, cst.Assign):
+            for name in {dotted_name(t.target) for t in node.targets} - {None}:
+                found.setdefault(name, []).append(node)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            name = dotted_name(node.target)
+            if name is not None:
+                found.setdefault(name, []).append(node)
+    return found
 
 
 def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, before: tuple[int, int]) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:

@@ -13,6 +13,7 @@ from gradlint.frameworks import framework_settings
 from gradlint.model import NO_SYNC, Event, Frame, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
+from gradlint.per_module import PerModule
 from gradlint.queries import accumulation, accumulation_place, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
@@ -235,18 +236,14 @@ def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int])
     return False
 
 
-_names_seen: tuple[cst.Module, dict[int, frozenset[str]]] | None = None
+_names: PerModule[frozenset[str]] = PerModule()
 
 
 def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
     """Every dotted name written under ``scope``, one walk per scope and module (the rule asks once per event)."""
-    global _names_seen
-    if _names_seen is None or _names_seen[0] is not module:
-        _names_seen = (module, {})
-    by_scope = _names_seen[1]
-    if id(scope) not in by_scope:
-        by_scope[id(scope)] = frozenset(dotted_name(n) for n in walk(scope) if isinstance(n, (cst.Name, cst.Attribute)))
-    return by_scope[id(scope)]
+    return _names.get(
+        module, id(scope), lambda: frozenset(dotted_name(n) for n in walk(scope) if isinstance(n, (cst.Name, cst.Attribute)))
+    )
 
 
 def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str]) -> dict[str, str]:

@@ -205,3 +205,19 @@ def test_the_framework_shortcut_loses_no_setting_on_any_fixture():
             if not any(name in text for name in frameworks._LAST_NAMES):
                 missed.append(path.relative_to(ROOT).as_posix())
     assert missed == []
+
+
+def test_per_module_values_are_computed_once_per_key_and_dropped_with_the_module():
+    import libcst as cst
+
+    from gradlint.per_module import PerModule
+
+    memo: PerModule[int] = PerModule()
+    first, second = cst.parse_module("a = 1\n"), cst.parse_module("a = 1\n")
+    calls = []
+    compute = lambda: calls.append(1) or len(calls)  # noqa: E731
+    assert memo.get(first, "k", compute) == 1
+    assert memo.get(first, "k", compute) == 1  # cached
+    assert memo.get(first, "other", compute) == 2  # another key
+    assert memo.get(second, "k", compute) == 3  # another module: computed anew
+    assert memo.get(first, "k", compute) == 4  # the first module's values were dropped
