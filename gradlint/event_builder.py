@@ -18,6 +18,7 @@ from gradlint.syntax import (
     calls_in_evaluation_order,
     contains_division,
     dotted_name,
+    tracked_name,
     keyword_arg,
     method_name,
     number,
@@ -572,7 +573,7 @@ class EventBuilder:
         running = self._running_counters(scope.function)
         if scales_down(loss) and not _by_no_count(loss, running):
             return True
-        name = dotted_name(loss)
+        name = tracked_name(loss)
         if name is None:
             return False
         if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
@@ -596,9 +597,9 @@ class EventBuilder:
         if key not in self._no_count_divisions:
             scalings: list[cst.BaseExpression] = []
             for node in walk(function if function is not None else self.index.module):
-                if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                if isinstance(node, cst.Assign) and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value):
                     scalings.append(node.value)
-                elif isinstance(node, cst.AugAssign) and dotted_name(node.target) == name:
+                elif isinstance(node, cst.AugAssign) and tracked_name(node.target) == name:
                     if isinstance(node.operator, cst.DivideAssign):
                         scalings.append(cst.BinaryOperation(cst.Name("x"), cst.Divide(), node.value))
                     elif isinstance(node.operator, cst.MultiplyAssign):

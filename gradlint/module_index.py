@@ -19,6 +19,7 @@ from gradlint.syntax import (
     callee_name,
     children,
     dotted_name,
+    tracked_name,
     number,
     positional_args,
     receiver,
@@ -200,7 +201,7 @@ class ModuleIndex:
                 self.grads_used_as_buffers = True
             if isinstance(node.operator, cst.DivideAssign):
                 self.divides_by_assignment = True
-            name = dotted_name(node.target)
+            name = tracked_name(node.target)
             if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
                 if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
                     self.divided_names.setdefault(function, set()).add(name)
@@ -264,22 +265,46 @@ class ModuleIndex:
             table.setdefault(name, []).append(value)
             if scales_down(value):
                 self.divided_names.setdefault(function, set()).add(name)
+        elif scales_down(value) and (entry := tracked_name(target)) is not None:
+            self.divided_names.setdefault(function, set()).add(entry)  # ``out["loss"] = out["loss"] / n``
 
     # -- objects
 
     def _classify_objects(self) -> None:
         """Give each assigned name a kind from what was assigned to it."""
-        pending: list[tuple[str, cst.BaseExpression]] = []
-        for table in self.assignments.values():
+        pending: list[tuple[str, cst.BaseExpression, cst.FunctionDef | None]] = []
+        for function, table in self.assignments.items():
             for name, values in table.items():
                 for value in values:
-                    pending.append((name, value))
+                    pending.append((name, value, function))
         # Two passes: the second sees aliases (``opt = self.optimizer``) of names the first classified.
         for _ in range(2):
-            for name, value in pending:
+            for name, value, function in pending:
                 info = self._classify_value(value)
+                if info is None and isinstance(value, cst.Call):
+                    info = self._classify_built_by_helper(value, function)
                 if info is not None and (name not in self.objects or self.objects[name].kind is ObjKind.UNKNOWN):
                     self.objects[name] = info
+
+    def _classify_built_by_helper(self, call: cst.Call, function: cst.FunctionDef | None) -> ObjInfo | None:
+        """``self._accelerator = self._create_accelerator()``: a function of this module whose every return builds one kind.
+
+        Only constructors count (``return Accelerator(...)``), so what a
+        helper returns is known from the helper alone.
+        """
+        helper = self.resolve_function(call, function)
+        returned = self._returned.get(helper) if helper is not None else None
+        if not returned:
+            return None
+        kinds = set()
+        for value in returned:
+            if not isinstance(value, cst.Call) or not any(kind_of_constructor(q) is not None for q in self.qualified_names(value.func)):
+                return None
+            info = self._classify_value(value)
+            if info is None:
+                return None
+            kinds.add(info.kind)
+        return ObjInfo(kinds.pop()) if len(kinds) == 1 else None
 
     def _classify_value(self, value: cst.BaseExpression) -> ObjInfo | None:
         if isinstance(value, Unpacked):

@@ -27,6 +27,21 @@ def dotted_name(node: cst.CSTNode | None) -> str | None:
     return None
 
 
+def tracked_name(node: cst.CSTNode | None) -> str | None:
+    """``dotted_name``, or ``out["loss"]`` for an entry of a dotted name under one string key.
+
+    Trainers often carry the loss in a dict (``batch_output["loss"] /= n``,
+    then ``backward(batch_output["loss"])``): such an entry is followed like a name.
+    """
+    if type(node) is cst.Subscript and len(node.slice) == 1:
+        index = node.slice[0].slice
+        base = dotted_name(node.value)
+        if base is not None and type(index) is cst.Index and type(index.value) is cst.SimpleString:
+            return f"{base}[{index.value.evaluated_value!r}]"
+        return None
+    return dotted_name(node)
+
+
 def root_name(node: cst.CSTNode | None) -> str | None:
     """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
     while True:

@@ -295,3 +295,34 @@ def test_literals_in_any_spelling_are_read_without_crashing():
     result = lint_text(text, "hex.py")
     assert result.error is None
     assert [f.code for f in result.findings] == ["GL005"]
+
+
+def test_an_object_built_by_a_helper_of_the_module_has_the_kind_the_helper_constructs():
+    model = model_of(
+        """
+        from accelerate import Accelerator
+        from torch.optim import AdamW
+
+        class Trainer:
+            def __init__(self, net):
+                self._accelerator = self._create_accelerator()
+                self.tool = self._make(net)
+                self.other = self._either(net)
+
+            def _create_accelerator(self):
+                return Accelerator()
+
+            def _make(self, net):
+                opt = AdamW(net.parameters())
+                return opt
+
+            def _either(self, net):
+                if net.frozen:
+                    return Accelerator()
+                return AdamW(net.parameters())
+        """
+    )
+    assert model.info("self._accelerator").kind is ObjKind.ACCELERATOR
+    # only constructors written in the return are read: a returned name or two kinds give no kind
+    assert model.info("self.tool").kind is ObjKind.UNKNOWN
+    assert model.info("self.other").kind is ObjKind.UNKNOWN
