@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
 from gradlint.frameworks import counts_more_than_one, framework_settings
-from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, FrameKind, LoopModel
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
     Accumulation,
@@ -88,7 +88,10 @@ class MissingZeroGrad(Rule):
       loop clears before it steps;
     - in a step function: a loop calling it does gradient work of its own
       beside the call (the clear may be there), or the stepped optimizer and
-      a cleared one both come from elsewhere (they may share parameters).
+      a cleared one both come from elsewhere (they may share parameters);
+    - two steps of one optimizer come from two calls of a function that holds
+      the loop (``try: train() except OutOfMemoryError: train()``): each call
+      runs its own loop, so the steps never share an iteration.
 
     **Bad**::
 
@@ -246,7 +249,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 continue
             key = last_name(event.target)
             first = last_step.get(key)
-            if first is not None and first.loops == event.loops and not exclusive(first, event):
+            if first is not None and first.loops == event.loops and not exclusive(first, event) and _in_one_run_of(model, loop, first, event):
                 between = since[key][:-1]
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(
@@ -257,13 +260,51 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 if backward is not None and not handled:
                     yield Report(
                         event.node,
-                        f"`{event.target}` steps at line {model.line(first.node)} and again at line "
-                        f"{model.line(event.node)} in the same iteration, with a backward at line "
-                        f"{model.line(backward.node)} between and no clear: the second step applies the first "
+                        f"`{event.target}` steps {_twice(model, first, event)} in the same iteration, with a backward "
+                        f"at line {model.line(backward.node)} between and no clear: the second step applies the first "
                         f"step's gradients again; clear `{event.target}` before the second backward",
                     )
             last_step[key] = event
             since[key] = []
+
+
+def _twice(model: LoopModel, first: Event, second: Event) -> str:
+    """``at line 3 and again at line 9``, or for one step reached through two calls, the lines of the calls."""
+    if first.node is not second.node:
+        return f"at line {model.line(first.node)} and again at line {model.line(second.node)}"
+    parted = next(((a, b) for a, b in zip(first.call_chain, second.call_chain) if a is not b), None)
+    if parted is None:
+        return f"twice at line {model.line(first.node)}"
+    return f"at line {model.line(first.node)} through the calls at lines {model.line(parted[0])} and {model.line(parted[1])}"
+
+
+def _in_one_run_of(model: LoopModel, loop: Frame, first: Event, second: Event) -> bool:
+    """Whether two events inside ``loop`` ran in one run of it.
+
+    A helper that holds the loop, called twice (``try: train() except
+    OutOfMemoryError: train()``), runs its loop twice: the events of the two
+    calls share the loop's frame but never its iterations. They share a run
+    when the calls through which their paths part lie inside the loop.
+    """
+    common = 0
+    for a, b in zip(first.call_chain, second.call_chain):
+        if a is not b:
+            break
+        common += 1
+    parting = [chain[common] for chain in (first.call_chain, second.call_chain) if len(chain) > common]
+    return all(_encloses(model, loop.node, call) for call in parting)
+
+
+def _encloses(model: LoopModel, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` lies inside ``outer``."""
+    parents = model.parents
+    if parents is None:
+        return any(n is node for n in walk(outer))
+    while node is not None:
+        if node is outer:
+            return True
+        node = parents.get(node)
+    return False
 
 
 def _released(model: LoopModel, optimizer: str | None) -> bool:
