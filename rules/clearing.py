@@ -548,6 +548,9 @@ class UnscaledAccumulatedLoss(Rule):
       communication hook that divides by more than the world size;
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - a clear of the stepping optimizer throws the backward's gradients away
+      before any step, on every path the backward runs (a probe or warm-up
+      backward followed by ``optimizer.zero_grad()``);
     - the loss is multiplied by a factor that may be ``1 / n``
       (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
       ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
@@ -602,7 +605,7 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if _divided_for_step(backward):
+                    if _divided_for_step(backward) or _thrown_away(model, root, backward, step, loop):
                         continue
                     yield Report(
                         backward.node,
@@ -615,6 +618,26 @@ class UnscaledAccumulatedLoss(Rule):
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
 _DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
+
+
+def _thrown_away(model: LoopModel, root, backward: Event, step: Event, loop) -> bool:
+    """Whether a clear of the stepping optimizer discards this backward's gradients before any step sees them.
+
+    ``probe_loss.backward(); optimizer.zero_grad()``: a probe or warm-up
+    backward whose gradients are thrown away on its own path accumulates
+    nothing. The clear must run whenever the backward does (no branch of its
+    own around it) and come before the optimizer's next step.
+    """
+    events = root.events_in(loop)
+    start = next(i for i, e in enumerate(events) if e is backward)
+    for later in events[start + 1 :]:
+        if exclusive(later, backward):
+            continue
+        if later.kind is EventKind.STEP and same_object(later.target, step.target):
+            return False
+        if later.kind is EventKind.ZERO and clears(model, later, step.target) and all(backward.inside(f) for f in frames_inside(later, loop)):
+            return True
+    return False
 
 
 def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) -> bool:
