@@ -550,12 +550,13 @@ class EventBuilder:
         scaled = False
         recv = _uncast(recv)
         loss = recv
-        if isinstance(recv, cst.Call) and method_name(recv) == "scale" and self._kind(dotted_name(receiver(recv))) is ObjKind.SCALER:
+        unreduced = _unreduced(recv)  # ``scaler.scale(loss).mean()`` is as scaled as ``scaler.scale(loss)``
+        if isinstance(unreduced, cst.Call) and method_name(unreduced) == "scale" and self._kind(dotted_name(receiver(unreduced))) is ObjKind.SCALER:
             scaled = True
-            inner = positional_args(recv)
+            inner = positional_args(unreduced)
             loss = inner[0].value if inner else recv
-        elif recv_name is not None:
-            for value in self._assigned(recv_name, scope.function):
+        elif dotted_name(unreduced) is not None:
+            for value in self._assigned(dotted_name(unreduced), scope.function):
                 value = _uncast(value)
                 if isinstance(value, cst.Call) and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
                     scaled = True
@@ -916,6 +917,13 @@ def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
         args = positional_args(node)
         if len(args) == 2:
             return args[1].value
+    return node
+
+
+def _unreduced(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``x`` for ``x.mean()`` / ``x.sum()``: a reduction is linear, so it keeps a loss scale (and a division) it is given."""
+    while isinstance(node, cst.Call) and method_name(node) in ("mean", "sum") and not node.args:
+        node = receiver(node)
     return node
 
 
