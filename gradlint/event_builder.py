@@ -588,6 +588,11 @@ class EventBuilder:
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
                     return True
+            if isinstance(value, Unpacked) and isinstance(value.value, cst.Call):
+                # ``loss, ce_loss, z_loss = self.train_micro_batch(...)``: the helper returns a divided element there
+                helper = self.index.resolve_function(value.value, scope.function)
+                if helper is not None and (helper, value.position) in self.index.returns_divided_at:
+                    return True
             if self._weighted_by_divided(value, scope):
                 return True
         return False

@@ -75,6 +75,8 @@ class ModuleIndex:
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
         self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
         self.returns_divided: set[cst.FunctionDef] = set()
+        # ``return loss, ce_loss, z_loss`` with ``loss`` divided: (function, position) of each divided element.
+        self.returns_divided_at: set[tuple[cst.FunctionDef, int]] = set()
         self._returned: dict[cst.FunctionDef, list[cst.BaseExpression]] = {}
         self.objects: dict[str, ObjInfo] = {}
         self.uses_cuda_graphs = False
@@ -243,10 +245,32 @@ class ModuleIndex:
 
         Run after the whole scan: a function's assignments are not all seen before its returns.
         """
+        for function in self.assignments:
+            self._add_sums_of_divided(function)
         for function, values in self._returned.items():
             divided = self.divided_names.get(function, set())
-            if any(scales_down(v) or dotted_name(v) in divided for v in values):
+            if any(_made_of_divided(v, divided) for v in values):
                 self.returns_divided.add(function)
+            for value in values:
+                if isinstance(value, cst.Tuple):
+                    for position, element in enumerate(value.elements):
+                        if _made_of_divided(element.value, divided):
+                            self.returns_divided_at.add((function, position))
+
+    def _add_sums_of_divided(self, function: cst.FunctionDef | None) -> None:
+        """Count as divided every name of the function all of whose values are sums of divided ones.
+
+        ``ce_loss = ce_loss / tokens`` then ``loss = ce_loss + z_loss`` (``z_loss`` divided too) or
+        ``loss = ce_loss``: ``loss`` is divided as well.
+        """
+        divided = self.divided_names.get(function)
+        if not divided:
+            return
+        table = self.assignments[function]
+        for _ in range(2):  # a second round sees names built from names the first added
+            for name, values in table.items():
+                if name not in divided and all(_made_of_divided(v, divided) for v in values):
+                    divided.add(name)
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
         table = self.assignments.setdefault(function, {})
@@ -346,6 +370,17 @@ class ModuleIndex:
             if value.position < len(args):
                 return self._classify_value(args[value.position].value)
         return None
+
+
+def _made_of_divided(value, divided: set[str]) -> bool:
+    """``loss / n``, a divided name, or a sum or difference of such terms."""
+    if not isinstance(value, cst.BaseExpression):
+        return False
+    if scales_down(value) or dotted_name(value) in divided:
+        return True
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        return _made_of_divided(value.left, divided) and _made_of_divided(value.right, divided)
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,7 +91,9 @@ class MissingZeroGrad(Rule):
       a cleared one both come from elsewhere (they may share parameters);
     - two steps of one optimizer come from two calls of a function that holds
       the loop (``try: train() except OutOfMemoryError: train()``): each call
-      runs its own loop, so the steps never share an iteration.
+      runs its own loop, so the steps never share an iteration; or the first
+      step's branch leaves the iteration (``if warmup: ...; opt.step();
+      continue``).
 
     **Bad**::
 
@@ -249,7 +251,13 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 continue
             key = last_name(event.target)
             first = last_step.get(key)
-            if first is not None and first.loops == event.loops and not exclusive(first, event) and _in_one_run_of(model, loop, first, event):
+            if (
+                first is not None
+                and first.loops == event.loops
+                and not exclusive(first, event)
+                and not leaves_before(first, event)
+                and _in_one_run_of(model, loop, first, event)
+            ):
                 between = since[key][:-1]
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(
@@ -539,6 +547,9 @@ class UnscaledAccumulatedLoss(Rule):
       that counter is no backward and is left alone),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
+      a sum of divided terms (``loss = ce_loss + z_loss``, both divided)
+      and a divided element of a tuple a helper returns (``loss, ce_loss =
+      self.train_micro_batch(...)``) count as divided;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
       Lightning, a DeepSpeed engine's ``backward`` (whatever the name
       ``deepspeed.initialize`` returned it under);
