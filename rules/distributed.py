@@ -62,6 +62,12 @@ class AccumulationWithoutNoSync(Rule):
       (``fixtures/distributed/gl302_no_sync_covers_nothing.py``), and a
       ``no_sync()`` in an inner loop of its own beside the accumulated
       micro-batches is another model's (``fixtures/distributed/ddp_reference_beside_sharded_optimizer.py``);
+    - the backward runs in a ``with`` block of a context manager handed the
+      wrapped model that may switch the all-reduce off: one of other code
+      (``with misc.ddp_sync(ddp, last_round):``,
+      ``fixtures/realworld/gl302_no_sync_in_other_module_context__edm.py``), or
+      one of this module that calls ``no_sync`` (a context of this module that
+      does not is no excuse: ``fixtures/distributed/accumulation_in_local_context_without_no_sync.py``);
     - no wrapped model is reachable from the loop's code (the wrapper belongs
       to another function, and no caller hands it in), or the loop forwards
       through the module the DDP model wraps rather than the DDP model itself;
@@ -131,7 +137,7 @@ class AccumulationWithoutNoSync(Rule):
                 for backward in acc.backwards:
                     if acc.style == "guard" and backward.inside(acc.frame):
                         continue  # the stepping micro-batch's backward must all-reduce
-                    if _synced_for_you(backward):
+                    if _synced_for_you(backward) or _in_context_handed(model, backward, name):
                         continue
                     message = _message(model, name, by, step, acc)
                     if name in handed:
@@ -391,6 +397,33 @@ def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) ->
 # Backwards that decide the all-reduce themselves: a DeepSpeed engine's (it reduces at its own accumulation boundary),
 # Lightning's, an optimizer closure's, a replayed CUDA graph's. accelerate's and Fabric's only divide or forward.
 _PASSES_THROUGH = (None, "accelerate", "fabric")
+
+
+def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
+    """Whether the backward runs in a ``with`` block of a context manager handed the wrapped model that may switch its
+    all-reduce off: ``with misc.ddp_sync(ddp, round_idx == rounds - 1):`` (NVlabs' loops enter ``ddp.no_sync()``
+    there). One defined in this module counts when it calls ``no_sync``; one of other code always may."""
+    parents = model.parents
+    if parents is None:
+        return False
+    blocks = []
+    for node in (*backward.call_chain, backward.node):
+        current = parents.get(node)
+        while current is not None and not isinstance(current, cst.FunctionDef):
+            if isinstance(current, cst.With):
+                blocks.append(current)
+            current = parents.get(current)
+    for block in blocks:
+        for item in block.items:
+            call = item.item
+            if not isinstance(call, cst.Call) or not any(last_name(dotted_name(a.value) or "") == last_name(name) for a in call.args):
+                continue
+            helper = model.index.resolve_function(call, None) if model.index is not None else None
+            if helper is None:
+                return True
+            if any(isinstance(n, cst.Call) and callee_name(n) == "no_sync" for n in walk(helper)):
+                return True
+    return False
 
 
 def _synced_for_you(backward: Event) -> bool:
