@@ -654,7 +654,9 @@ class LossDividedWithoutAccumulation(Rule):
     (``accum`` in it: a world size, a token count, a batch size divide for
     other reasons); the step or the clear is under any condition other than a
     setting fixed for the whole run (``if args.fp16:``), so some micro-batches
-    may not step; the loop has an accumulation guard, ``accelerator.accumulate``
+    may not step, or under a test of the count itself (``if accum == 1:``: it
+    steps on every micro-batch only when there is nothing to accumulate); the
+    loop has an accumulation guard, ``accelerator.accumulate``
     or a framework's backward (accelerate, DeepSpeed, Lightning decide the
     step themselves); the backward runs in an inner loop of micro-batches and
     the step after it (``fixtures/accumulation/micro_step_loop_correct.py``);
@@ -695,6 +697,8 @@ class LossDividedWithoutAccumulation(Rule):
         if division is None:
             return
         node, divisor = division
+        if _tests_count(step, loop, divisor) or _tests_count(clear, loop, divisor):
+            return  # ``if accum == 1: optimizer.step()``: it steps every micro-batch only when the count is 1
         step_at = step.call_chain[0] if step.call_chain else step.node
         clear_at = clear.call_chain[0] if clear.call_chain else clear.node
         yield Report(
@@ -713,6 +717,17 @@ def _unconditional(event: Event, loop: Frame) -> bool:
         f.kind is FrameKind.WITH or (f.kind is FrameKind.BRANCH and f.fixed and f.branch in ("if", "else"))
         for f in frames_inside(event, loop)
     )
+
+
+def _tests_count(event: Event, loop: Frame, divisor: cst.BaseExpression) -> bool:
+    """Whether a branch around ``event`` inside ``loop`` tests the accumulation count (the divisor, or a name that says
+    accumulation)."""
+    for frame in frames_inside(event, loop):
+        if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If):
+            names = [n for n in walk(frame.node.test) if isinstance(n, (cst.Name, cst.Attribute))]
+            if any(dotted_name(n) == dotted_name(divisor) or _names_accumulation(n) for n in names):
+                return True
+    return False
 
 
 def _accumulation_division(
