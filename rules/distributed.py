@@ -832,8 +832,11 @@ class GradSyncSetAfterForward(Rule):
     before the forward in the same iteration
     (``fixtures/distributed/ok_grad_sync_set_before_training_forward.py``);
     the only forward before it runs under ``torch.no_grad()`` or
-    ``torch.inference_mode()`` (no backward follows it); or the forward is not
-    a call of the object whose flag is set (``model.module(x)`` bypasses DDP).
+    ``torch.inference_mode()`` (no backward follows it); the loop calls the
+    reducer's ``prepare_for_backward`` itself, which is what applies the flag
+    after a forward; or the forward is not a call of the object whose flag is
+    set (``model.module(x)`` bypasses DDP). A flag set to a literal ``True``
+    is not weighed.
     """
 
     code = "GL304"
@@ -871,6 +874,8 @@ class GradSyncSetAfterForward(Rule):
         if any(model.position(_anchor(e))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
                if e is not flag and _sets_flag_of(e, owner)):
             return  # the flag was set before the forward as well
+        if any(isinstance(n, cst.Call) and callee_name(n) == "prepare_for_backward" for n in walk(loop.node)):
+            return  # ``model.reducer.prepare_for_backward([])`` after the flag: the loop makes DDP apply it now
         forward = earlier[-1]
         yield Report(
             node,
