@@ -881,8 +881,8 @@ class GradSyncSetAfterForward(Rule):
             node,
             f"`{model.code(target)}` is set after the forward `{model.code(forward)}` at line {model.line(forward)} "
             f"and before the backward at line {model.line(_anchor(backward))}: DDP reads the flag in the forward "
-            f"(only then does it prepare the all-reduce), so this setting takes effect on the next micro-batch and "
-            f"this one all-reduces as the previous setting said; set it before the forward",
+            f"(only then does it prepare the all-reduce), so this setting applies to the next micro-batch, and this one "
+            f"all-reduces or not as the previous micro-batch's setting said; set it before the forward",
         )
 
 
