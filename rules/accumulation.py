@@ -692,20 +692,19 @@ class LossDividedWithoutAccumulation(Rule):
         clear = next((z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop)), None)
         if clear is None:
             return
-        anchor = backward.call_chain[0] if backward.call_chain else backward.node
-        division = _accumulation_division(model, root, backward.loss, loop, model.position(anchor)[:2])
+        division = _accumulation_division(model, backward, loop)
         if division is None:
             return
         node, divisor = division
         if _tests_count(step, loop, divisor) or _tests_count(clear, loop, divisor):
             return  # ``if accum == 1: optimizer.step()``: it steps every micro-batch only when the count is 1
-        step_at = step.call_chain[0] if step.call_chain else step.node
-        clear_at = clear.call_chain[0] if clear.call_chain else clear.node
+        # Each event's own node: a helper's step is reported once, in the helper, whichever loop inlines it.
         yield Report(
-            step_at,
-            f"`{model.code(step_at)}` steps on every micro-batch and `{model.code(clear_at)}` at line "
-            f"{model.line(clear_at)} clears on every one, but the loss of the backward at line {model.line(anchor)} is "
-            f"divided by `{model.code(divisor)}` at line {model.line(node)}: nothing accumulates, so each step is "
+            step.node,
+            f"`{model.code(step.node)}` steps on every micro-batch and `{model.code(clear.node)}` at line "
+            f"{model.line(clear.node)} clears on every one, but the loss of the backward at line "
+            f"{model.line(backward.node)} is divided by `{model.code(divisor)}` at line {model.line(node)}: nothing "
+            f"accumulates, so each step is "
             f"`{model.code(divisor)}` times too small; step and clear under an accumulation guard, or drop the division",
         )
 
@@ -730,14 +729,17 @@ def _tests_count(event: Event, loop: Frame, divisor: cst.BaseExpression) -> bool
     return False
 
 
-def _accumulation_division(
-    model: LoopModel, root: Root, loss: cst.BaseExpression, loop: Frame, before: tuple[int, int]
-) -> tuple[cst.CSTNode, cst.BaseExpression] | None:
+def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tuple[cst.CSTNode, cst.BaseExpression] | None:
     """Where the backpropagated loss was divided by an accumulation count in this iteration: ``backward(loss / accum)``,
     or the last assignment to its name before the backward inside ``loop`` (``loss /= accum``, ``loss = x / accum``),
-    written on the way to the backward or under a test of the count itself (``if accum > 1:``)."""
+    written on the way to the backward or under a test of the count itself (``if accum > 1:``). The name is looked
+    up only when the backward itself lies in the loop's code (not in a helper the loop calls)."""
+    loss = backward.loss
     if _is_division(loss):
         return (loss, loss.right) if _names_accumulation(loss.right) else None
+    if not _lies_in(model, backward.node, loop.node):
+        return None
+    before = model.position(backward.node)[:2]
     name = dotted_name(loss)
     if name is None:
         return None
@@ -760,6 +762,14 @@ def _accumulation_division(
     if _on_the_way(model.module, node, loss) or _under_test_of(model.module, node, found[1], loss):
         return found
     return None
+
+
+def _lies_in(model: LoopModel, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    """Whether ``node`` is written inside ``ancestor``."""
+    table = model.parents or {}
+    while node is not None and node is not ancestor:
+        node = table.get(node)
+    return node is not None
 
 
 def _names_accumulation(divisor: cst.BaseExpression) -> bool:
