@@ -1,18 +1,23 @@
 """The rule catalogue: every rule, one module per family.
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
-- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008)
+- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010)
 - ``parameters``: which parameters an optimizer holds (GL009)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302, GL303)
+- ``distributed``: distributed data-parallel training (GL302–GL304)
 """
 
 from __future__ import annotations
 
 from gradlint.rule import Rule
-from gradlint.rules.accumulation import ClipPerMicroBatch, LossDividedTwice, NumItemsInBatchIgnored
+from gradlint.rules.accumulation import (
+    ClipPerMicroBatch,
+    LossDividedTwice,
+    LossDividedWithoutAccumulation,
+    NumItemsInBatchIgnored,
+)
 from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
@@ -28,7 +33,7 @@ from gradlint.rules.clearing import (
     ZeroGradInAccumulation,
 )
 from gradlint.rules.parameters import OptimizerOverFrozenParams
-from gradlint.rules.distributed import AccumulationWithoutNoSync, DdpModelChangedAfterWrap
+from gradlint.rules.distributed import AccumulationWithoutNoSync, DdpModelChangedAfterWrap, GradSyncSetAfterForward
 from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
@@ -47,6 +52,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     LossDividedTwice,
     NumItemsInBatchIgnored,
     OptimizerOverFrozenParams,
+    LossDividedWithoutAccumulation,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
@@ -59,6 +65,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     SchedulerStepsPerMicroBatch,
     AccumulationWithoutNoSync,
     DdpModelChangedAfterWrap,
+    GradSyncSetAfterForward,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

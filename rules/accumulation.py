@@ -1,4 +1,4 @@
-"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008).
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010).
 
 When clipping runs, and who divides the loss by the number of micro-batches:
 the loop itself or the framework it hands the loss to.
@@ -16,12 +16,14 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.objects import ObjKind
 from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
     accumulation_place,
     clears,
     exclusive,
+    frames_inside,
     home_loop,
     leaves_before,
     runs_every_micro_batch,
@@ -611,3 +613,183 @@ def _over_tokens(function: cst.FunctionDef) -> bool:
         if isinstance(node, cst.Slice) and (number(node.lower) == 1 if node.lower is not None else False):
             return True
     return False
+
+
+class LossDividedWithoutAccumulation(Rule):
+    """The loss is divided by the accumulation count, but the optimizer steps and clears on every micro-batch.
+
+    **Why it matters.** Dividing the loss by the number of micro-batches is
+    right only when their gradients are summed before one step. When the
+    same loop steps and clears the gradients after every backward, nothing is
+    summed: each step uses one micro-batch's gradient divided by N, a step N
+    times too small (with plain SGD, a learning rate N times too low), and N
+    times more steps than the schedule was planned for.
+
+    **Fix.** Step and clear under an accumulation guard
+    (``if (i + 1) % accum == 0:``), or, when accumulation is not wanted, drop
+    the division.
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y)
+            if gradient_accumulation_steps > 1:
+                loss /= gradient_accumulation_steps
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y)
+            if gradient_accumulation_steps > 1:
+                loss /= gradient_accumulation_steps
+            loss.backward()
+            if (i + 1) % gradient_accumulation_steps == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the divisor's name does not say accumulation
+    (``accum`` in it: a world size, a token count, a batch size divide for
+    other reasons); the step or the clear is under any condition other than a
+    setting fixed for the whole run (``if args.fp16:``), so some micro-batches
+    may not step, or under a test of the count itself (``if accum == 1:``: it
+    steps on every micro-batch only when there is nothing to accumulate); the
+    loop has an accumulation guard, ``accelerator.accumulate``
+    or a framework's backward (accelerate, DeepSpeed, Lightning decide the
+    step themselves); the backward runs in an inner loop of micro-batches and
+    the step after it (``fixtures/accumulation/micro_step_loop_correct.py``);
+    or the loss backpropagated is a sum built from divided parts
+    (``loss += part / accum``) rather than the divided loss itself
+    (``fixtures/accumulation/ok_loss_divided_with_accumulation.py``).
+    """
+
+    code = "GL010"
+    name = "loss-divided-without-accumulation"
+    summary = "the loss is divided by the accumulation count but the step and the clear run on every micro-batch"
+    severity = Severity.ERROR
+    fix = None  # guard the step or drop the division: which one was meant is the author's call
+    needs = ((BACKWARD, STEP, "accum"),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for backward in root.events_of(EventKind.BACKWARD):
+                if backward.framework is not None or backward.loss is None or not backward.loops:
+                    continue
+                yield from self._every_micro_batch(model, root, backward, backward.loops[-1])
+
+    def _every_micro_batch(self, model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
+        events = root.events_in(loop)
+        if any(f.accumulation or f.context == "accumulate" for e in events for f in frames_inside(e, loop)):
+            return  # the loop accumulates somewhere: GL003 and GL004 weigh it
+        at = root.order(backward)
+        step = next((e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at), None)
+        if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
+            return
+        if not _unconditional(step, loop):
+            return
+        clear = next((z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop)), None)
+        if clear is None:
+            return
+        division = _accumulation_division(model, backward, loop)
+        if division is None:
+            return
+        node, divisor = division
+        if _tests_count(step, loop, divisor) or _tests_count(clear, loop, divisor):
+            return  # ``if accum == 1: optimizer.step()``: it steps every micro-batch only when the count is 1
+        # Each event's own node: a helper's step is reported once, in the helper, whichever loop inlines it.
+        yield Report(
+            step.node,
+            f"`{model.code(step.node)}` steps on every micro-batch and `{model.code(clear.node)}` at line "
+            f"{model.line(clear.node)} clears on every one, but the loss of the backward at line "
+            f"{model.line(backward.node)} is divided by `{model.code(divisor)}` at line {model.line(node)}: nothing "
+            f"accumulates, so each step is "
+            f"`{model.code(divisor)}` times too small; step and clear under an accumulation guard, or drop the division",
+        )
+
+
+def _unconditional(event: Event, loop: Frame) -> bool:
+    """Whether an event runs on every iteration of ``loop``: no branch around it inside the loop but a fixed setting,
+    no inner loop, no ``except`` handler."""
+    return all(
+        f.kind is FrameKind.WITH or (f.kind is FrameKind.BRANCH and f.fixed and f.branch in ("if", "else"))
+        for f in frames_inside(event, loop)
+    )
+
+
+def _tests_count(event: Event, loop: Frame, divisor: cst.BaseExpression) -> bool:
+    """Whether a branch around ``event`` inside ``loop`` tests the accumulation count (the divisor, or a name that says
+    accumulation)."""
+    for frame in frames_inside(event, loop):
+        if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If):
+            names = [n for n in walk(frame.node.test) if isinstance(n, (cst.Name, cst.Attribute))]
+            if any(dotted_name(n) == dotted_name(divisor) or _names_accumulation(n) for n in names):
+                return True
+    return False
+
+
+def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tuple[cst.CSTNode, cst.BaseExpression] | None:
+    """Where the backpropagated loss was divided by an accumulation count in this iteration: ``backward(loss / accum)``,
+    or the last assignment to its name before the backward inside ``loop`` (``loss /= accum``, ``loss = x / accum``),
+    written on the way to the backward or under a test of the count itself (``if accum > 1:``). The name is looked
+    up only when the backward itself lies in the loop's code (not in a helper the loop calls)."""
+    loss = backward.loss
+    if _is_division(loss):
+        return (loss, loss.right) if _names_accumulation(loss.right) else None
+    if not _lies_in(model, backward.node, loop.node):
+        return None
+    before = model.position(backward.node)[:2]
+    name = dotted_name(loss)
+    if name is None:
+        return None
+    last = None
+    for node in _assignments_in(model.module, loop.node).get(name, ()):
+        at = model.position(node)[:2]
+        if at < before and (last is None or at > last[0]):
+            last = (at, node)
+    if last is None:
+        return None
+    node = last[1]
+    if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+        found = (node, node.value)
+    elif isinstance(node, cst.Assign) and _is_division(node.value):
+        found = (node.value, node.value.right)
+    else:
+        return None
+    if not _names_accumulation(found[1]):
+        return None
+    if _on_the_way(model.module, node, loss) or _under_test_of(model.module, node, found[1], loss):
+        return found
+    return None
+
+
+def _lies_in(model: LoopModel, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    """Whether ``node`` is written inside ``ancestor``."""
+    table = model.parents or {}
+    while node is not None and node is not ancestor:
+        node = table.get(node)
+    return node is not None
+
+
+def _names_accumulation(divisor: cst.BaseExpression) -> bool:
+    """``gradient_accumulation_steps``, ``args.accum_iter``, ``self.grad_accum``: a name that says accumulation."""
+    name = dotted_name(divisor)
+    return name is not None and "accum" in name.rsplit(".", 1)[-1].lower()
+
+
+def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.BaseExpression, use: cst.CSTNode) -> bool:
+    """``if accum > 1: loss /= accum``: the assignment sits in an ``if`` (without ``else``) that tests the divisor
+    itself, and that ``if`` lies in the block that holds the use."""
+    table = parents(module)
+    node = table.get(assignment)
+    while node is not None and not isinstance(node, cst.If):
+        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.With, cst.Try)):
+            return False
+        node = table.get(node)
+    if node is None or node.orelse is not None:
+        return False
+    text = dotted_name(divisor)
+    if not any(dotted_name(n) == text for n in walk(node.test) if isinstance(n, (cst.Name, cst.Attribute))):
+        return False
+    return _on_the_way(module, node, use)

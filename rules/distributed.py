@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302, GL303)."""
+"""Rules about distributed data-parallel training (GL302–GL304)."""
 
 from __future__ import annotations
 
@@ -814,3 +814,140 @@ def _once_after_start(test: cst.BaseExpression) -> bool:
     target = test.comparisons[0]
     value = number(target.comparator)
     return isinstance(target.operator, cst.Equal) and value is not None and value > 0
+
+
+class GradSyncSetAfterForward(Rule):
+    """``require_backward_grad_sync`` is set between a DDP model's forward and its backward: it comes one micro-batch late.
+
+    **Why it matters.** ``DistributedDataParallel`` decides in its forward
+    whether the coming backward all-reduces: ``_post_forward`` calls
+    ``reducer.prepare_for_backward`` only when ``require_backward_grad_sync``
+    is true, and the reducer's gradient hooks do nothing when it was not
+    called. Setting the flag after the forward changes nothing for this
+    backward; it applies to the next micro-batch. With
+    ``model.require_backward_grad_sync = (micro_step == accum - 1)`` written
+    after the forward, the first micro-batch of each step all-reduces (the flag
+    was left true) and the last one does not: each rank steps on gradients it
+    did not share, and the replicas drift apart. (Measured with torch 2.13 and
+    gloo on two ranks: set before the forward, the accumulated gradients are
+    identical on both ranks; set after it, they differ.)
+
+    **Fix.** Set the flag before the forward of the micro-batch it is meant
+    for (or run the micro-batches that do not step inside ``model.no_sync()``,
+    forward included).
+
+    **Bad**::
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[rank])
+        for micro_step in range(accum):
+            logits, loss = model(x, y)
+            model.require_backward_grad_sync = micro_step == accum - 1
+            (loss / accum).backward()
+        optimizer.step()
+
+    **Good**::
+
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[rank])
+        for micro_step in range(accum):
+            model.require_backward_grad_sync = micro_step == accum - 1
+            logits, loss = model(x, y)
+            (loss / accum).backward()
+        optimizer.step()
+
+    **Stays quiet when** the flag is set before the forward
+    (``fixtures/distributed/ok_ddp_require_backward_grad_sync.py``); it is set
+    after the backward of its micro-batch, for the next one; the model is
+    called again between the flag and the backward, or the flag was also set
+    before the forward in the same iteration
+    (``fixtures/distributed/ok_grad_sync_set_before_training_forward.py``);
+    the only forward before it runs under ``torch.no_grad()`` or
+    ``torch.inference_mode()`` (no backward follows it); the loop calls the
+    reducer's ``prepare_for_backward`` itself, which is what applies the flag
+    after a forward; or the forward is not a call of the object whose flag is
+    set (``model.module(x)`` bypasses DDP). A flag set to a literal ``True``
+    is not weighed.
+    """
+
+    code = "GL304"
+    name = "grad-sync-set-after-forward"
+    summary = "require_backward_grad_sync is set after the DDP forward it is meant for: it applies to the next one"
+    severity = Severity.ERROR
+    fix = None  # moving the assignment above the forward is simple, but which forward is meant is the author's call
+    needs = (("require_backward_grad_sync", BACKWARD),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for flag in root.events_of(NO_SYNC):
+                yield from self._late(model, root, flag)
+
+    def _late(self, model: LoopModel, root: Root, flag: Event) -> Iterator[Report]:
+        node = flag.node
+        if not (isinstance(node, cst.Assign) and isinstance(node.targets[-1].target, cst.Attribute)):
+            return
+        target = node.targets[-1].target
+        if target.attr.value != "require_backward_grad_sync" or not flag.loops:
+            return
+        owner = dotted_name(target.value)
+        loop = flag.loops[-1]
+        at = model.position(_anchor(flag))[:2]
+        backward = next(
+            (b for b in root.events_of(EventKind.BACKWARD, loop) if root.order(b) > root.order(flag)), None
+        )
+        if owner is None or backward is None:
+            return
+        before_backward = model.position(_anchor(backward))[:2]
+        forwards = list(_training_forwards(loop.node, owner))
+        earlier = sorted((f for f in forwards if model.position(f)[:2] < at), key=lambda f: model.position(f)[:2])
+        if not earlier or any(at < model.position(f)[:2] < before_backward for f in forwards):
+            return  # no forward before the flag, or the model is called again after it
+        if any(model.position(_anchor(e))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
+               if e is not flag and _sets_flag_of(e, owner)):
+            return  # the flag was set before the forward as well
+        if any(isinstance(n, cst.Call) and callee_name(n) == "prepare_for_backward" for n in walk(loop.node)):
+            return  # ``model.reducer.prepare_for_backward([])`` after the flag: the loop makes DDP apply it now
+        forward = earlier[-1]
+        yield Report(
+            node,
+            f"`{model.code(target)}` is set after the forward `{model.code(forward)}` at line {model.line(forward)} "
+            f"and before the backward at line {model.line(_anchor(backward))}: DDP reads the flag in the forward "
+            f"(only then does it prepare the all-reduce), so this setting applies to the next micro-batch, and this one "
+            f"all-reduces or not as the previous micro-batch's setting said; set it before the forward",
+        )
+
+
+def _anchor(event: Event) -> cst.CSTNode:
+    """Where an event sits in the function being read: the helper call it was inlined through, or its own node."""
+    return event.call_chain[0] if event.call_chain else event.node
+
+
+def _sets_flag_of(event: Event, owner: str) -> bool:
+    """Whether a NO_SYNC event is an assignment of ``owner.require_backward_grad_sync``."""
+    node = event.node
+    if not isinstance(node, cst.Assign):
+        return False
+    target = node.targets[-1].target
+    return isinstance(target, cst.Attribute) and dotted_name(target.value) == owner
+
+
+# ``with`` items under which a forward records no graph: DDP prepares no all-reduce for it.
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+
+
+def _training_forwards(loop: cst.CSTNode, owner: str) -> Iterator[cst.Call]:
+    """The calls ``owner(...)`` in a loop's body that run with gradients on (not under ``torch.no_grad()``)."""
+    stack = [loop.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            continue
+        if isinstance(node, cst.With) and any(
+            isinstance(item.item, cst.Call) and callee_name(item.item) in _NO_GRAD for item in node.items
+        ):
+            continue
+        if isinstance(node, cst.Call) and dotted_name(node.func) == owner:
+            yield node
+        stack.extend(children(node))
