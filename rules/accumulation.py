@@ -28,7 +28,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -495,23 +495,145 @@ class NumItemsInBatchIgnored(Rule):
     needs = (("compute_loss", "num_items_in_batch"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        for cls in framework_settings(model).hf_trainers:
+        settings = framework_settings(model)
+        local = {c.name.value: c for c in settings.hf_trainers}
+        for cls in settings.hf_trainers:
             function = next((f for f in _methods(cls) if f.name.value == "compute_loss"), None)
             if function is None:
                 continue
             parameter = _parameter(function, "num_items_in_batch")
             if parameter is None or _uses_name(function, "num_items_in_batch") or _calls_super(function, "compute_loss"):
                 continue
-            for loss in _returned_losses(model, function):
-                if _is_mean_cross_entropy(model, function, loss) and _over_tokens(function):
-                    yield Report(
-                        parameter.name,
-                        f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
-                        f"mean over this micro-batch's tokens (line {model.line(loss)}): under gradient accumulation a "
-                        f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
-                        f"by `num_items_in_batch`",
-                    )
-                    break
+            losses = _returned_losses(model, function)
+            token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
+            if token_mean is not None and _over_tokens(function):
+                yield Report(
+                    parameter.name,
+                    f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
+                    f"mean over this micro-batch's tokens (line {model.line(token_mean)}): under gradient accumulation a "
+                    f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
+                    f"by `num_items_in_batch`",
+                )
+            elif _division_skipped(model, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings):
+                yield Report(
+                    function.name,
+                    f"`{cls.name.value}.compute_loss` returns a loss of its own and ignores `num_items_in_batch`, "
+                    f"while `model_accepts_loss_kwargs` keeps the value the Trainer read from the model's forward: "
+                    f"for a model whose forward takes `**kwargs` (transformers' causal LMs) the Trainer takes the loss "
+                    f"as already normalised over the accumulated batch and skips its division by the gradient "
+                    f"accumulation steps (transformers 4.49-4.52 always, 4.48 and 4.53 on when the batch has `labels`), "
+                    f"so every step is that many times too large; set `self.model_accepts_loss_kwargs = False` after "
+                    f"`super().__init__(...)`",
+                )
+
+
+# The Trainer methods that decide whether the loss is divided by the accumulation steps (``training_step``)
+# or what ``num_items_in_batch`` is (``get_batch_samples``, ``_get_num_items_in_batch``).
+_SCALING_METHODS = {"training_step", "get_batch_samples", "_get_num_items_in_batch"}
+# The Trainer attributes that say whether the loss is already scaled for accumulation.
+_SCALING_FLAGS = ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga")
+
+
+def _division_skipped(
+    model: LoopModel,
+    cls: cst.ClassDef,
+    function: cst.FunctionDef,
+    losses: list[cst.BaseExpression],
+    local: dict[str, cst.ClassDef],
+    settings: FrameworkSettings,
+) -> bool:
+    """Whether the Trainer visibly takes ``compute_loss``'s own loss as normalised and skips the division by the steps.
+
+    The caller has checked that ``compute_loss`` ignores ``num_items_in_batch``
+    and does not call the parent's. Left: the module trains a language
+    model (whose forward takes ``**kwargs``), nothing in it touches the
+    Trainer's scaling flags or methods, and the loss is neither divided by
+    the accumulation steps nor a sum.
+    """
+    if _touches_scaling_flag(model.module):
+        return False
+    text = model.text if model.text is not None else model.module.code
+    if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
+        return False
+    if not _trains_language_model(text, cls, settings):
+        return False
+    if _mentions_accumulation_steps(function) or not losses:
+        return False
+    return not any(_is_sum(loss) or _is_none(loss) for loss in losses)
+
+
+def _touches_scaling_flag(module: cst.Module) -> bool:
+    """Whether the module names ``model_accepts_loss_kwargs`` or ``loss_is_scaled_for_ga`` in code (not in a comment or docstring).
+
+    As an attribute (``self.model_accepts_loss_kwargs = False``, ``trainer.model_accepts_loss_kwargs = False``),
+    a class attribute, or a string (``setattr(trainer, "model_accepts_loss_kwargs", False)``): whatever the module
+    does with the flag, it has taken the question in hand.
+    """
+    return _scaling_flag.get(module, None, lambda: _names_scaling_flag(module))
+
+
+_scaling_flag: PerModule[bool] = PerModule()
+
+
+def _names_scaling_flag(module: cst.Module) -> bool:
+    stack: list[cst.CSTNode] = [module]
+    while stack:  # every node, nested functions and classes included
+        node = stack.pop()
+        kind = type(node)
+        if kind is cst.Name and node.value in _SCALING_FLAGS:
+            return True
+        if kind is cst.SimpleString and node.evaluated_value in _SCALING_FLAGS:
+            return True
+        if kind not in TRIVIA:
+            stack.extend(children(node))
+    return False
+
+
+def _class_chain(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> list[cst.ClassDef]:
+    """``cls`` and the Trainer subclasses of the module it derives from."""
+    chain: list[cst.ClassDef] = []
+    pending = [cls]
+    while pending:
+        current = pending.pop()
+        if any(current is c for c in chain):
+            continue
+        chain.append(current)
+        for arg in current.bases:
+            name = dotted_name(arg.value)
+            if name in local:
+                pending.append(local[name])
+    return chain
+
+
+def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSettings) -> bool:
+    """Whether the module shows a causal language model (whose forward takes ``**kwargs``) or the class is a trl SFTTrainer."""
+    return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.sft_trainers)
+
+
+def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
+    """Whether ``compute_loss`` reads ``gradient_accumulation_steps`` (or ``current_gradient_accumulation_steps``)."""
+    for node in walk(function.body, into_lambdas=True):
+        if isinstance(node, cst.Name) and "gradient_accumulation_steps" in node.value:
+            return True
+        if isinstance(node, cst.Attribute) and "gradient_accumulation_steps" in node.attr.value:
+            return True
+        if isinstance(node, cst.SimpleString) and "gradient_accumulation_steps" in node.value:
+            return True
+    return False
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
+
+
+def _is_sum(loss: cst.BaseExpression) -> bool:
+    """``x.sum()``, ``torch.sum(x)`` or a loss call with ``reduction="sum"``: not a mean the Trainer would divide."""
+    if not isinstance(loss, cst.Call):
+        return False
+    if callee_name(loss) == "sum":
+        return True
+    reduction = keyword_arg(loss, "reduction")
+    return reduction is not None and isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "sum"
 
 
 def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
@@ -533,8 +655,12 @@ def _calls_super(function: cst.FunctionDef, method: str) -> bool:
     return False
 
 
-def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.BaseExpression]:
-    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved."""
+def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolved: bool = False) -> list[cst.BaseExpression]:
+    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved.
+
+    A name whose value cannot be followed (unpacked from a tuple, changed in
+    place) is left out, or kept as the name with ``keep_unresolved``.
+    """
     found: list[cst.BaseExpression] = []
     for node in walk(function.body):
         if not isinstance(node, cst.Return) or node.value is None:
@@ -550,6 +676,8 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.Ba
                 resolved = _last_value(model, function, value, model.position(node)[:2])
                 if resolved is not None:
                     found.append(resolved)
+                elif keep_unresolved:
+                    found.append(value)
     return found
 
 
