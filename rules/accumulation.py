@@ -430,66 +430,98 @@ def _is_key(node: cst.BaseExpression, key: str) -> bool:
 
 
 class NumItemsInBatchIgnored(Rule):
-    """A transformers ``Trainer`` subclass overrides ``compute_loss`` with a token-mean loss and ignores ``num_items_in_batch``.
+    """A transformers ``Trainer`` subclass overrides ``compute_loss``, ignores ``num_items_in_batch``, and the Trainer mis-scales what it returns.
 
-    **Why it matters.** Under gradient accumulation the right loss is the
-    sum over every token of the accumulated micro-batches divided by their
-    total number of tokens. The mean of each micro-batch's own token mean
-    weighs a token of a short (heavily padded) micro-batch more than one of
-    a long micro-batch: the bug transformers fixed in late 2024 by passing
-    ``num_items_in_batch`` (the tokens of the whole accumulated batch) to
-    ``compute_loss``. An override that accepts the argument and returns
-    ``cross_entropy(...)`` with the default mean reduction brings the bug
-    back; and when the model accepts loss keyword arguments the Trainer
-    takes the loss as already normalised and no longer divides it by the
-    accumulation steps (``training_step``'s ``loss_is_scaled_for_ga``).
+    **Why it matters.** Two bugs of one family. Under gradient accumulation
+    the right loss is the sum over every token of the accumulated
+    micro-batches divided by their total number of tokens. The mean of each
+    micro-batch's own token mean weighs a token of a short (heavily padded)
+    micro-batch more than one of a long micro-batch: the bug transformers
+    fixed in late 2024 by passing ``num_items_in_batch`` (the tokens of the
+    whole accumulated batch) to ``compute_loss``. An override that accepts
+    the argument and returns ``cross_entropy(...)`` with the default mean
+    reduction brings that bug back.
 
-    **Fix.** Sum the per-token losses and divide by ``num_items_in_batch``
-    when it is given (keep the mean when it is None, outside training).
+    The second is N times worse. ``Trainer.__init__`` sets
+    ``model_accepts_loss_kwargs`` from the model (its ``accepts_loss_kwargs``,
+    else whether its forward takes arbitrary keyword arguments:
+    transformers' causal LMs do), and ``training_step`` then takes the loss ``compute_loss`` returns
+    as already normalised over the accumulated batch and skips its own
+    division by the gradient accumulation steps: in transformers 4.49-4.52
+    whenever ``model_accepts_loss_kwargs`` (``if not
+    self.model_accepts_loss_kwargs and self.compute_loss_func is None``); in
+    4.48 and from 4.53 on when ``num_items_in_batch`` was counted, that is
+    when the first micro-batch has ``labels`` (``get_batch_samples`` /
+    ``_get_num_items_in_batch``); and whenever a ``compute_loss_func`` is
+    given. An override that computes its own loss (a preference, policy or
+    distillation loss, or the model's own ``outputs.loss``, computed without
+    ``num_items_in_batch``) returns a per-micro-batch value that nothing
+    divides: each optimizer step is the accumulation count times too large.
+    trl fixed its DPO, BCO, CPO, GRPO and KTO trainers by setting
+    ``self.model_accepts_loss_kwargs = False`` after ``super().__init__``.
+    (transformers 4.46.x-4.47.x divided no loss at all, whatever the
+    subclass; transformers 5 reads a class attribute ``loss_is_scaled_for_ga``
+    first when it is set.)
+
+    **Fix.** For a token-mean loss: sum the per-token losses and divide by
+    ``num_items_in_batch`` when it is given (keep the mean when it is None,
+    outside training). For a loss of its own: set
+    ``self.model_accepts_loss_kwargs = False`` after ``super().__init__``
+    (the Trainer then divides), or divide by
+    ``self.args.gradient_accumulation_steps`` in ``compute_loss``.
 
     **Bad**::
 
-        from transformers import Trainer
+        from transformers import AutoModelForCausalLM, Trainer
 
 
-        class LMTrainer(Trainer):
+        class PreferenceTrainer(Trainer):
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                labels = inputs.pop("labels")
-                outputs = model(**inputs)
-                logits = outputs.logits[..., :-1, :]
-                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100)
-                return (loss, outputs) if return_outputs else loss
+                loss, metrics = self.get_batch_loss_metrics(model, inputs)
+                return (loss, metrics) if return_outputs else loss
 
     **Good**::
 
-        from transformers import Trainer
+        from transformers import AutoModelForCausalLM, Trainer
 
 
-        class LMTrainer(Trainer):
+        class PreferenceTrainer(Trainer):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.model_accepts_loss_kwargs = False  # the loss is our own: let the Trainer divide it
+
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                labels = inputs.pop("labels")
-                outputs = model(**inputs)
-                logits = outputs.logits[..., :-1, :]
-                reduction = "sum" if num_items_in_batch is not None else "mean"
-                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100, reduction=reduction)
-                if num_items_in_batch is not None:
-                    loss = loss / num_items_in_batch
-                return (loss, outputs) if return_outputs else loss
+                loss, metrics = self.get_batch_loss_metrics(model, inputs)
+                return (loss, metrics) if return_outputs else loss
 
     **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
     or calls ``super().compute_loss``; its signature has no
-    ``num_items_in_batch``; the returned loss is not visibly a mean
-    cross-entropy (a model's own ``outputs.loss``, a custom loss function,
-    ``reduction="sum"``); nothing shows the mean is over tokens whose number
-    varies per batch (no ``ignore_index``, no ``-100`` labels, no shifted
-    labels, no ``vocab_size``: a classification loss over a fixed number of
-    examples per batch is fine); the class does not derive from
-    ``transformers.Trainer`` or ``Seq2SeqTrainer`` in this module.
+    ``num_items_in_batch``; the class does not derive from
+    ``transformers.Trainer``, ``Seq2SeqTrainer`` or trl's ``SFTTrainer`` in
+    this module. The token-mean finding also needs the returned loss to be
+    visibly a mean cross-entropy (``F.cross_entropy``/``nll_loss``,
+    ``CrossEntropyLoss``/``NLLLoss`` with the default reduction) over tokens
+    whose number varies per batch (``ignore_index``, ``-100`` labels,
+    shifted labels, ``vocab_size``: a classification loss over a fixed
+    number of examples per batch is fine). Otherwise the skipped-division
+    finding stays quiet when the module names ``model_accepts_loss_kwargs``
+    or ``loss_is_scaled_for_ga`` in code anywhere (set on ``self``, on the
+    trainer it builds, as a class attribute, through ``setattr``, or only
+    read); the class or a Trainer subclass of the module it derives from
+    defines ``training_step``, ``get_batch_samples`` or
+    ``_get_num_items_in_batch``; nothing shows a model whose forward takes
+    arbitrary keyword arguments: neither a ``...ForCausalLM`` / ``CAUSAL_LM`` name in the
+    module nor an ``SFTTrainer`` base (a sequence classifier of transformers
+    4.x takes none and the Trainer divides); ``compute_loss``
+    reads ``gradient_accumulation_steps`` (``self.args.gradient_accumulation_steps``,
+    ``self.current_gradient_accumulation_steps``); it returns nothing, ``None``
+    or a visible sum (``.sum()``, ``torch.sum``, ``sum(...)``,
+    ``reduction="sum"``).
     """
 
     code = "GL008"
     name = "num-items-in-batch-ignored"
-    summary = "a Trainer's compute_loss returns a token mean and ignores num_items_in_batch"
+    summary = "a Trainer's compute_loss ignores num_items_in_batch: a token mean, or a loss nothing divides by N"
     severity = Severity.WARNING
     fix = None  # the normalisation depends on how the loss is built
     needs = (("compute_loss", "num_items_in_batch"),)
