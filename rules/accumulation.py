@@ -472,16 +472,20 @@ class NumItemsInBatchIgnored(Rule):
 
     **Bad**::
 
+        import torch.nn.functional as F
         from transformers import AutoModelForCausalLM, Trainer
 
 
         class PreferenceTrainer(Trainer):
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                loss, metrics = self.get_batch_loss_metrics(model, inputs)
-                return (loss, metrics) if return_outputs else loss
+                chosen = model(inputs["chosen_ids"]).logits[:, -1].logsumexp(-1)
+                rejected = model(inputs["rejected_ids"]).logits[:, -1].logsumexp(-1)
+                loss = -F.logsigmoid(chosen - rejected).mean()
+                return loss
 
     **Good**::
 
+        import torch.nn.functional as F
         from transformers import AutoModelForCausalLM, Trainer
 
 
@@ -491,8 +495,10 @@ class NumItemsInBatchIgnored(Rule):
                 self.model_accepts_loss_kwargs = False  # the loss is our own: let the Trainer divide it
 
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                loss, metrics = self.get_batch_loss_metrics(model, inputs)
-                return (loss, metrics) if return_outputs else loss
+                chosen = model(inputs["chosen_ids"]).logits[:, -1].logsumexp(-1)
+                rejected = model(inputs["rejected_ids"]).logits[:, -1].logsumexp(-1)
+                loss = -F.logsigmoid(chosen - rejected).mean()
+                return loss
 
     **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
     or calls ``super().compute_loss``; its signature has no
@@ -504,15 +510,20 @@ class NumItemsInBatchIgnored(Rule):
     whose number varies per batch (``ignore_index``, ``-100`` labels,
     shifted labels, ``vocab_size``: a classification loss over a fixed
     number of examples per batch is fine). Otherwise the skipped-division
-    finding stays quiet when the module names ``model_accepts_loss_kwargs``
-    or ``loss_is_scaled_for_ga`` in code anywhere (set on ``self``, on the
-    trainer it builds, as a class attribute, through ``setattr``, or only
-    read); the class or a Trainer subclass of the module it derives from
+    finding stays quiet when the module names ``model_accepts_loss_kwargs``,
+    ``loss_is_scaled_for_ga`` or ``accepts_loss_kwargs`` in code anywhere
+    (set on ``self``, on the trainer it builds, on a model, as a class
+    attribute, through ``setattr``, or only read); the class or a Trainer subclass of the module it derives from
     defines ``training_step``, ``get_batch_samples`` or
     ``_get_num_items_in_batch``; nothing shows a model whose forward takes
     arbitrary keyword arguments: neither a ``...ForCausalLM`` / ``CAUSAL_LM`` name in the
     module nor an ``SFTTrainer`` base (a sequence classifier of transformers
-    4.x takes none and the Trainer divides); ``compute_loss``
+    4.x takes none and the Trainer divides); the class (with its Trainer
+    bases of the module) never reads ``.logits``, so the model it trains
+    may not return a transformers output; the module defines a model of
+    its own (a class whose ``forward`` takes no arbitrary keyword arguments, a reward
+    head around a causal LM, say) that may be the one handed to the
+    Trainer; ``compute_loss``
     reads ``gradient_accumulation_steps`` (``self.args.gradient_accumulation_steps``,
     ``self.current_gradient_accumulation_steps``); it returns nothing, ``None``
     or a visible sum (``.sum()``, ``torch.sum``, ``sum(...)``,
@@ -538,15 +549,22 @@ class NumItemsInBatchIgnored(Rule):
                 continue
             losses = _returned_losses(model, function)
             token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
+            undivided = _division_skipped(model, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
             if token_mean is not None and _over_tokens(function):
+                also = (
+                    "; and for a model whose forward takes `**kwargs` (a causal LM) the Trainer takes it as "
+                    "normalised and does not divide it by the accumulation steps either"
+                    if undivided
+                    else ""
+                )
                 yield Report(
                     parameter.name,
                     f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
                     f"mean over this micro-batch's tokens (line {model.line(token_mean)}): under gradient accumulation a "
-                    f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
+                    f"token of a short batch weighs more than one of a long batch{also}; sum the token losses and divide "
                     f"by `num_items_in_batch`",
                 )
-            elif _division_skipped(model, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings):
+            elif undivided:
                 yield Report(
                     function.name,
                     f"`{cls.name.value}.compute_loss` returns a loss of its own and ignores `num_items_in_batch`, "
@@ -562,8 +580,9 @@ class NumItemsInBatchIgnored(Rule):
 # The Trainer methods that decide whether the loss is divided by the accumulation steps (``training_step``)
 # or what ``num_items_in_batch`` is (``get_batch_samples``, ``_get_num_items_in_batch``).
 _SCALING_METHODS = {"training_step", "get_batch_samples", "_get_num_items_in_batch"}
-# The Trainer attributes that say whether the loss is already scaled for accumulation.
-_SCALING_FLAGS = ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga")
+# The Trainer attributes that say whether the loss is already scaled for accumulation, and the model
+# attribute ``Trainer.__init__`` reads ``model_accepts_loss_kwargs`` from when the model has it.
+_SCALING_FLAGS = ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga", "accepts_loss_kwargs")
 
 
 def _division_skipped(
@@ -587,7 +606,9 @@ def _division_skipped(
     text = model.text if model.text is not None else model.module.code
     if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
         return False
-    if not _trains_language_model(text, cls, settings):
+    if not _trains_language_model(text, cls, settings) or not _reads_logits(cls, local):
+        return False
+    if _model_without_kwargs(model.module, settings):
         return False
     if _mentions_accumulation_steps(function) or not losses:
         return False
@@ -608,16 +629,12 @@ _scaling_flag: PerModule[bool] = PerModule()
 
 
 def _names_scaling_flag(module: cst.Module) -> bool:
-    stack: list[cst.CSTNode] = [module]
-    while stack:  # every node, nested functions and classes included
-        node = stack.pop()
+    for node in _full_walk(module):
         kind = type(node)
         if kind is cst.Name and node.value in _SCALING_FLAGS:
             return True
         if kind is cst.SimpleString and node.evaluated_value in _SCALING_FLAGS:
             return True
-        if kind not in TRIVIA:
-            stack.extend(children(node))
     return False
 
 
@@ -640,6 +657,39 @@ def _class_chain(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> list[cst.
 def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSettings) -> bool:
     """Whether the module shows a causal language model (whose forward takes ``**kwargs``) or the class is a trl SFTTrainer."""
     return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.sft_trainers)
+
+
+def _full_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node``, nested functions and classes included."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if type(current) not in TRIVIA:
+            stack.extend(children(current))
+
+
+def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
+    """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
+    return any(
+        isinstance(node, cst.Attribute) and node.attr.value == "logits" for c in _class_chain(cls, local) for node in _full_walk(c)
+    )
+
+
+def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bool:
+    """Whether the module defines a model of its own whose ``forward`` takes no ``**kwargs``.
+
+    It may be the model handed to the Trainer (a reward head around a causal
+    LM, say): the Trainer then sets ``model_accepts_loss_kwargs = False``
+    and divides.
+    """
+    trainers = {id(c) for c in settings.hf_trainers}
+    for node in _full_walk(module):
+        if isinstance(node, cst.ClassDef) and id(node) not in trainers:
+            for function in _methods(node):
+                if function.name.value == "forward" and not isinstance(function.params.star_kwarg, cst.Param):
+                    return True
+    return False
 
 
 def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
