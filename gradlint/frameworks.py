@@ -46,6 +46,9 @@ _HF_TRAINER = {
     "transformers.Seq2SeqTrainer",
     "transformers.trainer_seq2seq.Seq2SeqTrainer",
 }
+# trl's SFTTrainer derives from transformers.Trainer and trains language models (causal LMs, and
+# image-text-to-text models in later versions); it leaves ``model_accepts_loss_kwargs`` as the Trainer sets it.
+_TRL_SFT_TRAINER = {"trl.SFTTrainer", "trl.trainer.SFTTrainer", "trl.trainer.sft_trainer.SFTTrainer"}
 _DEEPSPEED_INITIALIZE = {"deepspeed.initialize"}
 _DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"}
 # The last part of every name above: a module names one of them (in the call, the base class or its
@@ -69,6 +72,8 @@ class FrameworkSettings:
     deepspeed_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
     lightning_modules: list[cst.ClassDef] = dataclasses.field(default_factory=list)
     hf_trainers: list[cst.ClassDef] = dataclasses.field(default_factory=list)
+    # The transformers Trainer subclasses above that derive from trl's ``SFTTrainer``.
+    sft_trainers: list[cst.ClassDef] = dataclasses.field(default_factory=list)
     # Every ``DistributedDataParallel(...)`` construction.
     ddp_wraps: list[cst.Call] = dataclasses.field(default_factory=list)
     # Every FSDP2 ``fully_shard(...)`` call.
@@ -149,8 +154,10 @@ def _read(module: cst.Module) -> FrameworkSettings:
     for cls in classes:
         if _subclasses(cls, _LIGHTNING_MODULE, imports, local, set()):
             settings.lightning_modules.append(cls)
-        if _subclasses(cls, _HF_TRAINER, imports, local, set()):
+        if _subclasses(cls, _HF_TRAINER | _TRL_SFT_TRAINER, imports, local, set()):
             settings.hf_trainers.append(cls)
+        if _subclasses(cls, _TRL_SFT_TRAINER, imports, local, set()):
+            settings.sft_trainers.append(cls)
     return settings
 
 

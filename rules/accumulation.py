@@ -30,7 +30,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import bool_literal, callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -432,88 +432,292 @@ def _is_key(node: cst.BaseExpression, key: str) -> bool:
 
 
 class NumItemsInBatchIgnored(Rule):
-    """A transformers ``Trainer`` subclass overrides ``compute_loss`` with a token-mean loss and ignores ``num_items_in_batch``.
+    """A transformers ``Trainer`` subclass overrides ``compute_loss``, ignores ``num_items_in_batch``, and the Trainer mis-scales what it returns.
 
-    **Why it matters.** Under gradient accumulation the right loss is the
-    sum over every token of the accumulated micro-batches divided by their
-    total number of tokens. The mean of each micro-batch's own token mean
-    weighs a token of a short (heavily padded) micro-batch more than one of
-    a long micro-batch: the bug transformers fixed in late 2024 by passing
-    ``num_items_in_batch`` (the tokens of the whole accumulated batch) to
-    ``compute_loss``. An override that accepts the argument and returns
-    ``cross_entropy(...)`` with the default mean reduction brings the bug
-    back; and when the model accepts loss keyword arguments the Trainer
-    takes the loss as already normalised and no longer divides it by the
-    accumulation steps (``training_step``'s ``loss_is_scaled_for_ga``).
+    **Why it matters.** Two bugs of one family. Under gradient accumulation
+    the right loss is the sum over every token of the accumulated
+    micro-batches divided by their total number of tokens. The mean of each
+    micro-batch's own token mean weighs a token of a short (heavily padded)
+    micro-batch more than one of a long micro-batch: the bug transformers
+    fixed in late 2024 by passing ``num_items_in_batch`` (the tokens of the
+    whole accumulated batch) to ``compute_loss``. An override that accepts
+    the argument and returns ``cross_entropy(...)`` with the default mean
+    reduction brings that bug back.
 
-    **Fix.** Sum the per-token losses and divide by ``num_items_in_batch``
-    when it is given (keep the mean when it is None, outside training).
+    The second is N times worse. ``Trainer.__init__`` sets
+    ``model_accepts_loss_kwargs`` from the model (its ``accepts_loss_kwargs``,
+    else whether its forward takes arbitrary keyword arguments:
+    transformers' causal LMs do), and ``training_step`` then takes the loss ``compute_loss`` returns
+    as already normalised over the accumulated batch and skips its own
+    division by the gradient accumulation steps: in transformers 4.49-4.52
+    whenever ``model_accepts_loss_kwargs`` (``if not
+    self.model_accepts_loss_kwargs and self.compute_loss_func is None``); in
+    4.48 and from 4.53 on when ``num_items_in_batch`` was counted, that is
+    when the first micro-batch has ``labels`` (``get_batch_samples`` /
+    ``_get_num_items_in_batch``); and whenever a ``compute_loss_func`` is
+    given. An override that computes its own loss (a preference, policy or
+    distillation loss, or the model's own ``outputs.loss``, computed without
+    ``num_items_in_batch``) returns a per-micro-batch value that nothing
+    divides: each optimizer step is the accumulation count times too large.
+    trl fixed its DPO, BCO, CPO, GRPO and KTO trainers by setting
+    ``self.model_accepts_loss_kwargs = False`` after ``super().__init__``.
+    (transformers 4.46.x-4.47.x divided no loss at all, whatever the
+    subclass; transformers 5 reads a class attribute ``loss_is_scaled_for_ga``
+    first when it is set.)
+
+    **Fix.** For a token-mean loss: sum the per-token losses and divide by
+    ``num_items_in_batch`` when it is given (keep the mean when it is None,
+    outside training). For a loss of its own: set
+    ``self.model_accepts_loss_kwargs = False`` after ``super().__init__``
+    (the Trainer then divides), or divide by
+    ``self.args.gradient_accumulation_steps`` in ``compute_loss``.
 
     **Bad**::
 
-        from transformers import Trainer
+        import torch.nn.functional as F
+        from transformers import AutoModelForCausalLM, Trainer
 
 
-        class LMTrainer(Trainer):
+        class PreferenceTrainer(Trainer):
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                labels = inputs.pop("labels")
-                outputs = model(**inputs)
-                logits = outputs.logits[..., :-1, :]
-                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100)
-                return (loss, outputs) if return_outputs else loss
+                chosen = model(inputs["chosen_ids"]).logits[:, -1].logsumexp(-1)
+                rejected = model(inputs["rejected_ids"]).logits[:, -1].logsumexp(-1)
+                loss = -F.logsigmoid(chosen - rejected).mean()
+                return loss
 
     **Good**::
 
-        from transformers import Trainer
+        import torch.nn.functional as F
+        from transformers import AutoModelForCausalLM, Trainer
 
 
-        class LMTrainer(Trainer):
+        class PreferenceTrainer(Trainer):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.model_accepts_loss_kwargs = False  # the loss is our own: let the Trainer divide it
+
             def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-                labels = inputs.pop("labels")
-                outputs = model(**inputs)
-                logits = outputs.logits[..., :-1, :]
-                reduction = "sum" if num_items_in_batch is not None else "mean"
-                loss = F.cross_entropy(logits.flatten(0, 1), labels[..., 1:].flatten(), ignore_index=-100, reduction=reduction)
-                if num_items_in_batch is not None:
-                    loss = loss / num_items_in_batch
-                return (loss, outputs) if return_outputs else loss
+                chosen = model(inputs["chosen_ids"]).logits[:, -1].logsumexp(-1)
+                rejected = model(inputs["rejected_ids"]).logits[:, -1].logsumexp(-1)
+                loss = -F.logsigmoid(chosen - rejected).mean()
+                return loss
 
     **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
     or calls ``super().compute_loss``; its signature has no
-    ``num_items_in_batch``; the returned loss is not visibly a mean
-    cross-entropy (a model's own ``outputs.loss``, a custom loss function,
-    ``reduction="sum"``); nothing shows the mean is over tokens whose number
-    varies per batch (no ``ignore_index``, no ``-100`` labels, no shifted
-    labels, no ``vocab_size``: a classification loss over a fixed number of
-    examples per batch is fine); the class does not derive from
-    ``transformers.Trainer`` or ``Seq2SeqTrainer`` in this module.
+    ``num_items_in_batch``; the class does not derive from
+    ``transformers.Trainer``, ``Seq2SeqTrainer`` or trl's ``SFTTrainer`` in
+    this module. The token-mean finding also needs the returned loss to be
+    visibly a mean cross-entropy (``F.cross_entropy``/``nll_loss``,
+    ``CrossEntropyLoss``/``NLLLoss`` with the default reduction) over tokens
+    whose number varies per batch (``ignore_index``, ``-100`` labels,
+    shifted labels, ``vocab_size``: a classification loss over a fixed
+    number of examples per batch is fine). Otherwise the skipped-division
+    finding stays quiet when the module names ``model_accepts_loss_kwargs``,
+    ``loss_is_scaled_for_ga`` or ``accepts_loss_kwargs`` in code anywhere
+    (set on ``self``, on the trainer it builds, on a model, as a class
+    attribute, through ``setattr``, or only read); the class or a Trainer subclass of the module it derives from
+    defines ``training_step``, ``get_batch_samples`` or
+    ``_get_num_items_in_batch``; nothing shows a model whose forward takes
+    arbitrary keyword arguments: neither a ``...ForCausalLM`` / ``CAUSAL_LM`` name in the
+    module nor an ``SFTTrainer`` base (a sequence classifier of transformers
+    4.x takes none and the Trainer divides); the class (with its Trainer
+    bases of the module) never reads ``.logits``, so the model it trains
+    may not return a transformers output; the module defines a model of
+    its own (a class whose ``forward`` takes no arbitrary keyword arguments, a reward
+    head around a causal LM, say) that may be the one handed to the
+    Trainer; ``compute_loss``
+    reads ``gradient_accumulation_steps`` (``self.args.gradient_accumulation_steps``,
+    ``self.current_gradient_accumulation_steps``); it returns nothing, ``None``
+    or a visible sum (``.sum()``, ``torch.sum``, ``sum(...)``,
+    ``reduction="sum"``).
     """
 
     code = "GL008"
     name = "num-items-in-batch-ignored"
-    summary = "a Trainer's compute_loss returns a token mean and ignores num_items_in_batch"
+    summary = "a Trainer's compute_loss ignores num_items_in_batch: a token mean, or a loss nothing divides by N"
     severity = Severity.WARNING
     fix = None  # the normalisation depends on how the loss is built
     needs = (("compute_loss", "num_items_in_batch"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        for cls in framework_settings(model).hf_trainers:
+        settings = framework_settings(model)
+        local = {c.name.value: c for c in settings.hf_trainers}
+        for cls in settings.hf_trainers:
             function = next((f for f in _methods(cls) if f.name.value == "compute_loss"), None)
             if function is None:
                 continue
             parameter = _parameter(function, "num_items_in_batch")
             if parameter is None or _uses_name(function, "num_items_in_batch") or _calls_super(function, "compute_loss"):
                 continue
-            for loss in _returned_losses(model, function):
-                if _is_mean_cross_entropy(model, function, loss) and _over_tokens(function):
-                    yield Report(
-                        parameter.name,
-                        f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
-                        f"mean over this micro-batch's tokens (line {model.line(loss)}): under gradient accumulation a "
-                        f"token of a short batch weighs more than one of a long batch; sum the token losses and divide "
-                        f"by `num_items_in_batch`",
-                    )
-                    break
+            losses = _returned_losses(model, function)
+            token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
+            undivided = _division_skipped(model, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
+            if token_mean is not None and _over_tokens(function):
+                also = (
+                    "; and for a model whose forward takes `**kwargs` (a causal LM) the Trainer takes it as "
+                    "normalised and does not divide it by the accumulation steps either"
+                    if undivided
+                    else ""
+                )
+                yield Report(
+                    parameter.name,
+                    f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
+                    f"mean over this micro-batch's tokens (line {model.line(token_mean)}): under gradient accumulation a "
+                    f"token of a short batch weighs more than one of a long batch{also}; sum the token losses and divide "
+                    f"by `num_items_in_batch`",
+                )
+            elif undivided:
+                yield Report(
+                    function.name,
+                    f"`{cls.name.value}.compute_loss` returns a loss of its own and ignores `num_items_in_batch`, "
+                    f"while `model_accepts_loss_kwargs` keeps the value the Trainer read from the model's forward: "
+                    f"for a model whose forward takes `**kwargs` (transformers' causal LMs) the Trainer takes the loss "
+                    f"as already normalised over the accumulated batch and skips its division by the gradient "
+                    f"accumulation steps (transformers 4.49-4.52 always, 4.48 and 4.53 on when the batch has `labels`), "
+                    f"so every step is that many times too large; set `self.model_accepts_loss_kwargs = False` after "
+                    f"`super().__init__(...)`",
+                )
+
+
+# The Trainer methods that decide whether the loss is divided by the accumulation steps (``training_step``)
+# or what ``num_items_in_batch`` is (``get_batch_samples``, ``_get_num_items_in_batch``).
+_SCALING_METHODS = {"training_step", "get_batch_samples", "_get_num_items_in_batch"}
+# The Trainer attributes that say whether the loss is already scaled for accumulation, and the model
+# attribute ``Trainer.__init__`` reads ``model_accepts_loss_kwargs`` from when the model has it.
+_SCALING_FLAGS = ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga", "accepts_loss_kwargs")
+
+
+def _division_skipped(
+    model: LoopModel,
+    cls: cst.ClassDef,
+    function: cst.FunctionDef,
+    losses: list[cst.BaseExpression],
+    local: dict[str, cst.ClassDef],
+    settings: FrameworkSettings,
+) -> bool:
+    """Whether the Trainer visibly takes ``compute_loss``'s own loss as normalised and skips the division by the steps.
+
+    The caller has checked that ``compute_loss`` ignores ``num_items_in_batch``
+    and does not call the parent's. Left: the module trains a language
+    model (whose forward takes ``**kwargs``), nothing in it touches the
+    Trainer's scaling flags or methods, and the loss is neither divided by
+    the accumulation steps nor a sum.
+    """
+    if _touches_scaling_flag(model.module):
+        return False
+    text = model.text if model.text is not None else model.module.code
+    if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
+        return False
+    if not _trains_language_model(text, cls, settings) or not _reads_logits(cls, local):
+        return False
+    if _model_without_kwargs(model.module, settings):
+        return False
+    if _mentions_accumulation_steps(function) or not losses:
+        return False
+    return not any(_is_sum(loss) or _is_none(loss) for loss in losses)
+
+
+def _touches_scaling_flag(module: cst.Module) -> bool:
+    """Whether the module names ``model_accepts_loss_kwargs`` or ``loss_is_scaled_for_ga`` in code (not in a comment or docstring).
+
+    As an attribute (``self.model_accepts_loss_kwargs = False``, ``trainer.model_accepts_loss_kwargs = False``),
+    a class attribute, or a string (``setattr(trainer, "model_accepts_loss_kwargs", False)``): whatever the module
+    does with the flag, it has taken the question in hand.
+    """
+    return _scaling_flag.get(module, None, lambda: _names_scaling_flag(module))
+
+
+_scaling_flag: PerModule[bool] = PerModule()
+
+
+def _names_scaling_flag(module: cst.Module) -> bool:
+    for node in _full_walk(module):
+        kind = type(node)
+        if kind is cst.Name and node.value in _SCALING_FLAGS:
+            return True
+        if kind is cst.SimpleString and node.evaluated_value in _SCALING_FLAGS:
+            return True
+    return False
+
+
+def _class_chain(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> list[cst.ClassDef]:
+    """``cls`` and the Trainer subclasses of the module it derives from."""
+    chain: list[cst.ClassDef] = []
+    pending = [cls]
+    while pending:
+        current = pending.pop()
+        if any(current is c for c in chain):
+            continue
+        chain.append(current)
+        for arg in current.bases:
+            name = dotted_name(arg.value)
+            if name in local:
+                pending.append(local[name])
+    return chain
+
+
+def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSettings) -> bool:
+    """Whether the module shows a causal language model (whose forward takes ``**kwargs``) or the class is a trl SFTTrainer."""
+    return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.sft_trainers)
+
+
+def _full_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node``, nested functions and classes included."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if type(current) not in TRIVIA:
+            stack.extend(children(current))
+
+
+def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
+    """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
+    return any(
+        isinstance(node, cst.Attribute) and node.attr.value == "logits" for c in _class_chain(cls, local) for node in _full_walk(c)
+    )
+
+
+def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bool:
+    """Whether the module defines a model of its own whose ``forward`` takes no ``**kwargs``.
+
+    It may be the model handed to the Trainer (a reward head around a causal
+    LM, say): the Trainer then sets ``model_accepts_loss_kwargs = False``
+    and divides.
+    """
+    trainers = {id(c) for c in settings.hf_trainers}
+    for node in _full_walk(module):
+        if isinstance(node, cst.ClassDef) and id(node) not in trainers:
+            for function in _methods(node):
+                if function.name.value == "forward" and not isinstance(function.params.star_kwarg, cst.Param):
+                    return True
+    return False
+
+
+def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
+    """Whether ``compute_loss`` reads ``gradient_accumulation_steps`` (or ``current_gradient_accumulation_steps``)."""
+    for node in walk(function.body, into_lambdas=True):
+        if isinstance(node, cst.Name) and "gradient_accumulation_steps" in node.value:
+            return True
+        if isinstance(node, cst.Attribute) and "gradient_accumulation_steps" in node.attr.value:
+            return True
+        if isinstance(node, cst.SimpleString) and "gradient_accumulation_steps" in node.value:
+            return True
+    return False
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
+
+
+def _is_sum(loss: cst.BaseExpression) -> bool:
+    """``x.sum()``, ``torch.sum(x)`` or a loss call with ``reduction="sum"``: not a mean the Trainer would divide."""
+    if not isinstance(loss, cst.Call):
+        return False
+    if callee_name(loss) == "sum":
+        return True
+    reduction = keyword_arg(loss, "reduction")
+    return reduction is not None and isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "sum"
 
 
 def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
@@ -535,8 +739,12 @@ def _calls_super(function: cst.FunctionDef, method: str) -> bool:
     return False
 
 
-def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.BaseExpression]:
-    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved."""
+def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolved: bool = False) -> list[cst.BaseExpression]:
+    """The loss expressions ``compute_loss`` returns: ``loss``, ``(loss, outputs)``, ``(loss, outputs) if ... else loss``, names resolved.
+
+    A name whose value cannot be followed (unpacked from a tuple, changed in
+    place) is left out, or kept as the name with ``keep_unresolved``.
+    """
     found: list[cst.BaseExpression] = []
     for node in walk(function.body):
         if not isinstance(node, cst.Return) or node.value is None:
@@ -552,6 +760,8 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef) -> list[cst.Ba
                 resolved = _last_value(model, function, value, model.position(node)[:2])
                 if resolved is not None:
                     found.append(resolved)
+                elif keep_unresolved:
+                    found.append(value)
     return found
 
 
