@@ -315,7 +315,7 @@ class EventBuilder:
             if name not in bound:
                 continue
             loop_bound = True
-            for node in walk(frame.node.iter):
+            for node in walk(_zipped_source(frame.node, name)):
                 if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
                     owner = dotted_name(receiver(node))
                     if owner:
@@ -524,6 +524,8 @@ class EventBuilder:
 
     def _backward_fields(self, call: cst.Call, method: str | None, recv, recv_name: str | None, scope: _Scope) -> dict:
         args = positional_args(call)
+        if not args and (given := keyword_arg(call, "loss")) is not None:
+            args = [given]  # ``booster.backward(loss=loss / n, optimizer=optimizer)``
         if method == "manual_backward":  # Lightning's manual optimization: a plain backward (AMP scaling aside), nothing divided
             loss = args[0].value if args else None
             return {"framework": "lightning", "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
@@ -923,6 +925,18 @@ def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
         if len(args) == 2:
             return args[1].value
     return node
+
+
+def _zipped_source(loop: cst.For, name: str) -> cst.BaseExpression:
+    """What binds ``name`` in a loop: for ``for a, b in zip(xs, ys)``, ``ys`` for ``b``; else the whole iterable."""
+    target, iterable = loop.target, loop.iter
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(iterable, cst.Call) and callee_name(iterable) == "zip":
+        args = positional_args(iterable)
+        if len(args) == len(target.elements) and not any(a.star for a in args):
+            for element, arg in zip(target.elements, args):
+                if isinstance(element.value, cst.Name) and element.value.value == name:
+                    return arg.value
+    return iterable
 
 
 def _unreduced(node: cst.BaseExpression | None) -> cst.BaseExpression | None:

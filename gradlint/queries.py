@@ -236,6 +236,21 @@ def steps_with_loops(root: Root) -> Iterator[tuple[Event, Frame]]:
                 yield event, loop
 
 
+def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
+    """Whether a clear reaches a model the optimizer is known not to be built from.
+
+    :func:`clears` assumes a clear of a model no optimizer claims reaches every
+    optimizer, which keeps a missing clear from being reported; a clear reported
+    as misplaced must reach the optimizer for sure (``p_bf16.grad = None`` over
+    a bf16 copy, then a step of the fp32 model's optimizer).
+    """
+    if zero.target_kind is not ObjKind.MODEL or zero.target is None or optimizer is None:
+        return False
+    sources = param_sources(model, optimizer)
+    parts = zero.target.split(".")
+    return bool(sources) and parts[-1] not in sources and parts[0] not in sources and (len(parts) < 2 or parts[1] not in sources)
+
+
 def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> Iterator[tuple[Event, Event, Event]]:
     """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step."""
     last_backward: Event | None = None
@@ -250,7 +265,7 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
             if event.target in stepped:
                 continue  # a later step of the same optimizer does not own the backward's gradients
             for zero in zeros_since:
-                if clears(model, zero, event.target) and not leaves_before(zero, event):
+                if clears(model, zero, event.target) and not leaves_before(zero, event) and not _clears_another_model(model, zero, event.target):
                     yield last_backward, zero, event
             stepped.add(event.target)
 

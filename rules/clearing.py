@@ -335,7 +335,10 @@ class ZeroGradBetweenBackwardAndStep(Rule):
     - the clear sits in a branch that leaves before the step
       (``if not finite: opt.zero_grad(); continue``) or in an ``except``
       handler (out-of-memory recovery);
-    - the clear reaches another optimizer's model;
+    - the clear reaches another optimizer's model, or a model the stepped
+      optimizer is known not to be built from (``for p32, p16 in
+      zip(fp32_model.parameters(), bf16_copy.parameters()): p32.grad =
+      p16.grad.float(); p16.grad = None``);
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
@@ -547,7 +550,8 @@ class UnscaledAccumulatedLoss(Rule):
       that counter is no backward and is left alone),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
-      a sum of divided terms (``loss = ce_loss + z_loss``, both divided)
+      the loss may be given by keyword (``booster.backward(loss=loss / n,
+      optimizer=optimizer)``); a sum of divided terms (``loss = ce_loss + z_loss``, both divided)
       and a divided element of a tuple a helper returns (``loss, ce_loss =
       self.train_micro_batch(...)``) count as divided;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
