@@ -251,6 +251,32 @@ def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) 
     return bool(sources) and parts[-1] not in sources and parts[0] not in sources and (len(parts) < 2 or parts[1] not in sources)
 
 
+def _clears_picked_parameters(zero: Event) -> bool:
+    """``for name, p in model.named_parameters(): if "prototypes" in name: p.grad = None``: a test on the loop's
+    own variables picks which gradients to drop (parameters frozen for some iterations, non-finite gradients):
+    dropping them before the step is the point."""
+    node = zero.node
+    if not zero.manual or not isinstance(node, cst.Assign):
+        return False
+    holder = node.targets[0].target
+    while isinstance(holder, cst.Attribute):
+        holder = holder.value
+    if not isinstance(holder, cst.Name):
+        return False
+    for position, frame in enumerate(zero.frames):
+        if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
+            continue
+        bound = {n.value for n in walk(frame.node.target) if isinstance(n, cst.Name)}
+        if holder.value not in bound:
+            continue
+        return any(
+            f.kind is FrameKind.BRANCH and isinstance(f.node, cst.If)
+            and any(isinstance(n, cst.Name) and n.value in bound for n in walk(f.node.test))
+            for f in zero.frames[position + 1 :]
+        )
+    return False
+
+
 def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> Iterator[tuple[Event, Event, Event]]:
     """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step."""
     last_backward: Event | None = None
@@ -265,7 +291,12 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
             if event.target in stepped:
                 continue  # a later step of the same optimizer does not own the backward's gradients
             for zero in zeros_since:
-                if clears(model, zero, event.target) and not leaves_before(zero, event) and not _clears_another_model(model, zero, event.target):
+                if (
+                    clears(model, zero, event.target)
+                    and not leaves_before(zero, event)
+                    and not _clears_another_model(model, zero, event.target)
+                    and not _clears_picked_parameters(zero)
+                ):
                     yield last_backward, zero, event
             stepped.add(event.target)
 

@@ -339,6 +339,10 @@ class ZeroGradBetweenBackwardAndStep(Rule):
       optimizer is known not to be built from (``for p32, p16 in
       zip(fp32_model.parameters(), bf16_copy.parameters()): p32.grad =
       p16.grad.float(); p16.grad = None``);
+    - a test on the parameter loop's own variables picks the gradients to
+      drop (``for name, p in model.named_parameters(): if "prototypes" in
+      name: p.grad = None``): parameters kept fixed for some iterations, or
+      non-finite gradients skipped, on purpose;
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
