@@ -25,6 +25,11 @@ def same_object(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and last_name(a) == last_name(b)
 
 
+def _holds(outer: str, inner: str) -> bool:
+    """Whether ``inner`` is an attribute of ``outer`` (``self.optim`` holds ``self.optim.optimizer``)."""
+    return inner.startswith(outer + ".")
+
+
 def param_sources(model: LoopModel, optimizer: str) -> frozenset[str]:
     """The models an optimizer was built from, when the module shows it."""
     info = model.objects.get(optimizer)
@@ -51,7 +56,8 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     if zero.target is None or optimizer is None:
         return True
     if zero.target_kind is ObjKind.OPTIMIZER:
-        return same_object(zero.target, optimizer)
+        # ``self.optim.zero_grad()`` clears ``self.optim.optimizer``: a wrapper's clear reaches the optimizer it holds
+        return same_object(zero.target, optimizer) or _holds(zero.target, optimizer) or _holds(optimizer, zero.target)
     sources = param_sources(model, optimizer)
     if not sources:
         return True
@@ -293,6 +299,7 @@ def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> I
             for zero in zeros_since:
                 if (
                     clears(model, zero, event.target)
+                    and not exclusive(zero, event)
                     and not leaves_before(zero, event)
                     and not _clears_another_model(model, zero, event.target)
                     and not _clears_picked_parameters(zero)

@@ -66,7 +66,8 @@ class MissingZeroGrad(Rule):
 
     **Stays quiet when**
 
-    - the loop clears the optimizer: ``zero_grad()`` on it or its model,
+    - the loop clears the optimizer: ``zero_grad()`` on it, on a wrapper
+      that holds it (``self.optim.zero_grad()`` for ``self.optim.optimizer``) or on its model,
       ``p.grad = None``, a helper that clears (also one handed a list of
       optimizers), or a closure run by ``step(closure)``; a clear in an
       ``except`` handler does not count (it runs only on failed batches);
