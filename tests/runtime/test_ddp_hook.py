@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -26,24 +27,16 @@ def _done_future() -> torch.futures.Future:
     return fut
 
 
-def _held_for(seconds: float) -> tuple[object, threading.Thread]:
-    """A callable that another thread keeps alive for ``seconds``, as a gloo worker holds a finished callback."""
+def _pend(hook: WaitableAllreduce, seconds: float, fut: torch.futures.Future) -> weakref.ref:
+    """Give ``hook`` a callback of the all-reduce ``fut`` that another thread holds for ``seconds``,
+    as a gloo worker holds a callback it has run but not yet dropped."""
 
     def callback() -> None:
         pass
 
-    holder = threading.Thread(target=lambda held=callback: time.sleep(seconds))
-    holder.start()
-    return callback, holder
-
-
-def _pend(hook: WaitableAllreduce, seconds: float, fut: torch.futures.Future) -> "weakref.ref":
-    import weakref
-
-    callback, holder = _held_for(seconds)
+    threading.Thread(target=lambda held=callback: time.sleep(seconds)).start()
     ref = weakref.ref(callback)
     hook._pending.append((ref, fut))
-    del callback
     return ref
 
 
