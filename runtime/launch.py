@@ -102,8 +102,9 @@ def _close_process_group(synchronise: bool) -> None:
     A script stopped after N steps never reaches its own ``destroy_process_group``.
     Left to interpreter exit, the ranks tear gloo down at different moments: a
     rank that exits first closes the connections its peers still read from, and
-    gloo aborts the peer (SIGABRT). A barrier first keeps every rank alive until
-    all have stopped.
+    torchrun stops the others once one rank exits non-zero. A barrier first
+    keeps every rank alive until all have stopped. (The SIGABRT seen at a rank's
+    exit under load had another cause, found in a core dump: see ``ddp_hook.py``.)
     """
     import torch.distributed as dist
 

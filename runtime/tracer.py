@@ -33,6 +33,7 @@ from gradlint.events import EventKind
 from gradlint.runtime._patching import Patcher
 from gradlint.runtime.accumulators import grad_accumulator
 from gradlint.runtime.clipping import ClipInterceptor
+from gradlint.runtime.ddp_hook import WaitableAllreduce
 from gradlint.runtime.sites import Site, user_site
 
 
@@ -271,6 +272,7 @@ class Tracer:
         self._scaled: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._scaler_used = False  # spares the backward a weak dictionary's Python-level len() while no scaler ran
         self._ddp_hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._ddp_allreduce = WaitableAllreduce()  # the hook of DDP models that set none
         self._in_graph: list[tuple[torch.optim.Optimizer, _Followed]] = []  # the optimizers the running backward asks about
         self._touched: list[_Followed] = []  # those it reaches, noted as its graph starts
         self._graphs_seen: set[int] = set()  # graph task ids already asked (a backward can start inner ones)
@@ -609,7 +611,6 @@ class Tracer:
     def _patch_ddp(self) -> None:
         if not torch.distributed.is_available():
             return
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         tracer = self
@@ -622,9 +623,9 @@ class Tracer:
 
         def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
             if ddp not in tracer._ddp_hooked:
-                # The stock all-reduce hook, wrapped to count: DDP documents it as
-                # behaving like no hook at all.
-                register_comm_hook(ddp, ddp.process_group, allreduce_hook)
+                # torch's stock all-reduce hook (DDP documents it as behaving
+                # like no hook at all), in a copy whose callbacks __exit__ waits for.
+                register_comm_hook(ddp, ddp.process_group, tracer._ddp_allreduce)
             return forward(ddp, *args, **kwargs)
 
         self._patcher.set(DDP, "register_comm_hook", register_comm_hook)
@@ -679,6 +680,8 @@ class Tracer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        # before the interpreter can finalize: see runtime/ddp_hook.py
+        self._ddp_allreduce.wait_released()
         self._graph_start_hooks.clear()  # hooks left on retained graphs do nothing from now on
         self._clipping.restore()
         self._patcher.restore()
