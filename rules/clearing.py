@@ -570,7 +570,9 @@ class UnscaledAccumulatedLoss(Rule):
       mean loss;
     - a clear of the stepping optimizer throws the backward's gradients away
       before any step, on every path the backward runs (a probe or warm-up
-      backward followed by ``optimizer.zero_grad()``);
+      backward followed by ``optimizer.zero_grad()``), or runs on every
+      micro-batch that does not step (outside the guard, or in its other
+      branch: ``if even: muon.step(); optimizers[1].zero_grad() else: ...``);
     - the loss is multiplied by a factor that may be ``1 / n``
       (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
       ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
@@ -683,10 +685,21 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     return False
 
 
+def _in_other_branch(event: Event, branch) -> bool:
+    """Whether ``event`` sits in the other branch of the ``if`` whose one branch is ``branch``."""
+    return branch.branch in ("if", "else") and any(
+        f.kind is FrameKind.BRANCH and f.node is branch.node and f.branch != branch.branch for f in event.frames
+    )
+
+
 def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:
     """Whether a clear of the step's optimizer runs on every micro-batch (GL003's finding): then nothing piles up."""
     if acc.style == "guard":
-        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if not any(f.accumulation for f in frames_inside(z, loop))]
+        # outside every guard, or in the guard's other branch: on every micro-batch that does not step
+        zeros = [
+            z for z in root.events_of(EventKind.ZERO, loop)
+            if not any(f.accumulation for f in frames_inside(z, loop)) or _in_other_branch(z, acc.frame)
+        ]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
     return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
