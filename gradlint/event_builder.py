@@ -158,7 +158,10 @@ class EventBuilder:
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
-        body_frame = Frame(FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed)
+        side = _accumulation_side(statement.test) if fixed else None
+        body_frame = Frame(
+            FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed, accumulation_on=side,
+        )
         self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
         if orelse is None:
@@ -166,6 +169,7 @@ class EventBuilder:
         else_frame = Frame(
             FrameKind.BRANCH, statement, "else", accumulation, count,
             exits=not isinstance(orelse, cst.If) and _leaves(orelse.body), fixed=fixed,
+            accumulation_on=(side[0], not side[1]) if side is not None else None,
         )
         if isinstance(orelse, cst.If):
             self._if(orelse, _within(scope, else_frame), out)
@@ -735,6 +739,22 @@ def _accumulation_enabled(test: cst.BaseExpression) -> bool:
         return False
     last = name.rsplit(".", 1)[-1]
     return bool(_ACCUMULATION_WORDS.search(last)) and bool(_COUNT_WORDS.search(last))
+
+
+_ON_WHEN = {(1.0, cst.GreaterThan): True, (1.0, cst.NotEqual): True, (1.0, cst.Equal): False, (1.0, cst.LessThanEqual): False,
+             (2.0, cst.GreaterThanEqual): True, (2.0, cst.LessThan): False}
+
+
+def _accumulation_side(test: cst.BaseExpression) -> tuple[str, bool] | None:
+    """For ``if accum_steps > 1:`` the setting and True (the body runs with accumulation on); ``== 1``: False."""
+    if not _accumulation_enabled(test):
+        return None
+    operator, right, left = test.comparisons[0].operator, test.comparisons[0].comparator, test.left
+    if number(left) is not None:
+        left, right = right, left
+        operator = _MIRRORED.get(type(operator), type(operator))()
+    on = _ON_WHEN.get((number(right), type(operator)))
+    return (dotted_name(left), on) if on is not None else None
 
 
 _COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)

@@ -65,6 +65,8 @@ class Frame:
     exits: bool = False  # BRANCH: its block ends by leaving (continue, break, return, raise)
     called_by: str | None = None  # LOOP over a whole function: who runs it once per batch (for messages)
     fixed: bool = False  # BRANCH: the test is a setting, the same on every batch (accumulation on or off)
+    # BRANCH of ``if accum_steps > 1:`` / ``== 1``: the setting tested, and whether this branch runs with accumulation on
+    accumulation_on: tuple[str, bool] | None = None
 
     def __repr__(self) -> str:
         extra = f" {self.branch}" if self.branch else ""

@@ -321,7 +321,11 @@ def split_by_setting(a: Event, b: Event) -> bool:
     from one never meet a step in the other.
     """
     branches = {id(f.node): f.branch for f in a.frames if f.kind is FrameKind.BRANCH and f.fixed}
-    return any(f.kind is FrameKind.BRANCH and f.fixed and branches.get(id(f.node), f.branch) != f.branch for f in b.frames)
+    if any(f.kind is FrameKind.BRANCH and f.fixed and branches.get(id(f.node), f.branch) != f.branch for f in b.frames):
+        return True
+    # two ``if``s on one setting: ``if accum_steps == 1: opt.zero_grad()`` ... ``if accum_steps > 1: ... opt.step()``
+    sides = dict(f.accumulation_on for f in a.frames if f.accumulation_on is not None)
+    return any(f.accumulation_on is not None and sides.get(f.accumulation_on[0], f.accumulation_on[1]) != f.accumulation_on[1] for f in b.frames)
 
 
 def backwards_reaching(

@@ -393,7 +393,10 @@ class ZeroGradInAccumulation(Rule):
     - the clear is under the same guard as the step, or in the window-start
       branch of the guard;
     - the clear sits in a branch that leaves before the step (the micro-batches
-      that never step), or in an ``except`` handler.
+      that never step), or in an ``except`` handler;
+    - the clear runs only with accumulation off and the step only with it on,
+      whether in two branches of one ``if`` on the setting or in two ``if``s
+      (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``).
 
     **Bad**::
 
