@@ -33,6 +33,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import callee_name, dotted_name, walk
+from gradlint.rules.unprepared import prepared_in
 
 
 class MissingZeroGrad(Rule):
@@ -407,7 +408,7 @@ class ZeroGradInAccumulation(Rule):
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
                             f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
-                            f"{_undivided_too(model, root, acc)}",
+                            f"{_undivided_too(model, root, acc, zero)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
@@ -434,8 +435,14 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             continue
         if not root.events_of(EventKind.BACKWARD, block):
             continue  # nothing is backpropagated in the block: no gradients for the clear to lose
+        backwards = root.events_of(EventKind.BACKWARD, block)
         for zero in root.events_of(EventKind.ZERO, block):
-            if zero.target_kind is ObjKind.OPTIMIZER or not clears(model, zero, step.target):
+            if zero.target_kind is ObjKind.OPTIMIZER:
+                report = _prepared_clear_before_backward(model, root, zero, step, block, backwards)
+                if report is not None:
+                    yield report
+                continue
+            if not clears(model, zero, step.target):
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
@@ -448,9 +455,46 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             )
 
 
-def _undivided_too(model: LoopModel, root, acc: Accumulation) -> str:
-    """GL004's half of the same loop, told in GL003's message: one problem, one finding."""
+def _prepared_clear_before_backward(model: LoopModel, root, zero: Event, step: Event, block, backwards) -> Report | None:
+    """The prepared optimizer cleared inside ``accumulate()`` before the block's backward.
+
+    ``AcceleratedOptimizer.zero_grad`` runs only when ``sync_gradients`` is set,
+    which ``accumulate()`` does on entering the block of the micro-batch that
+    steps: a clear before that micro-batch's backward throws away what the
+    earlier ones accumulated. Only for an optimizer handed to ``prepare`` in
+    the function of the block (a plain one clears and steps on every
+    micro-batch), and where every ``Accelerator`` of the module is given an
+    accumulation count that may exceed 1.
+    """
+    settings = framework_settings(model)
+    if settings.accelerators_without_count or not all(counts_more_than_one(c) for c in settings.accelerator_counts):
+        return None  # some Accelerator of the module syncs on every micro-batch: the clear may be the plain one
+    name = last_name(zero.target or "")
+    function = _function_around(model, block.node)
+    if not name or name != last_name(step.target or "") or function is None or not prepared_in(function, name):
+        return None
+    if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
+        return None
+    after = [b for b in backwards if root.order(zero) < root.order(b) < root.order(step)]
+    if not after or root.order(zero) > root.order(step):
+        return None
+    return Report(
+        zero.node,
+        f"`{model.code(zero.node)}` comes before the backward at line {model.line(after[0].node)} inside "
+        f"`accumulate()` at line {model.line(block.node)}: accelerate lets the prepared optimizer's `zero_grad()` "
+        f"run only on the micro-batch that syncs, so there it clears the gradients the earlier micro-batches "
+        f"accumulated before the last backward; clear after `{model.code(step.node)}` instead",
+    )
+
+
+def _undivided_too(model: LoopModel, root, acc: Accumulation, zero: Event) -> str:
+    """GL004's half of the same loop, told in GL003's message: one problem, one finding.
+
+    The backward named is the first undivided one after the clear (the one whose gradients the
+    clear lets through), else the first of the loop.
+    """
     undivided = [b for b in acc.backwards if not _divided_for_step(b)]
+    undivided.sort(key=lambda b: root.order(b) < root.order(zero))
     if not undivided or _deliberate_sum(model, root, acc):
         return ""
     count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
