@@ -356,18 +356,29 @@ class ZeroGradInAccumulation(Rule):
                 optimizer.zero_grad()
 
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
-    with ``gradient_accumulation_steps``), accelerate skips the prepared
-    optimizer's ``step()`` and ``zero_grad()`` until the micro-batch that
-    syncs; ``model.zero_grad()`` or a ``p.grad = None`` loop there runs on
-    every micro-batch and is flagged too.
+    in the module with ``gradient_accumulation_steps``, or one handed in
+    from elsewhere when the block itself tests ``sync_gradients``),
+    accelerate skips the prepared optimizer's ``step()`` and
+    ``zero_grad()`` until the micro-batch that syncs; ``model.zero_grad()``
+    or a ``p.grad = None`` loop there runs on every micro-batch and is
+    flagged too. The prepared optimizer's own ``zero_grad()`` *before* the
+    block's backward is flagged as well (when it is prepared in the same
+    function and every ``Accelerator`` of the module is given a count that
+    may exceed 1): it runs on the micro-batch that syncs, before that
+    micro-batch's backward, and clears what the earlier ones accumulated.
 
     **Stays quiet when** the clear is under the same guard as the step (or
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
     (GL002's finding), clears the prepared optimizer inside
-    ``accumulate()``, or sits in the other branch of an ``if
-    accumulation_steps > 1:`` that picks the mode once (its branches never
-    alternate between batches).
+    ``accumulate()`` after the backward, or sits in the other branch of an
+    ``if accumulation_steps > 1:`` that picks the mode once (its branches
+    never alternate between batches). Inside ``accumulate()`` it is also
+    quiet when the module builds an ``Accelerator`` that cannot accumulate
+    (no count, or a literal 1), or when the accelerator comes from
+    elsewhere and the block never tests ``sync_gradients``
+    (``fixtures/realworld/gl003_*__DiffSynth-Studio.py``,
+    ``gl003_*__alpaca_farm.py``).
     """
 
     code = "GL003"
@@ -425,7 +436,8 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
     count that may be above 1: without one, every micro-batch syncs.
     """
     settings = framework_settings(model)
-    if not any(counts_more_than_one(count) for count in settings.accelerator_counts):
+    built_accumulating = any(counts_more_than_one(count) for count in settings.accelerator_counts)
+    if not built_accumulating and settings.accelerator_built:
         return
     for step in root.events_of(EventKind.STEP):
         if step.via_scaler is not None or step.framework is not None:
@@ -435,6 +447,8 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             continue
         if not root.events_of(EventKind.BACKWARD, block):
             continue  # nothing is backpropagated in the block: no gradients for the clear to lose
+        if not built_accumulating and not _tests_sync_gradients(model, root, block):
+            continue  # an accelerator from elsewhere, and nothing here says a micro-batch may not sync
         backwards = root.events_of(EventKind.BACKWARD, block)
         for zero in root.events_of(EventKind.ZERO, block):
             if zero.target_kind is ObjKind.OPTIMIZER:
@@ -453,6 +467,15 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
                 f"clear with `{step.target}.zero_grad()`",
             )
+
+
+def _tests_sync_gradients(model: LoopModel, root, block) -> bool:
+    """Whether the ``accumulate()`` block branches on ``sync_gradients``: it expects micro-batches that do not sync."""
+    return any(
+        f.accumulation and isinstance(f.node, cst.If) and "sync_gradients" in model.code(f.node.test)
+        for event in root.events_in(block)
+        for f in frames_inside(event, block)
+    )
 
 
 def _prepared_clear_before_backward(model: LoopModel, root, zero: Event, step: Event, block, backwards) -> Report | None:
