@@ -65,6 +65,7 @@ class FrameworkSettings:
     # Whether the module builds an ``Accelerator(...)``, and whether one of them may accumulate (a count that may
     # exceed 1, a ``gradient_accumulation_plugin``, ``**kwargs``); one that cannot syncs on every batch.
     accelerator_built: bool = False
+    accelerators_without_count: int = 0  # ``Accelerator(...)`` calls given no ``gradient_accumulation_steps=``
     accelerator_may_accumulate: bool = False
     # The value given as ``accumulate_grad_batches=`` to each Lightning ``Trainer(...)``.
     lightning_counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)
@@ -131,6 +132,8 @@ def _read(module: cst.Module) -> FrameworkSettings:
             arg = keyword_arg(call, "gradient_accumulation_steps")
             if arg is not None:
                 settings.accelerator_counts.append(arg.value)
+            else:
+                settings.accelerators_without_count += 1
             if (
                 (arg is not None and counts_more_than_one(arg.value))
                 or keyword_arg(call, "gradient_accumulation_plugin") is not None

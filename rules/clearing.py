@@ -33,6 +33,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
 from gradlint.syntax import callee_name, dotted_name, walk
+from gradlint.rules.unprepared import prepared_in
 
 
 class MissingZeroGrad(Rule):
@@ -415,18 +416,29 @@ class ZeroGradInAccumulation(Rule):
                 optimizer.zero_grad()
 
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
-    with ``gradient_accumulation_steps``), accelerate skips the prepared
-    optimizer's ``step()`` and ``zero_grad()`` until the micro-batch that
-    syncs; ``model.zero_grad()`` or a ``p.grad = None`` loop there runs on
-    every micro-batch and is flagged too.
+    in the module with ``gradient_accumulation_steps``, or one handed in
+    from elsewhere when the block itself tests ``sync_gradients``),
+    accelerate skips the prepared optimizer's ``step()`` and
+    ``zero_grad()`` until the micro-batch that syncs; ``model.zero_grad()``
+    or a ``p.grad = None`` loop there runs on every micro-batch and is
+    flagged too. The prepared optimizer's own ``zero_grad()`` *before* the
+    block's backward is flagged as well (when it is prepared in the same
+    function and every ``Accelerator`` of the module is given a count that
+    may exceed 1): it runs on the micro-batch that syncs, before that
+    micro-batch's backward, and clears what the earlier ones accumulated.
 
     **Stays quiet when** the clear is under the same guard as the step (or
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
     (GL002's finding), clears the prepared optimizer inside
-    ``accumulate()``, or sits in the other branch of an ``if
-    accumulation_steps > 1:`` that picks the mode once (its branches never
-    alternate between batches).
+    ``accumulate()`` after the backward, or sits in the other branch of an
+    ``if accumulation_steps > 1:`` that picks the mode once (its branches
+    never alternate between batches). Inside ``accumulate()`` it is also
+    quiet when the module builds an ``Accelerator`` that cannot accumulate
+    (no count, or a literal 1), or when the accelerator comes from
+    elsewhere and the block never tests ``sync_gradients``
+    (``fixtures/realworld/gl003_*__DiffSynth-Studio.py``,
+    ``gl003_*__alpaca_farm.py``).
     """
 
     code = "GL003"
@@ -467,7 +479,7 @@ class ZeroGradInAccumulation(Rule):
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
                             f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
-                            f"{_undivided_too(model, root, acc)}",
+                            f"{_undivided_too(model, root, acc, zero)}",
                             fix=fixes.move_after_step(model, zero, step),
                         )
                     )
@@ -484,7 +496,8 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
     count that may be above 1: without one, every micro-batch syncs.
     """
     settings = framework_settings(model)
-    if not any(counts_more_than_one(count) for count in settings.accelerator_counts):
+    built_accumulating = any(counts_more_than_one(count) for count in settings.accelerator_counts)
+    if not built_accumulating and settings.accelerator_built:
         return
     for step in root.events_of(EventKind.STEP):
         if step.via_scaler is not None or step.framework is not None:
@@ -494,8 +507,16 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             continue
         if not root.events_of(EventKind.BACKWARD, block):
             continue  # nothing is backpropagated in the block: no gradients for the clear to lose
+        if not built_accumulating and not _tests_sync_gradients(model, root, block):
+            continue  # an accelerator from elsewhere, and nothing here says a micro-batch may not sync
+        backwards = root.events_of(EventKind.BACKWARD, block)
         for zero in root.events_of(EventKind.ZERO, block):
-            if zero.target_kind is ObjKind.OPTIMIZER or not clears(model, zero, step.target):
+            if zero.target_kind is ObjKind.OPTIMIZER:
+                report = _prepared_clear_before_backward(model, root, zero, step, block, backwards)
+                if report is not None:
+                    yield report
+                continue
+            if not clears(model, zero, step.target):
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
@@ -508,9 +529,55 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             )
 
 
-def _undivided_too(model: LoopModel, root, acc: Accumulation) -> str:
-    """GL004's half of the same loop, told in GL003's message: one problem, one finding."""
+def _tests_sync_gradients(model: LoopModel, root, block) -> bool:
+    """Whether the ``accumulate()`` block branches on ``sync_gradients``: it expects micro-batches that do not sync."""
+    return any(
+        f.accumulation and isinstance(f.node, cst.If) and "sync_gradients" in model.code(f.node.test)
+        for event in root.events_in(block)
+        for f in frames_inside(event, block)
+    )
+
+
+def _prepared_clear_before_backward(model: LoopModel, root, zero: Event, step: Event, block, backwards) -> Report | None:
+    """The prepared optimizer cleared inside ``accumulate()`` before the block's backward.
+
+    ``AcceleratedOptimizer.zero_grad`` runs only when ``sync_gradients`` is set,
+    which ``accumulate()`` does on entering the block of the micro-batch that
+    steps: a clear before that micro-batch's backward throws away what the
+    earlier ones accumulated. Only for an optimizer handed to ``prepare`` in
+    the function of the block (a plain one clears and steps on every
+    micro-batch), and where every ``Accelerator`` of the module is given an
+    accumulation count that may exceed 1.
+    """
+    settings = framework_settings(model)
+    if settings.accelerators_without_count or not all(counts_more_than_one(c) for c in settings.accelerator_counts):
+        return None  # some Accelerator of the module syncs on every micro-batch: the clear may be the plain one
+    name = last_name(zero.target or "")
+    function = _function_around(model, block.node)
+    if not name or name != last_name(step.target or "") or function is None or not prepared_in(function, name):
+        return None
+    if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
+        return None
+    after = [b for b in backwards if root.order(zero) < root.order(b) < root.order(step)]
+    if not after or root.order(zero) > root.order(step):
+        return None
+    return Report(
+        zero.node,
+        f"`{model.code(zero.node)}` comes before the backward at line {model.line(after[0].node)} inside "
+        f"`accumulate()` at line {model.line(block.node)}: accelerate lets the prepared optimizer's `zero_grad()` "
+        f"run only on the micro-batch that syncs, so there it clears the gradients the earlier micro-batches "
+        f"accumulated before the last backward; clear after `{model.code(step.node)}` instead",
+    )
+
+
+def _undivided_too(model: LoopModel, root, acc: Accumulation, zero: Event) -> str:
+    """GL004's half of the same loop, told in GL003's message: one problem, one finding.
+
+    The backward named is the first undivided one after the clear (the one whose gradients the
+    clear lets through), else the first of the loop.
+    """
     undivided = [b for b in acc.backwards if not _divided_for_step(b)]
+    undivided.sort(key=lambda b: root.order(b) < root.order(zero))
     if not undivided or _deliberate_sum(model, root, acc):
         return ""
     count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"

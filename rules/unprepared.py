@@ -134,6 +134,13 @@ def certainly_unprepared(module: cst.Module, scheduler: str, optimizer: str, acc
     return optimizer_prepared
 
 
+def prepared_in(function: cst.FunctionDef, name: str) -> bool:
+    """Whether ``function`` hands an object of this last name to a ``prepare`` call (accelerate wraps it)."""
+    facts = ModuleFacts()
+    function.visit(facts)
+    return name in facts.prepared
+
+
 _FACTS: dict[int, tuple[cst.Module, ModuleFacts]] = {}
 
 
