@@ -55,6 +55,8 @@ def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNod
             return None
         extra = extra[: extra.index(loop)]
         unit = loop.node
+        if not _only_clears(unit):
+            return None  # the loop does more (copies gradients before freeing them): moving it moves that too
     else:
         unit = statement_of(module, zero.node)
         if not (isinstance(unit, cst.Expr) and unit.value is zero.node):
@@ -62,6 +64,37 @@ def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNod
     if any(f.kind is FrameKind.BRANCH for f in extra):
         return None
     return unit
+
+
+def _only_clears(loop: cst.For) -> bool:
+    """Whether every simple statement of a parameter loop touches ``.grad`` itself (``p.grad = None``,
+    ``p.grad.zero_()``, ``p.grad.detach_()``), so moving the loop moves nothing else."""
+    for node in walk(loop.body):
+        if isinstance(node, cst.Assign):
+            if not all(_is_grad_attribute(t.target) for t in node.targets) or not _clearing_value(node.value):
+                return False
+        elif isinstance(node, cst.Expr):
+            call = node.value
+            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and _mentions_grad(call.func.value)):
+                return False
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Del)):
+            return False
+    return True
+
+
+def _clearing_value(value: cst.BaseExpression) -> bool:
+    """``None`` or a fresh zero tensor: what a clear stores into ``.grad`` (a copied gradient is no clear)."""
+    if isinstance(value, cst.Name):
+        return value.value == "None"
+    return isinstance(value, cst.Call) and callee_name(value) in ("zeros_like", "zeros")
+
+
+def _is_grad_attribute(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+
+
+def _mentions_grad(node: cst.BaseExpression) -> bool:
+    return any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(node))
 
 
 def _shared_prefix(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
