@@ -869,7 +869,9 @@ class LossDividedWithoutAccumulation(Rule):
     loop has an accumulation guard, ``accelerator.accumulate``
     or a framework's backward (accelerate, DeepSpeed, Lightning decide the
     step themselves); the backward runs in an inner loop of micro-batches and
-    the step after it (``fixtures/accumulation/micro_step_loop_correct.py``);
+    the step after it (``fixtures/accumulation/micro_step_loop_correct.py``),
+    or another backward of the loop does, before the last micro-batch's own
+    (``fixtures/realworld/gl010_last_micro_batch_outside_inner_loop__lightning-thunder.py``);
     or the loss backpropagated is a sum built from divided parts
     (``loss += part / accum``) rather than the divided loss itself
     (``fixtures/accumulation/ok_loss_divided_with_accumulation.py``).
@@ -893,6 +895,10 @@ class LossDividedWithoutAccumulation(Rule):
         events = root.events_in(loop)
         if any(f.accumulation or f.context == "accumulate" for e in events for f in frames_inside(e, loop)):
             return  # the loop accumulates somewhere: GL003 and GL004 weigh it
+        if any(
+            e.kind is EventKind.BACKWARD and any(f.kind is FrameKind.LOOP for f in frames_inside(e, loop)) for e in events
+        ):
+            return  # ``for _ in range(accum - 1): ...backward()`` then the last micro-batch's backward and the step
         at = root.order(backward)
         step = next((e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at), None)
         if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
