@@ -403,7 +403,12 @@ class EventBuilder:
             args = positional_args(call)
             hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
             function = self.index.resolve_function(cst.Call(func=hook), scope.function) if isinstance(hook, (cst.Name, cst.Attribute)) else None
-            if function is not None and _divides_beyond_world_size(function):
+            hooks = [function] if function is not None else []
+            if isinstance(hook, cst.Call):  # ``scale_by_grad_accum_steps_wrapper(allreduce_hook)``: the hooks it defines
+                factory = self.index.resolve_function(hook, scope.function)
+                if factory is not None:
+                    hooks = list(self.index.nested.get(factory, {}).values())
+            if any(_divides_beyond_world_size(h) for h in hooks):
                 emit(GRAD_DIVIDE, framework="comm_hook")
             return
         if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:

@@ -635,7 +635,8 @@ class UnscaledAccumulatedLoss(Rule):
     - the gradients are divided after accumulating: ``p.grad /= n``,
       ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
       ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``, a DDP
-      communication hook that divides by more than the world size;
+      communication hook that divides by more than the world size (also one
+      a wrapper factory makes: ``register_comm_hook(None, wrap(allreduce_hook))``);
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
     - a clear of the stepping optimizer throws the backward's gradients away
