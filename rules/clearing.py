@@ -32,7 +32,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
-from gradlint.syntax import callee_name, dotted_name, walk
+from gradlint.syntax import callee_name, dotted_name, method_name, walk
 from gradlint.rules.unprepared import prepared_in
 
 
@@ -647,7 +647,7 @@ class UnscaledAccumulatedLoss(Rule):
     - the loss is multiplied by a factor that may be ``1 / n``
       (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
       ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
-    - the sum is meant: ``reduction="sum"``, a comment beside the loss saying
+    - the sum is meant: ``reduction="sum"`` or ``loss = losses.sum()``, a comment beside the loss saying
       so, or weight decay / learning rate scaled by the accumulation count
       (a recipe tuned for a nominal batch);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
@@ -785,7 +785,7 @@ _HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE
 def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     """Whether the code says the sum over micro-batches is meant.
 
-    A loss built with ``reduction="sum"``, a comment beside the loss saying so,
+    A loss built with ``reduction="sum"`` or as ``losses.sum()``, a comment beside the loss saying so,
     or weight decay / learning rate scaled by the accumulation count (a recipe
     tuned for the summed gradient of a nominal batch, as yolov5's).
     """
@@ -802,6 +802,10 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
+            if isinstance(value, cst.Call) and (method_name(value) == "sum" or callee_name(value) == "sum") and not any(
+                isinstance(n, cst.Call) and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
+            ):
+                return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
