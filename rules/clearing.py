@@ -802,7 +802,8 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
-            if isinstance(value, cst.Call) and (method_name(value) == "sum" or callee_name(value) == "sum") and not any(
+            # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
+            if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and method_name(value) == "sum" and not any(
                 isinstance(n, cst.Call) and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
             ):
                 return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
