@@ -158,7 +158,7 @@ class EventBuilder:
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
-        side = _accumulation_side(statement.test) if fixed else None
+        side = _setting_test(statement.test) if fixed else None
         body_frame = Frame(
             FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed, accumulation_on=side,
         )
@@ -566,8 +566,8 @@ class EventBuilder:
             scaled = True
             inner = positional_args(unreduced)
             loss = inner[0].value if inner else recv
-        elif dotted_name(unreduced) is not None:
-            for value in self._assigned(dotted_name(unreduced), scope.function):
+        elif (unreduced_name := dotted_name(unreduced)) is not None:
+            for value in self._assigned(unreduced_name, scope.function):
                 value = _uncast(value)
                 if isinstance(value, cst.Call) and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
                     scaled = True
@@ -721,9 +721,30 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
     return False
 
 
-# ``count > 1``, ``count != 1``, ``count >= 2``, ``count == 1``...: whether accumulation is on at all.
-_ENABLED_TESTS = {1.0: (cst.GreaterThan, cst.NotEqual, cst.Equal, cst.LessThanEqual), 2.0: (cst.GreaterThanEqual, cst.LessThan)}
+# ``count > 1``, ``count != 1``, ``count >= 2``, ``count == 1``...: whether accumulation is on at all, and whether
+# the body of such an ``if`` runs with accumulation on (True) or off (False).
+_ON_WHEN = {(1.0, cst.GreaterThan): True, (1.0, cst.NotEqual): True, (1.0, cst.Equal): False, (1.0, cst.LessThanEqual): False,
+            (2.0, cst.GreaterThanEqual): True, (2.0, cst.LessThan): False}
 _MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThanEqual}
+
+
+def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
+    """For ``if args.gradient_accumulation_steps > 1:`` the setting tested and whether the body runs with accumulation
+    on (``== 1``: off); None when the test is no comparison of an accumulation count against 1 or 2."""
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    operator, right, left = type(test.comparisons[0].operator), test.comparisons[0].comparator, test.left
+    if number(left) is not None:
+        left, right = right, left
+        operator = _MIRRORED.get(operator, operator)
+    on = _ON_WHEN.get((number(right), operator))
+    name = dotted_name(left) if isinstance(left, (cst.Name, cst.Attribute)) else None
+    if name is None or on is None:
+        return None
+    last = name.rsplit(".", 1)[-1]
+    if not (_ACCUMULATION_WORDS.search(last) and _COUNT_WORDS.search(last)):
+        return None
+    return name, on
 
 
 def _accumulation_enabled(test: cst.BaseExpression) -> bool:
@@ -732,34 +753,7 @@ def _accumulation_enabled(test: cst.BaseExpression) -> bool:
     It has the same value on every batch, so neither of its branches is an
     accumulation guard (a ``%`` of the batch index inside one still is).
     """
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
-        return False
-    operator, right, left = test.comparisons[0].operator, test.comparisons[0].comparator, test.left
-    if number(left) is not None:
-        left, right = right, left
-        operator = _MIRRORED.get(type(operator), type(operator))()
-    limit = number(right)
-    name = dotted_name(left) if isinstance(left, (cst.Name, cst.Attribute)) else None
-    if name is None or limit not in _ENABLED_TESTS or not isinstance(operator, _ENABLED_TESTS[limit]):
-        return False
-    last = name.rsplit(".", 1)[-1]
-    return bool(_ACCUMULATION_WORDS.search(last)) and bool(_COUNT_WORDS.search(last))
-
-
-_ON_WHEN = {(1.0, cst.GreaterThan): True, (1.0, cst.NotEqual): True, (1.0, cst.Equal): False, (1.0, cst.LessThanEqual): False,
-             (2.0, cst.GreaterThanEqual): True, (2.0, cst.LessThan): False}
-
-
-def _accumulation_side(test: cst.BaseExpression) -> tuple[str, bool] | None:
-    """For ``if accum_steps > 1:`` the setting and True (the body runs with accumulation on); ``== 1``: False."""
-    if not _accumulation_enabled(test):
-        return None
-    operator, right, left = test.comparisons[0].operator, test.comparisons[0].comparator, test.left
-    if number(left) is not None:
-        left, right = right, left
-        operator = _MIRRORED.get(type(operator), type(operator))()
-    on = _ON_WHEN.get((number(right), type(operator)))
-    return (dotted_name(left), on) if on is not None else None
+    return _setting_test(test) is not None
 
 
 _COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)

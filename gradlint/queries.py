@@ -194,12 +194,24 @@ def _other_branch_only_backpropagates(root: Root, branch: Frame, loop: Frame) ->
     """
     if branch.branch not in ("if", "else"):
         return False
-    other = [
-        e for e in root.events_in(loop)
-        if any(f.kind is FrameKind.BRANCH and f.node is branch.node and f.branch != branch.branch for f in e.frames)
-    ]
+    other = [e for e in root.events_in(loop) if in_other_branch(e, branch)]
     kinds = {e.kind for e in other}
     return EventKind.BACKWARD in kinds and EventKind.STEP not in kinds
+
+
+def in_other_branch(event: Event, branch: Frame) -> bool:
+    """Whether ``event`` sits in the other branch of the ``if`` whose one branch is ``branch``."""
+    return branch.branch in ("if", "else") and any(
+        f.kind is FrameKind.BRANCH and f.node is branch.node and f.branch != branch.branch for f in event.frames
+    )
+
+
+def lies_in(model: LoopModel, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
+    """Whether ``node`` is written inside ``ancestor`` (read up the module index's parents)."""
+    table = model.parents or {}
+    while node is not None and node is not ancestor:
+        node = table.get(node)
+    return node is not None
 
 
 def backwards_in(root: Root, frame: Frame) -> list[Event]:

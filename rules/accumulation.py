@@ -26,6 +26,7 @@ from gradlint.queries import (
     frames_inside,
     home_loop,
     leaves_before,
+    lies_in,
     runs_every_micro_batch,
     steps_with_loops,
 )
@@ -953,7 +954,7 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     loss = backward.loss
     if _is_division(loss):
         return (loss, loss.right) if _names_accumulation(loss.right) else None
-    if not _lies_in(model, backward.node, loop.node):
+    if not lies_in(model, backward.node, loop.node):
         return None
     before = model.position(backward.node)[:2]
     name = dotted_name(loss)
@@ -978,14 +979,6 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     if _on_the_way(model.module, node, loss) or _under_test_of(model.module, node, found[1], loss):
         return found
     return None
-
-
-def _lies_in(model: LoopModel, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
-    """Whether ``node`` is written inside ``ancestor``."""
-    table = model.parents or {}
-    while node is not None and node is not ancestor:
-        node = table.get(node)
-    return node is not None
 
 
 def _names_accumulation(divisor: cst.BaseExpression) -> bool:

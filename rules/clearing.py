@@ -22,8 +22,10 @@ from gradlint.queries import (
     exclusive,
     frames_inside,
     handoff_may_clear,
+    in_other_branch,
     innermost_loop,
     leaves_before,
+    lies_in,
     loop_phrase,
     param_sources,
     rebuilt_in,
@@ -302,19 +304,7 @@ def _in_one_run_of(model: LoopModel, loop: Frame, first: Event, second: Event) -
             break
         common += 1
     parting = [chain[common] for chain in (first.call_chain, second.call_chain) if len(chain) > common]
-    return all(_encloses(model, loop.node, call) for call in parting)
-
-
-def _encloses(model: LoopModel, outer: cst.CSTNode, node: cst.CSTNode) -> bool:
-    """Whether ``node`` lies inside ``outer``."""
-    parents = model.parents
-    if parents is None:
-        return any(n is node for n in walk(outer))
-    while node is not None:
-        if node is outer:
-            return True
-        node = parents.get(node)
-    return False
+    return all(lies_in(model, call, loop.node) for call in parting)
 
 
 def _released(model: LoopModel, optimizer: str | None) -> bool:
@@ -756,20 +746,13 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     return False
 
 
-def _in_other_branch(event: Event, branch) -> bool:
-    """Whether ``event`` sits in the other branch of the ``if`` whose one branch is ``branch``."""
-    return branch.branch in ("if", "else") and any(
-        f.kind is FrameKind.BRANCH and f.node is branch.node and f.branch != branch.branch for f in event.frames
-    )
-
-
 def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: Accumulation) -> bool:
     """Whether a clear of the step's optimizer runs on every micro-batch (GL003's finding): then nothing piles up."""
     if acc.style == "guard":
         # outside every guard, or in the guard's other branch: on every micro-batch that does not step
         zeros = [
             z for z in root.events_of(EventKind.ZERO, loop)
-            if not any(f.accumulation for f in frames_inside(z, loop)) or _in_other_branch(z, acc.frame)
+            if not any(f.accumulation for f in frames_inside(z, loop)) or in_other_branch(z, acc.frame)
         ]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
