@@ -1,7 +1,7 @@
 """gradlint as a flake8 plugin: ``flake8 --select GL`` reports what ``gradlint`` reports.
 
-The plugin reads the file once, through the lines flake8 has already read,
-runs the same prefilter and rules as the command line, and leaves ``# noqa``
+The plugin reads the file once, through the lines and Python's tree flake8
+has already made, runs the same prefilter and rules as the command line, and leaves ``# noqa``
 to flake8 (so ``--disable-noqa`` and flake8's own noqa rules apply). The
 rules that are off by default run only when a code longer than the ``GL``
 prefix selects them (``--select GL204`` or ``--extend-select GL2``):
@@ -21,7 +21,8 @@ from typing import Any
 
 from gradlint import __version__
 from gradlint.config import narrow_selectors
-from gradlint.linter import check_module, cyclic_gc_paused, might_fire, parse
+from gradlint.linter import check_module, cyclic_gc_paused, parse
+from gradlint.prefilter import called_names, rules_that_might_fire
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError
 
@@ -33,7 +34,8 @@ class GradlintChecker:
     version = __version__
 
     def __init__(self, tree: ast.AST, lines: list[str], filename: str) -> None:
-        # flake8 hands every plugin of this kind its AST; gradlint reads the lines with LibCST instead.
+        # flake8 hands every plugin of this kind Python's tree: the prefilter reads its calls, LibCST reads the lines.
+        self.tree = tree if isinstance(tree, ast.Module) else None
         self.lines = lines
         self.filename = filename
 
@@ -50,15 +52,18 @@ class GradlintChecker:
     def run(self) -> Iterator[tuple[int, int, str, type]]:
         """Yield ``(line, column, "GL003 message", type)`` for each finding."""
         text = "".join(self.lines)
-        if not might_fire(text, self.rules):
+        rules = rules_that_might_fire(text, self.rules)
+        if rules and self.tree is not None:
+            rules = rules_that_might_fire(text, rules, called_names(self.tree))
+        if not rules:
             return
         with cyclic_gc_paused():
             try:
-                module = parse(text)
+                module = parse(text, self.tree)
             except SourceError as error:
                 module, failure = None, error
             else:
-                result = check_module(module, self.filename, self.rules, text, noqa=False)
+                result = check_module(module, self.filename, rules, text, noqa=False)
         if module is None:
             yield 1, 0, f"GL000 gradlint could not check this file: {failure}", type(self)
             return

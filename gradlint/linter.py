@@ -15,54 +15,11 @@ from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.positions import remember_python_tree
-from gradlint.rule import Need, Report, Rule
+from gradlint.project_index import python_tree
+from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
+from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
-
-
-def needed_tokens(rules: Iterable[type[Rule]]) -> tuple[Need, ...]:
-    """The prefilter tokens of ``rules``: a file must contain at least one for any of them to fire."""
-    tokens: list[Need] = []
-    for rule in rules:
-        tokens.extend(t for t in rule.needs if t not in tokens)
-    return tuple(tokens)
-
-
-def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
-    """The cheap prefilter: whether ``text`` contains the tokens of at least one of ``rules``.
-
-    Each token is searched for at most once per text, and the tokens of a
-    tuple in order, stopping at the first one that is absent.
-    """
-    search = _TokenSearch(text)
-    return any(search.present(token) for token in needed_tokens(rules))
-
-
-def rules_that_might_fire(text: str, rules: Sequence[type[Rule]]) -> list[type[Rule]]:
-    """The rules among ``rules`` whose prefilter tokens ``text`` contains, each token searched for at most once.
-
-    A rule whose tokens are absent cannot fire (:attr:`Rule.needs`), so a
-    parsed file is checked with these rules only.
-    """
-    search = _TokenSearch(text)
-    return [rule for rule in rules if any(search.present(token) for token in rule.needs)]
-
-
-class _TokenSearch:
-    """Whether a text contains prefilter tokens, each token searched for once."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.found: dict[object, bool] = {}
-
-    def present(self, token: Need) -> bool:
-        """Whether the text contains ``token`` (every part of a tuple, searched in order until one is absent)."""
-        if isinstance(token, tuple):
-            return all(self.present(t) for t in token)
-        found = self.found.get(token)
-        if found is None:
-            found = self.found[token] = token in self.text if isinstance(token, str) else token.search(self.text) is not None
-        return found
 
 
 # LibCST's native parser recurses on the machine stack: code nested deeply
@@ -228,11 +185,17 @@ def lint_text(
     """Check source text as if it were the file ``path``; ``context`` as for :func:`check_module`."""
     config = config or Config()
     rules = config.rules_for(path, ALL_RULES)
+    tree = None
     if prefilter:
         rules = rules_that_might_fire(text, rules)
+        if rules:
+            with cyclic_gc_paused():
+                tree = python_tree(text)
+            if tree is not None:  # narrowed to the calls the module really makes
+                rules = rules_that_might_fire(text, rules, called_names(tree))
     if not rules:
         return FileResult(path)
-    return parse_and_check(text, path, rules, context)
+    return parse_and_check(text, path, rules, context, tree)
 
 
 def lint_file(path: str, config: Config | None = None, *, prefilter: bool = True) -> FileResult:

@@ -32,7 +32,7 @@ import bisect
 import dataclasses
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
 
@@ -220,12 +220,15 @@ class _Scan:
 # A positional argument or a parameter whose name holds "opt" (``helper(opt)``, ``def f(self, optimizer: Optimizer)``):
 # only a file that spells one can hand an optimizer to a function or define one that is handed it.
 _OPTIMIZER_ARGUMENT = re.compile(r"[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", re.IGNORECASE)
+# The same with comments and line continuations allowed around the name (``f(  # why\n    opt)``): where to read.
+_GAP = r"(?:\s|\\|#[^\n]*+)*+"  # possessive: a run of comment marks never makes the search backtrack
+_OPTIMIZER_ARGUMENT_ANYHOW = re.compile(rf"[(,]{_GAP}(?:\w+{_GAP}\.{_GAP})*\w*opt\w*{_GAP}[,):=]", re.IGNORECASE)
 
 
 def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> FileCalls:
     """``calls`` with the facts about handed optimizers and wrapped models, read in one walk of the tree when the
     text can hold any of them (a name of an optimizer as an argument, a spelling of a wrap)."""
-    wraps = _WRAP_TOKENS.search(text) is not None  # only then can a call hand on a wrapped model
+    wraps = _may_wrap(text)  # only then can a call hand on a wrapped model
     optimizers = _OPTIMIZER_ARGUMENT.search(text) is not None
     if not wraps and not optimizers:
         return dataclasses.replace(calls, clears_handed=calls.defines)  # a function not read may clear
@@ -234,7 +237,11 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
     found_calls: list[ast.Call] = []
     assigns: list[ast.Assign] = []
     from_imports: list[ast.ImportFrom] = []
-    for node in ast.walk(tree):
+    # Every call may hand on a wrapped model: then the whole tree is read. Else only the statements spanning a
+    # line where an optimizer may be an argument (most of a file); lines are counted on "\n" alone.
+    whole = wraps or "\r" in text
+    nodes = ast.walk(tree) if whole else _near_lines(tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
+    for node in nodes:
         kind = type(node)
         if kind is ast.Call:
             if optimizers and node.args:
@@ -244,7 +251,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
             if wraps:
                 found_calls.append(node)
         elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-            if optimizers:
+            if optimizers and whole:  # else _near_lines lists them all
                 functions.append(node)
         elif wraps and kind is ast.Assign:
             assigns.append(node)
@@ -260,8 +267,83 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
     )
 
 
+def _lines_matching(pattern: "re.Pattern[str]", text: str) -> list[int]:
+    """The lines (counted from 1, as Python's parser counts them) on which a match of ``pattern`` starts, in order."""
+    lines = []
+    line, position = 1, 0
+    for match in pattern.finditer(text):
+        line += text.count("\n", position, match.start())
+        position = match.start()
+        if not lines or lines[-1] != line:
+            lines.append(line)
+    return lines
+
+
+def _near_lines(tree: ast.Module, lines: list[int], functions: list) -> Iterator[ast.AST]:
+    """The nodes of the statements that span one of ``lines``, each statement's own expressions walked; every
+    function definition of the tree goes into ``functions`` (a name decides only when all its definitions are read).
+
+    A statement none of ``lines`` falls in is skipped whole, nested statements included.
+    """
+    stack: list[ast.stmt] = list(reversed(tree.body))
+    while stack:
+        statement = stack.pop()
+        kind = type(statement)
+        if kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            functions.append(statement)
+        decorators = getattr(statement, "decorator_list", None)
+        first = bisect.bisect_left(lines, decorators[0].lineno if decorators else statement.lineno)
+        if first == len(lines) or lines[first] > statement.end_lineno:
+            stack.extend(reversed(_nested_definitions(statement)))
+            continue
+        inner: list[ast.stmt] = []
+        for field in ("body", "orelse", "finalbody"):
+            inner.extend(getattr(statement, field, None) or ())
+        for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+            inner.extend(part.body)
+        nested = set(map(id, inner))
+        walk = [statement]
+        while walk:
+            node = walk.pop()
+            yield node
+            walk.extend(child for child in ast.iter_child_nodes(node) if id(child) not in nested)
+        stack.extend(reversed(inner))
+
+
+def _nested_definitions(statement: ast.stmt) -> list[ast.stmt]:
+    """The function and class definitions among the statements inside ``statement``, not inside those definitions."""
+    found = []
+    stack: list[ast.stmt] = []
+    for field in ("body", "orelse", "finalbody"):
+        stack.extend(getattr(statement, field, None) or ())
+    for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+        stack.extend(part.body)
+    while stack:
+        statement = stack.pop()
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append(statement)
+            continue
+        for field in ("body", "orelse", "finalbody"):
+            stack.extend(getattr(statement, field, None) or ())
+        for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+            stack.extend(part.body)
+    return found
+
+
 # What a file must spell to wrap a model for data parallelism, and how each spelling is named.
-_WRAP_TOKENS = re.compile(r"DistributedDataParallel|fully_shard|(accelerator|fabric)\.(prepare|setup)")
+# A call or an aliased import of the wrapper, not the name in prose: a wrap is an assignment from a call.
+_WRAP_TOKENS = re.compile(
+    r"(?:DistributedDataParallel|fully_shard)(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))|(accelerator|fabric)\.(prepare|setup)"
+)
+
+
+def _may_wrap(text: str) -> bool:
+    """Whether ``text`` can wrap a model (:data:`_WRAP_TOKENS`); plain substrings first, the pattern is slow to scan."""
+    if "DistributedDataParallel" in text or "fully_shard" in text or "accelerator." in text or "fabric." in text:
+        return _WRAP_TOKENS.search(text) is not None
+    return False
+
+
 _WRAPPING_METHODS = {"prepare": "accelerate", "prepare_model": "accelerate", "setup": "fabric", "setup_module": "fabric"}
 _WRAPPER_OWNERS = re.compile(r"^(accelerator|fabric)$")
 
@@ -569,6 +651,14 @@ class ProjectIndex:
 def alone_in_its_run(calls: FileCalls) -> tuple[str, ...]:
     """The context of a file checked on its own (the flake8 plugin, ``lint_text``): its own code decides."""
     return ProjectIndex([("<alone>", calls)]).context_of("<alone>", calls)
+
+
+def join_scope(path: str, known: dict[str, str | None]) -> str:
+    """The widest set of files ``path``'s unit can span, named: its outermost package, or outside packages its folder
+    (a script joins only the scripts beside it). ``known`` caches package roots between calls."""
+    folder = os.path.dirname(path)
+    root = _package_root(folder, known)
+    return "package\0" + root if root is not None else "scripts\0" + os.path.abspath(folder or ".")
 
 
 def _units(paths: list[str], imports: dict[str, frozenset[str]]) -> dict[str, str]:

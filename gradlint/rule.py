@@ -20,13 +20,56 @@ from gradlint.model import LoopModel
 Need = Union[str, "re.Pattern[str]", tuple]
 
 
-def call_of(name: str) -> "re.Pattern[str]":
+class CallNeed:
+    """A prefilter token for a call: a pattern the text must match, and the callee names that make it a real call.
+
+    The pattern decides on text alone, and errs towards matching (the word in
+    a docstring or a ``def`` matches too). Where Python's tree of the module
+    is at hand, :meth:`called_in` narrows it to the module's real calls
+    (:mod:`gradlint.prefilter`): a callee whose last name ends with one of
+    ``suffixes`` or is one of ``names``; with ``alias_import``, any call when
+    the module imports ``backward`` under another name; with ``handed``, any
+    call handed an argument named as an optimizer (a function of another file
+    may step it).
+    """
+
+    def __init__(
+        self, pattern: str, *, suffixes: tuple[str, ...] = (), names: tuple[str, ...] = (), alias_import: bool = False, handed: bool = False
+    ) -> None:
+        self.pattern = re.compile(pattern)
+        self.suffixes = suffixes
+        self.names = frozenset(names)
+        self.alias_import = alias_import
+        self.handed = handed
+
+    def search(self, text: str) -> "re.Match[str] | None":
+        """The first match of the text pattern in ``text``."""
+        return self.pattern.search(text)
+
+    def called_in(self, called: frozenset[str], alias_marker: str, handed_marker: str) -> bool:
+        """Whether a module calling ``called`` (last names of callees, and the markers) really makes this call."""
+        if (self.alias_import and alias_marker in called) or (self.handed and handed_marker in called):
+            return True
+        if not self.names.isdisjoint(called):
+            return True
+        return any(name.endswith(self.suffixes) for name in called) if self.suffixes else False
+
+    def __repr__(self) -> str:
+        return f"CallNeed({self.pattern.pattern!r})"
+
+
+_CALL_GAP = r"(?:[\s\\)]|#[^\n]*(?![^\n]))*"
+
+
+def call_of(name: str, *, handed: bool = False) -> CallNeed:
     """A prefilter token for a call of ``name``: the name, then ``(`` after blanks, ``)``, ``\\`` or comments.
 
     It matches every way a call can be written (``opt.step()``, ``opt.step (``,
     ``(loss.backward)()``) and skips the word in prose (``backward compatible``).
+    Like the text, which does not anchor the name, any callee whose name ends
+    with ``name`` counts as the call (``xm.optimizer_step(opt)`` for ``step``).
     """
-    return re.compile(re.escape(name) + r"(?:[\s\\)]|#[^\n]*(?![^\n]))*\(")
+    return CallNeed(re.escape(name) + _CALL_GAP + r"\(", suffixes=(name,), handed=handed)
 
 
 def word(name: str) -> "re.Pattern[str]":
@@ -38,11 +81,13 @@ def word(name: str) -> "re.Pattern[str]":
 
 # Tokens for what the loop model recognises. A BACKWARD event is a call of
 # ``backward``/``manual_backward`` or of ``torch.autograd.backward`` imported
-# under another name (``backward as bw``); a STEP is a call of ``step`` or
-# ``optimizer_step``. A scaler is known by a name or constructor containing
+# under another name (``backward as bw``), or a CUDA graph's ``replay()``;
+# a STEP is a call of ``step`` or ``optimizer_step``, or of a function of
+# another file handed an optimizer that it steps (``trainer.optimize(opt)``).
+# A scaler is known by a name or constructor containing
 # "scaler" in any case; that search is slow, so it goes last in a tuple.
-BACKWARD = re.compile(r"backward(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))")
-STEP = call_of("step")
+BACKWARD = CallNeed(r"backward" + _CALL_GAP + r"(?:\(|as(?!\w))", names=("backward", "manual_backward", "replay"), alias_import=True)
+STEP = call_of("step", handed=True)
 SCALER = re.compile("caler", re.IGNORECASE)
 
 

@@ -20,9 +20,10 @@ from gradlint.cache import Cache
 from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
-from gradlint.linter import cyclic_gc_paused, parse_and_check, rules_that_might_fire
+from gradlint.linter import cyclic_gc_paused, parse_and_check
+from gradlint.prefilter import called_names, rules_that_might_fire
 from gradlint.named import COMPILED, named_files, syntax_error
-from gradlint.project_index import FileCalls, ProjectIndex, might_call, python_tree, scan_calls
+from gradlint.project_index import FileCalls, ProjectIndex, join_scope, python_tree, scan_calls
 from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
@@ -53,6 +54,7 @@ class _File:
     calls: FileCalls = FileCalls()
     tree: ast.Module | None = None  # Python's tree of the text, kept when the file will be checked
     firing: list | None = None  # the rules the prefilter lets check the text, once read
+    scanned: bool = True  # whether ``calls`` holds what its loops call (else it is not known yet)
 
 
 def run(
@@ -107,19 +109,26 @@ def run(
             if cache is not None:
                 cache.put(key, result)
             continue
-        tree = None
+        firing = rules_that_might_fire(text, rules) if prefilter else rules
+        if not firing:  # never checked: its calls matter only if a file of its unit is checked (scanned below)
+            files.append(_File(item, rules, key, text, firing=firing, scanned=False))
+            continue
         with cyclic_gc_paused():  # Python's tree holds no cycles either
-            if might_call(text):
-                tree = python_tree(text)
-            calls = scan_calls(text, tree) if tree is not None else FileCalls()
+            tree = python_tree(text)
+            if tree is not None:
+                if prefilter:  # narrowed to the calls the module really makes
+                    firing = rules_that_might_fire(text, firing, called_names(tree))
+                calls = scan_calls(text, tree)
+            else:
+                calls = FileCalls()
         if cache is not None:
             cache.put_calls(key, calls)
-        firing = rules_that_might_fire(text, rules) if prefilter else rules
         if tree is None or not firing or kept_chars + len(text) > KEPT_TREE_CHARS:
             tree = None  # the check parses it again if it needs it
         else:
             kept_chars += len(text)
         files.append(_File(item, rules, key, text, calls, tree, firing))
+    _scan_where_checked(files, cache)
     project = ProjectIndex((f.path, f.calls) for f in files)
     pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context
     pending_keys: list[str | None] = []
@@ -161,6 +170,27 @@ def run(
     if cache is not None:
         cache.save()
     return sorted(results, key=lambda r: r.path)
+
+
+def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
+    """Note what the loops of the unscanned files call, in every unit that holds a file which may be checked.
+
+    A file the prefilter rejects is never checked, but a loop of it may call a
+    function of a checked file of its unit (:mod:`gradlint.project_index`).
+    Where no file of a package (or, outside packages, of a folder of scripts)
+    can be checked, nothing its files call can change a finding, and Python
+    never parses them. A file known only from the cache counts as one that may be checked.
+    """
+    scopes: dict[str, str | None] = {}
+    checked = {join_scope(f.path, scopes) for f in files if f.scanned and (f.text is None or f.firing)}
+    for file in files:
+        if file.scanned or join_scope(file.path, scopes) not in checked:
+            continue
+        with cyclic_gc_paused():
+            file.calls = scan_calls(file.text)
+        file.scanned = True
+        if cache is not None:
+            cache.put_calls(file.key, file.calls)
 
 
 def _stat(path: str) -> os.stat_result | None:

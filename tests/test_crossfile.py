@@ -155,3 +155,46 @@ def test_a_function_handed_a_wrapped_model_learns_it_only_from_its_own_unit(tmp_
     (case / "main_finetune.py").write_text((case / "main_finetune.py").read_text().replace("from engine_finetune import", "from other_engine import"))
     apart = runner.run([str(case)], Config(root=case), jobs=1)
     assert [f.code for r in apart if r.path == engine for f in r.findings] == []
+
+
+def test_a_unit_without_a_file_to_check_is_never_parsed_by_python(tmp_path, monkeypatch):
+    """Only the units that hold a file the prefilter lets through have their loops read (the others cannot matter)."""
+    from gradlint import project_index
+
+    scanned = []
+    real = project_index.scan_calls
+    monkeypatch.setattr(runner, "scan_calls", lambda text, *tree: scanned.append(text) or real(text, *tree))
+    library = tmp_path / "library"
+    library.mkdir()
+    (library / "__init__.py").write_text("")
+    for i in range(5):
+        (library / f"helpers{i}.py").write_text(f"def helper{i}(batch):\n    for x in batch:\n        yield x\n")
+    package = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "step_method_in_trainer_module", package)
+    results = runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)
+    assert [(Path(r.path).name, f.code) for r in results for f in r.findings] == [("trainer.py", "GL001")]
+    read = {text for text in scanned}
+    assert read == {p.read_text() for p in package.rglob("*.py")}  # engine.py is read though never checked
+    assert not any("def helper" in text for text in read)
+
+
+def test_reading_only_the_statements_near_an_optimizer_argument_finds_what_reading_everything_finds(monkeypatch):
+    """:func:`project_index._near_lines` skips most of a file; on every shipped file it finds what the whole walk finds."""
+    import ast
+
+    from gradlint import project_index
+
+    def everything(tree, lines, functions):
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.append(node)
+            yield node
+
+    root = Path(__file__).resolve().parent.parent
+    texts = [p.read_text(encoding="utf-8") for folder in ("fixtures", "examples") for p in sorted((root / folder).rglob("*.py"))]
+    texts.append("def f(self, optimizer):  # comments\n    run(  # here\n        self.opt,\n    )\n    optimizer.step()\n")
+    near = [project_index.scan_calls(text) for text in texts]
+    monkeypatch.setattr(project_index, "_near_lines", everything)
+    whole = [project_index.scan_calls(text) for text in texts]
+    assert near == whole
+    assert sum(1 for calls in near if calls.hands) > 10  # not vacuous: files that hand an optimizer on

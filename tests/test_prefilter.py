@@ -6,6 +6,7 @@ sources of real packages downloaded with pip.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import subprocess
@@ -206,3 +207,65 @@ def test_a_comment_of_many_hashes_after_a_dot_is_searched_quickly():
     assert GRAD_ASSIGNED.search(text) is not None  # before: still searching after ten minutes
     assert call_of("step").search("opt.step  " + "#" * 200 + "\n") is None
     assert call_of("step").search("opt.step  # (\n") is None  # the "(" is inside the comment
+
+
+# --------------------------------------------------------------------------- call tokens narrowed by Python's tree
+
+LIBRARY = '''"""Functions in the style of a library: ``loss.backward()`` and ``opt.step()`` only in prose."""
+
+
+def linear_backward(grad, weight):
+    """The backward of a linear layer (see ``Tensor.backward()``)."""
+    return grad @ weight
+
+
+def step(x):
+    return x + 1
+
+
+for i in range(3):
+    linear_backward(i, step(i))
+'''
+
+
+def test_call_tokens_need_a_real_call_where_pythons_tree_is_known(tmp_path, monkeypatch):
+    from gradlint.prefilter import called_names, rules_that_might_fire
+
+    tree = ast.parse(LIBRARY)
+    assert might_fire(LIBRARY, ALL_RULES)  # the text alone lets it through: backward( and step( are spelled
+    assert not rules_that_might_fire(LIBRARY, ALL_RULES, called_names(tree))
+    parsed = []
+    real = linter.parse
+    monkeypatch.setattr(linter, "parse", lambda text, *tree: parsed.append(text) or real(text, *tree))
+    assert lint_text(LIBRARY, "library.py").findings == [] and parsed == []
+    (tmp_path / "library.py").write_text(LIBRARY)
+    (tmp_path / "train.py").write_text("for x in data:\n    loss(x).backward()\n    opt.step()\n")
+    results = runner.run([str(tmp_path)], Config(root=tmp_path), jobs=1)
+    assert len(parsed) == 1 and "opt.step()" in parsed[0]
+    assert [(os.path.basename(r.path), f.code) for r in results for f in r.findings] == [("train.py", "GL001")]
+
+
+@pytest.mark.parametrize(
+    "token, code, present",
+    [
+        (BACKWARD, "loss.backward()", True),
+        (BACKWARD, "self.manual_backward(loss)", True),
+        (BACKWARD, "from torch.autograd import backward as bw\nbw(loss)", True),
+        (BACKWARD, "graph.replay()  # backward(", True),
+        (BACKWARD, "def linear_backward(g): pass\nlinear_backward(g)", False),
+        (BACKWARD, "x = loss.backward  # backward()", False),
+        (STEP, "opt.step()", True),
+        (STEP, "xm.optimizer_step(opt)", True),
+        (STEP, "trainer.optimize(self.optimizer)  # step(", True),  # a function of another file may step it
+        (STEP, "def step(self): pass  # step(", False),
+        (STEP, "run(options)  # step(", False),
+        (call_of("zero_grad"), "model.zero_grad(set_to_none=False)", True),
+        (call_of("zero_grad"), "def zero_grad(self): pass", False),
+    ],
+)
+def test_call_tokens_on_pythons_tree(token, code, present):
+    from gradlint.prefilter import called_names, rules_that_might_fire
+
+    rule = type("R", (), {"needs": (token,)})
+    assert might_fire(code, [rule])  # every case spells the call in its text
+    assert bool(rules_that_might_fire(code, [rule], called_names(ast.parse(code)))) is present
