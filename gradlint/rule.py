@@ -17,7 +17,40 @@ from gradlint.model import LoopModel
 
 # One prefilter token: a substring, a compiled pattern the text must match, or a
 # tuple of tokens that must all be present.
-Need = Union[str, "re.Pattern[str]", tuple]
+Need = Union[str, "re.Pattern[str]", "CallNeed", "Spelled", "AnyOf", tuple]
+
+
+class Spelled:
+    """A prefilter token: a pattern, searched only in texts that hold ``literal``, a substring of every match.
+
+    A pattern that may start at any ``.`` or word is slow to scan a whole
+    text with; a plain ``in`` for the literal rejects most texts first.
+    """
+
+    def __init__(self, literal: str, pattern: str) -> None:
+        self.literal = literal
+        self.pattern = re.compile(pattern)
+
+    def search(self, text: str) -> "re.Match[str] | None":
+        """The first match of the pattern in ``text``, if the literal is there at all."""
+        return self.pattern.search(text) if self.literal in text else None
+
+    def __repr__(self) -> str:
+        return f"Spelled({self.literal!r}, {self.pattern.pattern!r})"
+
+
+class AnyOf:
+    """A prefilter token: any of several substrings (a plain ``in`` each, faster than one alternation pattern)."""
+
+    def __init__(self, *substrings: str) -> None:
+        self.substrings = substrings
+
+    def search(self, text: str) -> str | None:
+        """The first of the substrings that ``text`` contains, or None."""
+        return next((s for s in self.substrings if s in text), None)
+
+    def __repr__(self) -> str:
+        return f"AnyOf{self.substrings!r}"
 
 
 class CallNeed:
@@ -122,8 +155,9 @@ class Rule:
     enabled_by_default: ClassVar[bool] = True
     # The prefilter: a file must contain at least one of these tokens for this
     # rule to fire, or it is never parsed. A token is a substring, a pattern
-    # (``call_of("step")``, ``word("grad")``) or a tuple of tokens that must all
-    # be present. Every way of writing code the rule fires on must match: err
+    # (``call_of("step")``, ``word("grad")``, ``Spelled("grad", pattern)`` for a slow
+    # pattern behind a quick substring), ``AnyOf(...)`` substrings, or a tuple of
+    # tokens that must all be present. Every way of writing code the rule fires on must match: err
     # on the side of too many.
     needs: ClassVar[tuple[Need, ...]] = ("backward",)
 

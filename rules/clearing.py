@@ -33,7 +33,7 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
-from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, call_of
+from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import callee_name, dotted_name, method_name, walk
 from gradlint.rules.unprepared import prepared_in
 
@@ -842,8 +842,8 @@ def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
 # ``zeros_like`` or a product with a zero literal in any spelling (``0 * p.grad``, ``p.grad * 0.0``).
 _GAP = r"(?:[\s\\)]|#[^\n]*(?![^\n]))*"
 _GRAD = rf"\.{_GAP}grad(?!\w){_GAP}(?:\.{_GAP}data(?!\w){_GAP})?"
-GRAD_ZEROED_BY_METHOD = re.compile(rf"{_GRAD}\.{_GAP}(?:zero_|fill_|mul_)(?!\w)")
-GRAD_ASSIGNED = re.compile(rf"{_GRAD}=(?!=)")
+GRAD_ZEROED_BY_METHOD = Spelled("grad", rf"{_GRAD}\.{_GAP}(?:zero_|fill_|mul_)(?!\w)")
+GRAD_ASSIGNED = Spelled("grad", rf"{_GRAD}=(?!=)")
 _ZERO_LITERAL = r"(?<![\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\.(?:0(?:_?0)*)?)?|\.0(?:_?0)*)(?:[eE][+-]?\d(?:_?\d)*)?)(?![\w.])"
 ZEROING_VALUE = re.compile(rf"zeros_like|{_ZERO_LITERAL}{_GAP}\*|\*(?:[\s\\(]|#[^\n]*(?![^\n]))*{_ZERO_LITERAL}")
 

@@ -20,7 +20,7 @@ from gradlint.objects import ObjKind, last_name
 from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
 from gradlint.release_setups import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
 from gradlint.fixes.fuse_into_backward import release_fix
-from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule
+from gradlint.rule import BACKWARD, SCALER, STEP, AnyOf, Report, Rule
 from gradlint.rules.clearing import GRAD_ASSIGNED, GRAD_ZEROED_BY_METHOD
 from gradlint.syntax import callee_name, dotted_name, receiver, walk
 
@@ -29,7 +29,7 @@ from gradlint.syntax import callee_name, dotted_name, receiver, walk
 # accumulation setting (a keyword argument containing "accum"), or a backward and a step or clear in one loop; GL203
 # a clipping call (all contain "clip"). A clear is a call named like ``zero_grad``/``clear_grads`` or
 # ``.grad`` zeroed or assigned.
-RELEASE = re.compile("|".join(map(re.escape, RELEASE_TOKENS)))
+RELEASE = AnyOf(*RELEASE_TOKENS)
 _ACCUM = re.compile(r"accum\w*(?:[\s\\]|#[^\n]*(?![^\n]))*=(?!=)", re.IGNORECASE)  # a keyword argument
 _CLEAR_CALL = re.compile(r"(?:zero|clear|reset)_?grad", re.IGNORECASE)  # the event builder's _CLEAR_HELPER, and zero_grad
 _ACCUMULATES = tuple((RELEASE, BACKWARD, token) for token in (STEP, _CLEAR_CALL, GRAD_ZEROED_BY_METHOD, GRAD_ASSIGNED))

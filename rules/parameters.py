@@ -12,12 +12,13 @@ from gradlint.findings import Severity
 from gradlint.model import LoopModel
 from gradlint.objects import ObjKind
 from gradlint.queries import same_object
-from gradlint.rule import STEP, Report, Rule, call_of
+from gradlint.rule import STEP, Report, Rule, Spelled, call_of
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
 
 # GL009's prefilter: a freezing statement, ``x.requires_grad = False`` (an attribute, not the
 # ``requires_grad=False`` keyword of a constructor) or ``x.requires_grad_(False)``.
-FREEZES = re.compile(
+FREEZES = Spelled(
+    "requires_grad",
     r"\.[\s\\]*requires_grad[\s\\]*=[\s\\]*False|requires_grad_[\s\\]*\([\s\\]*(?:requires_grad[\s\\]*=[\s\\]*)?False"
 )
 
