@@ -146,7 +146,7 @@ class AccumulationWithoutNoSync(Rule):
                     message = _message(model, name, by, step, acc)
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(_in_loop(model, backward, loop), message)
+                    yield Report(_in_loop(model, backward, region), message)
                     break
 
 
@@ -974,8 +974,9 @@ class GradSyncSetAfterForward(Rule):
 
 
 def _in_loop(model: LoopModel, event: Event, loop: Frame) -> cst.CSTNode:
-    """Where an event sits in ``loop``'s own code, where ``no_sync`` belongs: the helper call it was inlined through
-    there (``self.backward_step(loss)``), or its own node when the loop calls it directly."""
+    """Where an event sits in the code of ``loop`` (the loop of the micro-batches), where ``no_sync`` belongs: the
+    helper call it was inlined through there (``self.backward_step(loss)``), or its own node when the loop holds it
+    directly (a caller's loop around the function that holds the micro-batches adds no finding of its own)."""
     return next((call for call in event.call_chain if lies_in(model, call, loop.node)), event.node)
 
 
