@@ -14,7 +14,7 @@ from gradlint.model import NO_SYNC, Event, Frame, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.per_module import PerModule
-from gradlint.queries import accumulation, accumulation_place, steps_with_loops
+from gradlint.queries import accumulation, accumulation_place, lies_in, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
@@ -72,7 +72,11 @@ class AccumulationWithoutNoSync(Rule):
       to another function, and no caller hands it in), or the loop forwards
       through the module the DDP model wraps rather than the DDP model itself;
       a model prepared by accelerate or Fabric, or sharded with
-      ``fully_shard``, counts only when the loop calls it;
+      ``fully_shard``, counts only when the loop calls it, itself or in a
+      function of the module it calls (a model prepared in a list,
+      ``prepared = accelerator.prepare(*components)``, is
+      ``prepared[i]``'s element ``i`` of the list literal:
+      ``fixtures/realworld/gl302_prepared_through_list_no_sync__pytorch-accelerated.py``);
     - every ``Accelerator`` of the file is given an FSDP, DeepSpeed or
       Megatron-LM plugin (``fixtures/realworld/gl302_accelerator_with_fsdp_plugin__accelerate.py``),
       every ``Fabric`` asks for ``devices=1`` (``fixtures/frameworks/fabric_accumulation_undivided.py``),
@@ -124,7 +128,7 @@ class AccumulationWithoutNoSync(Rule):
                 if acc is None:
                     continue
                 region = acc.frame if acc.style == "micro_loop" else loop
-                found = _model_of(model, region, seen)
+                found = _model_of(model, region, seen, root.node)
                 if found is None:
                     continue  # the micro-batches' forward is not the wrapped model's: their backward all-reduces nothing
                 name, by = found
@@ -142,7 +146,7 @@ class AccumulationWithoutNoSync(Rule):
                     message = _message(model, name, by, step, acc)
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(backward.node, message)
+                    yield Report(_in_loop(model, backward, region), message)
                     break
 
 
@@ -184,14 +188,18 @@ def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str |
     position = 0
     if isinstance(value, Unpacked):
         value, position = value.value, value.position
-    if not isinstance(value, cst.Call):
+    listed = _prepared_list_item(model, function, value) if isinstance(value, cst.Subscript) else None
+    if listed is not None:
+        value, given = listed
+    elif not isinstance(value, cst.Call):
         return None
     method = method_name(value)
     if method in _PREPARES and model.info(dotted_name(receiver(value))).kind is ObjKind.ACCELERATOR:
-        args = positional_args(value)
-        if position >= len(args) or any(a.star for a in args[: position + 1]):
-            return None
-        given = dotted_name(args[position].value)
+        if listed is None:
+            args = positional_args(value)
+            if position >= len(args) or any(a.star for a in args[: position + 1]):
+                return None
+            given = dotted_name(args[position].value)
         if given is None or model.info(given).kind in _NOT_MODELS:
             return None
         built = _constructors(model, dotted_name(receiver(value)))
@@ -200,10 +208,36 @@ def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str |
         if _PREPARES[method] == ACCELERATE and built and all(_not_ddp_plugin(call) for call in built):
             return None  # ``Accelerator(fsdp_plugin=...)``: FSDP, DeepSpeed or Megatron-LM, never DDP
         return _PREPARES[method]
-    helper = model.index.resolve_function(value, function)
+    helper = model.index.resolve_function(value, function) if listed is None else None
     if helper is not None and not isinstance(value, Unpacked) and _returns_ddp(model, helper, ddp_calls):
         return DDP
     return None
+
+
+def _prepared_list_item(model: LoopModel, function, value: cst.Subscript) -> tuple[cst.Call, str | None] | None:
+    """``prepared[i]`` where, in the same function, ``prepared = accelerator.prepare(*components)`` and ``components``
+    is a list literal (``[self.model, self.optimizer]``, perhaps appended to later): the call, and the name given at ``i``.
+
+    ``prepare`` returns what it is given in the same order, so element ``i`` is what the literal holds at ``i``.
+    """
+    elements = value.slice
+    if len(elements) != 1 or not isinstance(elements[0].slice, cst.Index) or not isinstance(elements[0].slice.value, cst.Integer):
+        return None
+    position = int(number(elements[0].slice.value) or 0)
+    table = model.index.assignments.get(function, {})
+    calls = table.get(dotted_name(value.value) or "", [])
+    if len(calls) != 1 or not isinstance(calls[0], cst.Call):
+        return None
+    args = calls[0].args
+    if len(args) != 1 or args[0].star != "*":
+        return None
+    literals = table.get(dotted_name(args[0].value) or "", [])
+    if len(literals) != 1 or not isinstance(literals[0], cst.List):
+        return None
+    items = literals[0].elements
+    if position >= len(items) or any(isinstance(item, cst.StarredElement) for item in items[: position + 1]):
+        return None
+    return calls[0], dotted_name(items[position].value)
 
 
 def _constructors(model: LoopModel, name: str | None) -> list[cst.Call]:
@@ -295,15 +329,15 @@ def _in_class(index, function: cst.FunctionDef) -> bool:
     return False
 
 
-def _model_of(model: LoopModel, region: Frame, seen: dict[str, str]) -> tuple[str, str] | None:
+def _model_of(model: LoopModel, region: Frame, seen: dict[str, str], scope: cst.CSTNode) -> tuple[str, str] | None:
     """The wrapped model whose backward the micro-batches of ``region`` run, and what wrapped it; None when they forward
     through something else.
 
     A DDP model counts unless the loop calls only a model other than the DDP ones (the module a DDP model wraps, or a
     model an optimizer trains); a model prepared by accelerate or Fabric, or sharded with ``fully_shard``, only when
-    the loop calls it.
+    the loop calls it, itself or in a function of the module it calls (``self.calculate_train_batch_loss(batch)``).
     """
-    called = {dotted_name(node.func) for node in walk(region.node) if isinstance(node, cst.Call)} - {None}
+    called = _called_names(model, region.node, scope if isinstance(scope, cst.FunctionDef) else None)
     called_last = {last_name(c) for c in called}
     ddp = sorted((name for name, by in seen.items() if by == DDP), key=lambda name: last_name(name) not in called_last)
     if ddp and not _forwards_around_ddp(model, called_last, ddp):
@@ -312,6 +346,26 @@ def _model_of(model: LoopModel, region: Frame, seen: dict[str, str]) -> tuple[st
         if by != DDP and last_name(name) in called_last:
             return name, by
     return None
+
+
+def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> set[str]:
+    """The dotted names ``node`` calls, and those the functions of the module it calls call, to any depth."""
+    called: set[str] = set()
+    pending = [(node, function)]
+    visited: set[int] = set()
+    while pending:
+        node, function = pending.pop()
+        for call in walk(node):
+            if not isinstance(call, cst.Call):
+                continue
+            name = dotted_name(call.func)
+            if name is not None:
+                called.add(name)
+            helper = model.index.resolve_function(call, function) if model.index is not None else None
+            if helper is not None and id(helper) not in visited:
+                visited.add(id(helper))
+                pending.append((helper.body, helper))
+    return called
 
 
 def _forwards_around_ddp(model: LoopModel, called_last: set[str], ddp: list[str]) -> bool:
@@ -917,6 +971,13 @@ class GradSyncSetAfterForward(Rule):
             f"(only then does it prepare the all-reduce), so this setting applies to the next micro-batch, and this one "
             f"all-reduces or not as the previous micro-batch's setting said; set it before the forward",
         )
+
+
+def _in_loop(model: LoopModel, event: Event, loop: Frame) -> cst.CSTNode:
+    """Where an event sits in the code of ``loop`` (the loop of the micro-batches), where ``no_sync`` belongs: the
+    helper call it was inlined through there (``self.backward_step(loss)``), or its own node when the loop holds it
+    directly (a caller's loop around the function that holds the micro-batches adds no finding of its own)."""
+    return next((call for call in event.call_chain if lies_in(model, call, loop.node)), event.node)
 
 
 def _anchor(event: Event) -> cst.CSTNode:
