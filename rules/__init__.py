@@ -6,7 +6,7 @@
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302–GL304)
+- ``distributed``: distributed data-parallel training (GL302–GL305)
 """
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ from gradlint.rules.clearing import (
     ZeroGradInAccumulation,
 )
 from gradlint.rules.parameters import OptimizerOverFrozenParams
-from gradlint.rules.distributed import AccumulationWithoutNoSync, DdpModelChangedAfterWrap, GradSyncSetAfterForward
+from gradlint.rules.distributed import (
+    AccumulationWithoutNoSync,
+    DdpModelChangedAfterWrap,
+    GradSyncSetAfterForward,
+    NoSyncOnSteppingMicroBatch,
+)
 from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
@@ -66,6 +71,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     AccumulationWithoutNoSync,
     DdpModelChangedAfterWrap,
     GradSyncSetAfterForward,
+    NoSyncOnSteppingMicroBatch,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

@@ -10,11 +10,11 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.frameworks import framework_settings
-from gradlint.model import NO_SYNC, Event, Frame, LoopModel, Root
+from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.per_module import PerModule
-from gradlint.queries import accumulation, accumulation_place, lies_in, steps_with_loops
+from gradlint.queries import accumulation, accumulation_place, frames_inside, lies_in, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
@@ -1012,3 +1012,207 @@ def _training_forwards(loop: cst.CSTNode, owner: str) -> Iterator[cst.Call]:
         if isinstance(node, cst.Call) and dotted_name(node.func) == owner:
             yield node
         stack.extend(children(node))
+
+
+class NoSyncOnSteppingMicroBatch(Rule):
+    """The micro-batch that steps runs under ``no_sync()``: its gradients are never all-reduced.
+
+    **Why it matters.** Under gradient accumulation, ``no_sync()`` belongs
+    on the micro-batches that do *not* step: DDP keeps their gradients
+    local, and the backward of the stepping micro-batch all-reduces the
+    whole accumulated sum. Choose ``no_sync`` with a test one micro-batch
+    off the step's (``batch_idx % accum != 0`` beside a step under
+    ``(batch_idx + 1) % accum == 0``) and the first micro-batch of each
+    window all-reduces while the stepping one does not: every rank steps on
+    its own gradients, the replicas drift apart, and nothing raises.
+
+    **Fix.** Test the no_sync choice with the step's own test:
+    ``model.no_sync if (batch_idx + 1) % accum != 0 else nullcontext``, or
+    compute the boundary once and use it for both.
+
+    **Stays quiet when**
+
+    - the no_sync test and the step's test pick different micro-batches,
+      read on the same counter and count (``fixtures/realworld/gl305_no_sync_until_last_micro_batch__FunASR.py``);
+    - either test is not a plain ``(counter + a) % count == b`` comparison,
+      or the two read different counters or counts (names compared by their
+      last part: ``accum_grad`` and ``self.accum_grad`` are one count);
+    - the choice of ``no_sync`` is not entered around the loop's backward.
+
+    **Bad**::
+
+        for batch_idx, batch in enumerate(loader):
+            ctx = model.no_sync if batch_idx % accum != 0 else nullcontext
+            with ctx():
+                (loss_fn(model(batch)) / accum).backward()
+            if (batch_idx + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for batch_idx, batch in enumerate(loader):
+            boundary = (batch_idx + 1) % accum == 0
+            ctx = nullcontext if boundary else model.no_sync
+            with ctx():
+                (loss_fn(model(batch)) / accum).backward()
+            if boundary:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL305"
+    name = "no-sync-on-stepping-micro-batch"
+    summary = "no_sync() covers the micro-batch that steps, so the step's gradients are never all-reduced"
+    needs = (("no_sync", BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                stepping = _stepping_residue(step, loop)
+                if stepping is None:
+                    continue
+                for choice in root.events_of(NO_SYNC, loop):
+                    chosen = _no_sync_residues(model, choice, loop)
+                    if chosen is None or not _entered_around_backward(model, root, choice, loop):
+                        continue
+                    covers, (counter, count, residue) = chosen
+                    if (counter, count) != stepping[:2]:
+                        continue
+                    if covers == (residue == stepping[2]) and (covers or abs(residue - stepping[2]) == 1):
+                        yield Report(
+                            choice.node,
+                            f"`{model.code(choice.node)}` puts the micro-batch that steps ({_which(counter, count, stepping[2])}, "
+                            f"the step at line {model.line(_anchor(step))}) under no_sync: its backward does not all-reduce, "
+                            f"so each rank steps on its own gradients and the replicas drift apart; choose no_sync with "
+                            f"the step's own test",
+                        )
+                        break
+
+
+# ``(counter + a) % count == b`` read as (counter, count, b - a): the counter's residue the comparison picks.
+_Residue = tuple[str, str, int]
+
+
+def _modular(test: cst.BaseExpression) -> tuple[bool, _Residue] | None:
+    """``(i + a) % n == b`` → (True, (i, n, b - a)); ``!=`` → (False, ...): whether the test holds on that residue
+    only, or everywhere but on it. Names are compared by their last part. None for any other test."""
+    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _modular(test.expression)
+        return None if inner is None else (not inner[0], inner[1])
+    if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+        test = cst.Comparison(test, [cst.ComparisonTarget(cst.NotEqual(), cst.Integer("0"))])  # ``if i % n:``
+    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+        return None
+    operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
+    if not isinstance(operator, (cst.Equal, cst.NotEqual)) or not isinstance(right, cst.Integer):
+        return None
+    left = test.left
+    if not isinstance(left, cst.BinaryOperation) or not isinstance(left.operator, cst.Modulo):
+        return None
+    count = dotted_name(left.right)
+    counter, offset = _counter_and_offset(left.left)
+    if count is None or counter is None:
+        return None
+    return isinstance(operator, cst.Equal), (last_name(counter), last_name(count), int(right.value) - offset)
+
+
+def _which(counter: str, count: str, residue: int) -> str:
+    """How a message names the micro-batches of one residue."""
+    if residue == -1:
+        return f"the last of every `{count}` by `{counter}`"
+    if residue == 0:
+        return f"the first of every `{count}` by `{counter}`"
+    return f"`{counter}` ≡ {residue} mod `{count}`"
+
+
+def _counter_and_offset(node: cst.BaseExpression) -> tuple[str | None, int]:
+    """``batch_idx`` → (batch_idx, 0); ``batch_idx + 1`` → (batch_idx, 1); ``step - 1`` → (step, -1)."""
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
+        sign = 1 if isinstance(node.operator, cst.Add) else -1
+        if isinstance(node.right, cst.Integer):
+            return dotted_name(node.left), sign * int(node.right.value)
+        if isinstance(node.left, cst.Integer) and sign == 1:
+            return dotted_name(node.right), int(node.left.value)
+        return None, 0
+    return dotted_name(node), 0
+
+
+def _stepping_residue(step: Event, loop: Frame) -> _Residue | None:
+    """The residue every step of this optimizer runs on, from the innermost branch around it inside the loop whose test
+    is a modular comparison (alone, or one term of an ``and``/``or``); None when there is none."""
+    for frame in reversed(frames_inside(step, loop)):
+        if frame.kind is not FrameKind.BRANCH or not isinstance(frame.node, cst.If) or frame.branch not in ("if", "else"):
+            continue
+        for term in _terms(frame.node.test):
+            read = _modular(term)
+            if read is None:
+                continue
+            holds, residue = read
+            if holds == (frame.branch == "if"):
+                return residue
+            return None
+    return None
+
+
+def _terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of a chain of one boolean operator (``a or b or c``), or the test itself."""
+    if isinstance(test, cst.BooleanOperation):
+        return _terms(test.left) + _terms(test.right)
+    return [test]
+
+
+def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[bool, _Residue] | None:
+    """Where a no_sync applies: (True, r) only on residue r, (False, r) everywhere but on r; None when not read.
+
+    ``ctx = model.no_sync if test else other`` (or the other way round), ``with model.no_sync() if test else ...``,
+    or a ``with model.no_sync():`` in a branch of ``if test:`` inside the loop.
+    """
+    node, parents = choice.node, model.parents or {}
+    if isinstance(node, cst.Assign):
+        node = node.value
+    while node is not None and not isinstance(node, (cst.IfExp, cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+        node = parents.get(node)
+    if isinstance(node, cst.Assign):
+        node = node.value
+    if isinstance(node, cst.IfExp):
+        read = _modular(node.test)
+        if read is None:
+            return None
+        in_body = any(_mentions_no_sync(n) for n in walk(node.body))
+        in_else = any(_mentions_no_sync(n) for n in walk(node.orelse))
+        if in_body == in_else:
+            return None
+        return (read[0], read[1]) if in_body else (not read[0], read[1])
+    for frame in reversed(frames_inside(choice, loop)):
+        if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If) and frame.branch in ("if", "else"):
+            read = _modular(frame.node.test)
+            if read is None:
+                return None
+            return (read[0], read[1]) if frame.branch == "if" else (not read[0], read[1])
+    return None
+
+
+def _mentions_no_sync(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Attribute) and node.attr.value in ("no_sync", "no_backward_sync")
+
+
+def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: Frame) -> bool:
+    """Whether a backward of the loop runs inside the chosen context: in a ``with`` of the loop whose item is the
+    no_sync choice itself, or calls the name the choice is assigned to (``with my_context():``)."""
+    assigned = None
+    if isinstance(choice.node, cst.Assign) and len(choice.node.targets) == 1:
+        assigned = dotted_name(choice.node.targets[0].target)
+    blocks = [
+        node for node in walk(loop.node) if isinstance(node, cst.With) and any(
+            lies_in(model, choice.node, item)
+            or (assigned is not None and isinstance(item.item, cst.Call) and dotted_name(item.item.func) == assigned)
+            for item in node.items
+        )
+    ]
+    return any(
+        lies_in(model, place, block)
+        for backward in root.events_of(EventKind.BACKWARD, loop)
+        for place in (*backward.call_chain, backward.node)
+        for block in blocks
+    )
