@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from gradlint.config import Config
 from gradlint.findings import FileResult, Finding, FixKind
 from gradlint.fixes.edits import AddImport, CannotApply, Edit, anchors, apply_edits
-from gradlint.linter import lint_text, might_fire, parse, rule_reports
+from gradlint.linter import OLD_NAMES, lint_text, might_fire, parse, rule_reports
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
@@ -80,7 +80,7 @@ def fix_text(
     current, fixed, seen = text, 0, {text}
     for _ in range(MAX_ROUNDS):
         try:
-            module = parse(current)
+            module = parse(current, old_names=False)  # a stand-in's code must never be written back
             model = build_model(module, current, context)
             findings, candidates = _lint_round(model, path, rules, current, unsafe)
             batch = _non_overlapping(candidates)
@@ -88,6 +88,9 @@ def fix_text(
                 return FixOutcome(path, text, current, fixed, FileResult(path, sorted(set(findings))))
             new_text, applied = _apply(model, batch)
         except SourceError as error:
+            if str(error).endswith(OLD_NAMES):  # checked all the same, only not fixed
+                findings = lint_text(text, path, config, prefilter=prefilter, context=context).findings
+                return FixOutcome(path, text, text, 0, FileResult(path, findings, error=str(error)))
             return FixOutcome(path, text, text, 0, FileResult(path, error=str(error)))
         except Exception as error:  # noqa: BLE001 - a broken fix must leave the file alone, not stop the run
             return FixOutcome(path, text, text, 0, FileResult(path, error=f"internal error while fixing: {type(error).__name__}: {error}"))

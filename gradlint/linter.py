@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gc
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from gradlint.findings import FileResult, Finding
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
+from gradlint.old_syntax import stand_in
 from gradlint.positions import remember_python_tree
 from gradlint.project_index import python_tree
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
@@ -27,6 +29,8 @@ from gradlint.source import SourceError, read_source
 # an error, and is several times faster, so it reads the text first. It keeps
 # ``a and b and c ...`` flat where LibCST nests it: long chains are counted.
 _TOO_DEEP = "cannot parse: code nested too deeply"
+# Why a file read through a stand-in is not fixed.
+OLD_NAMES = "it uses `async` or `await` as a name (Python 3.6 code), which gradlint reads but does not rewrite; nothing written"
 _MAX_BOOLEAN_CHAIN = 2000
 
 
@@ -52,15 +56,23 @@ def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Modul
     return tree
 
 
-def parse(text: str, python_tree: ast.Module | None = None) -> cst.Module:
+def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> cst.Module:
     """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s.
 
     ``python_tree``, Python's own tree of ``text`` when the caller has parsed it already, is used instead of parsing it again.
+    With ``old_names``, Python 3.6 code that uses ``async``/``await`` as names is parsed through a same-length
+    stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text,
+    so a caller that writes code back must pass ``old_names=False``.
     """
     tree = _refuse_deep_nesting(text, python_tree)
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
+        substitute = stand_in(text)
+        if substitute is not None:
+            if not old_names:
+                raise SourceError(f"cannot fix: {OLD_NAMES}") from error
+            return parse(substitute.text, None)
         # Python's own parser says where and why more precisely than LibCST's.
         try:
             ast.parse(text)
@@ -116,7 +128,19 @@ def parse_and_check(
             module = parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
-        return check_module(module, path, rules, text, context=context)
+        result = check_module(module, path, rules, text, context=context)
+    substitute = _stand_in_read(module, text) if result.findings else None
+    if substitute is not None:  # in the original's words, and with no fix: the fixer will not rewrite such a file
+        findings = [dataclasses.replace(f, message=substitute.restore(f.message), fix=None) for f in result.findings]
+        result = dataclasses.replace(result, findings=findings)
+    return result
+
+
+def _stand_in_read(module: cst.Module, text: str):
+    """The stand-in ``module`` was parsed from instead of ``text`` (:mod:`gradlint.old_syntax`), or None."""
+    if ("async" not in text and "await" not in text) or module.code == text:
+        return None
+    return stand_in(text)
 
 
 def check_module(
