@@ -33,7 +33,7 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
     per_batch = known.per_batch
     index = ModuleIndex(module)
     index.text = text
-    builder = EventBuilder(index, steps_handed=known.steps_handed)
+    builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer)
     roots = [Root("<module>", module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
     manual = _lightning_manual_steps(index)

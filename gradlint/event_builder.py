@@ -64,9 +64,10 @@ class _Scope:
 class EventBuilder:
     """Turns statements into events, inlining helpers of the same module."""
 
-    def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset()) -> None:
+    def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset()) -> None:
         self.index = index
         self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
+        self.wrapper_classes = wrapper_classes  # classes of other files of the run whose step() and zero_grad() are an optimizer's
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
@@ -517,17 +518,19 @@ class EventBuilder:
         return kind_from_name(name)
 
     def _wraps_optimizer(self, name: str) -> bool:
-        """Whether ``name`` is only ever built from a class of this module whose ``step()`` and ``zero_grad()``
-        step and clear an optimizer it holds (``self.optimizer.step()``): an optimizer by another name."""
+        """Whether ``name`` is only ever built from a class of this module, or of another file of the run
+        (``wrapper_classes``), whose ``step()`` and ``zero_grad()`` step and clear an optimizer it holds
+        (``self.optimizer.step()``): an optimizer by another name."""
         if name not in self._wrappers:
             values = [v for table in self.index.assignments.values() for v in table.get(name, [])]
             classes = {dotted_name(v.func) if isinstance(v, cst.Call) else None for v in values}
             found = False
             if len(classes) == 1 and None not in classes:
                 class_name = classes.pop()
-                found = class_name in self.index.class_methods and all(
-                    _delegates(self.index.method_of(class_name, method), method) for method in ("step", "zero_grad")
-                )
+                if class_name in self.index.class_methods:
+                    found = all(_delegates(self.index.method_of(class_name, method), method) for method in ("step", "zero_grad"))
+                else:  # a class of another file of the run (``from neural_sp.trainers.lr_scheduler import LRScheduler``)
+                    found = last_name(class_name) in self.wrapper_classes
             self._wrappers[name] = found
         return self._wrappers[name]
 
@@ -859,6 +862,23 @@ def _by_no_count(expr: cst.BaseExpression, running: frozenset[str] = frozenset()
         elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
             return False
     return divisions > 0
+
+
+def running_division(function: cst.FunctionDef | None, loss: str, index: ModuleIndex) -> cst.BinaryOperation | None:
+    """The division of ``loss`` by a running micro-batch counter in ``function`` (``loss = loss / accum_n_steps``,
+    ``loss /= n``), if the function divides it so: the line to change when it should divide by the count."""
+    if function is None:
+        return None
+    running = _running_counters(function)
+    if not running:
+        return None
+    for value in index.assignments.get(function, {}).get(loss, []):
+        if (
+            isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)
+            and isinstance(value.right, cst.Name) and value.right.value in running
+        ):
+            return value
+    return None
 
 
 def _running_counters(function: cst.FunctionDef) -> frozenset[str]:

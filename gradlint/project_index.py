@@ -57,6 +57,8 @@ class FileCalls:
     hands: frozenset[str] = frozenset()  # names called with an optimizer argument (``trainer.optimize(self.opt)``)
     steps_handed: frozenset[str] = frozenset()  # functions defined here, each definition stepping an optimizer it is handed
     clears_handed: frozenset[str] = frozenset()  # functions defined here, some definition of which may clear gradients
+    classes: frozenset[str] = frozenset()  # the names of the classes the file defines
+    wraps_optimizer: frozenset[str] = frozenset()  # those whose step() and zero_grad() call an optimizer's (_wraps_optimizer)
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -64,6 +66,7 @@ class FileCalls:
             sorted(self.alone), sorted(self.shared), sorted(self.defines), sorted(self.imports),
             sorted(self.after_unscale), sorted(self.passes_wrapped),
             sorted(self.hands), sorted(self.steps_handed), sorted(self.clears_handed),
+            sorted(self.classes), sorted(self.wraps_optimizer),
         ]
 
     @classmethod
@@ -82,6 +85,8 @@ WRAPPED_BY_CALLER = "wrapped:"
 # they are handed, and functions of the run that never clear gradients.
 STEPS_HANDED = "steps:"
 KEEPS_HANDED = "keeps:"
+# In a file's context, the classes of the run that wrap an optimizer (every definition of the name in the unit does).
+WRAPS_OPTIMIZER = "wraps:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +99,12 @@ class Context:
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: handed a data-parallel model
     steps_handed: frozenset[str] = frozenset()  # called with an optimizer here; every definition in the run steps it
     keeps_handed: frozenset[str] = frozenset()  # called with an optimizer here; defined in the run, never clearing
+    wraps_optimizer: frozenset[str] = frozenset()  # classes of the run whose step() and zero_grad() are an optimizer's
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
         """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
-        prefixes = (CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED)
+        prefixes = (CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER)
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
             prefix = next((p for p in prefixes if name.startswith(p)), "")
@@ -159,6 +165,8 @@ class _Scan:
         self.defines: set[str] = set()
         self.imports: set[str] = set()
         self.after_unscale: set[str] = set()
+        self.classes: set[str] = set()
+        self.wraps_optimizer: set[str] = set()
         self.loops: dict[ast.AST, tuple[set[str], bool]] = {}  # each loop visited so far: what its body calls, and whether it does gradient work
 
     def file(self, tree: ast.Module) -> FileCalls:
@@ -179,6 +187,10 @@ class _Scan:
                 if not statement.level and statement.module:
                     self.imports.add(statement.module.split(".")[0])
                 continue
+            elif kind is ast.ClassDef:
+                self.classes.add(statement.name)
+                if _wraps_optimizer(statement):
+                    self.wraps_optimizer.add(statement.name)
             elif kind in _LOOPS:
                 loops.append(statement)
             inner: list[ast.stmt] = []
@@ -190,7 +202,8 @@ class _Scan:
         for loop in reversed(loops):  # inner loops first: an enclosing loop reads their summaries
             self._loop(loop)
         return FileCalls(
-            frozenset(self.alone), frozenset(self.shared), frozenset(self.defines), frozenset(self.imports), frozenset(self.after_unscale)
+            frozenset(self.alone), frozenset(self.shared), frozenset(self.defines), frozenset(self.imports), frozenset(self.after_unscale),
+            classes=frozenset(self.classes), wraps_optimizer=frozenset(self.wraps_optimizer),
         )
 
     def _scope(self, node: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
@@ -215,6 +228,23 @@ class _Scan:
     def _calls_in(self, statements: list[ast.stmt]) -> tuple[set[str], bool]:
         """The project-callable names these statements call, and whether they do gradient work spelled out in them."""
         return _calls_in(statements, self.loops)
+
+
+def _wraps_optimizer(cls: ast.ClassDef) -> bool:
+    """Whether a class's own ``step()`` and ``zero_grad()`` each call the same method of an attribute of ``self``
+    named as an optimizer (``self.optimizer.step()``): an optimizer by another name, as the event builder reads a
+    class of its own module (``event_builder._delegates``)."""
+    methods = {node.name: node for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    return all(name in methods and _delegates(methods[name], name) for name in ("step", "zero_grad"))
+
+
+def _delegates(method: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    for node in ast.walk(method):
+        if isinstance(node, ast.Call):
+            called, receiver = _callee(node.func)
+            if called == name and receiver is not None and receiver.startswith("self.") and kind_from_name(receiver) is ObjKind.OPTIMIZER:
+                return True
+    return False
 
 
 # A positional argument or a parameter whose name holds "opt" (``helper(opt)``, ``def f(self, optimizer: Optimizer)``):
@@ -600,6 +630,8 @@ class ProjectIndex:
         stepping: dict[str, set[str]] = {}
         not_stepping: dict[str, set[str]] = {}
         clearing: dict[str, set[str]] = {}
+        wrapping: dict[str, set[str]] = {}
+        not_wrapping: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
@@ -611,6 +643,8 @@ class ProjectIndex:
             stepping.setdefault(unit, set()).update(calls.steps_handed)
             not_stepping.setdefault(unit, set()).update(calls.defines - calls.steps_handed)
             clearing.setdefault(unit, set()).update(calls.clears_handed)
+            wrapping.setdefault(unit, set()).update(calls.wraps_optimizer)
+            not_wrapping.setdefault(unit, set()).update(calls.classes - calls.wraps_optimizer)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
@@ -618,6 +652,7 @@ class ProjectIndex:
         # A name decides only when every definition of it in the unit agrees.
         self._steps_handed = {unit: frozenset(stepping[unit] - not_stepping[unit]) for unit in stepping}
         self._keeps_handed = {unit: frozenset(defined[unit] - clearing[unit]) for unit in defined}
+        self._wraps_optimizer = {unit: frozenset(wrapping[unit] - not_wrapping[unit]) for unit in wrapping}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -629,7 +664,9 @@ class ProjectIndex:
         those some call of the unit hands a data-parallel model. Beyond its own functions,
         among the names it hands an optimizer to: prefixed ``steps:``, those every definition
         of which in the unit steps the optimizer it is handed; prefixed ``keeps:``, those
-        defined in the unit and never clearing (:class:`Context` reads them back).
+        defined in the unit and never clearing. Prefixed ``wraps:``, the classes of the unit's other
+        files whose ``step()`` and ``zero_grad()`` are an optimizer's (every definition agreeing), which
+        this file may build (:class:`Context` reads them back).
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -638,6 +675,8 @@ class ProjectIndex:
         wrapped = [fact for fact in self._wrapped.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
         steps = self._steps_handed.get(unit, frozenset()) & calls.hands
         keeps = self._keeps_handed.get(unit, frozenset()) & calls.hands
+        # A file's own wrappers it reads itself; a class of another file is named here only if this file may build it.
+        wrappers = sorted(self._wraps_optimizer.get(unit, frozenset()) - calls.classes)
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
@@ -645,6 +684,7 @@ class ProjectIndex:
             + tuple(WRAPPED_BY_CALLER + fact for fact in sorted(wrapped))
             + tuple(STEPS_HANDED + name for name in sorted(steps))
             + tuple(KEEPS_HANDED + name for name in sorted(keeps))
+            + tuple(WRAPS_OPTIMIZER + name for name in wrappers)
         )
 
 

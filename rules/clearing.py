@@ -33,6 +33,7 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
+from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import callee_name, dotted_name, method_name, walk
 from gradlint.rules.unprepared import prepared_in
@@ -611,7 +612,10 @@ class UnscaledAccumulatedLoss(Rule):
       averages over ranks and the micro-batches are still summed; nor does
       a division by a running counter, ``n += 1`` per micro-batch and
       ``n = 0`` in the ``if n >= accum:`` branch that steps, which is 1, 2,
-      ... rather than the count; a running average of the logged loss by
+      ... rather than the count, and is reported on the division itself,
+      the line to change (``fixtures/realworld/gl004_divided_by_running_counter__neural_sp.py``,
+      stepped through an optimizer wrapper of another module:
+      ``fixtures/crossfile/optimizer_wrapper_in_another_module``); a running average of the logged loss by
       that counter is no backward and is left alone),
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
@@ -690,6 +694,16 @@ class UnscaledAccumulatedLoss(Rule):
                 for backward in acc.backwards:
                     if _divided_for_step(backward) or _thrown_away(model, root, backward, step, loop):
                         continue
+                    division = _by_running_counter(model, backward)
+                    if division is not None:  # the line to change is the division, and every backward of it is one finding
+                        yield Report(
+                            division,
+                            f"`{model.code(division)}` divides by `{model.code(division.right)}`, a running micro-batch "
+                            f"counter (1, 2, ... up to the step), not by {count}: gradients are accumulated for "
+                            f"`{step.target}`, which steps {accumulation_place(model, acc)}, and the first micro-batches "
+                            f"weigh more than the last; divide by {count}",
+                        )
+                        continue
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
@@ -701,6 +715,31 @@ class UnscaledAccumulatedLoss(Rule):
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
 _DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
+
+
+def _by_running_counter(model: LoopModel, backward: Event) -> cst.BinaryOperation | None:
+    """The division of this backward's loss by a running micro-batch counter, written in its function."""
+    if model.index is None or backward.loss is None:
+        return None
+    name = dotted_name(backward.loss)
+    if name is None:
+        return None
+    function = _function_around(model, backward.node)
+    return running_division(function, name, model.index) or running_division(function, _scaled_from(model, backward, name), model.index)
+
+
+def _scaled_from(model: LoopModel, backward: Event, name: str) -> str:
+    """``loss`` for ``scaled_loss`` bound by ``with amp.scale_loss(loss, optimizer) as scaled_loss:`` around the
+    backward; else ``name`` itself."""
+    node = (model.parents or {}).get(backward.node)
+    while node is not None:
+        if isinstance(node, cst.With):
+            for item in node.items:
+                bound = dotted_name(item.asname.name) if item.asname is not None else None
+                if bound == name and isinstance(item.item, cst.Call) and item.item.args:
+                    return dotted_name(item.item.args[0].value) or name
+        node = (model.parents or {}).get(node)
+    return name
 
 
 def _thrown_away(model: LoopModel, root, backward: Event, step: Event, loop) -> bool:
