@@ -36,6 +36,7 @@ from fixture_markers import extra_selected, marker_fixtures
 from gradlint import runner
 from gradlint.config import Config
 from gradlint.fixer import fix_text
+from gradlint.old_syntax import stand_in
 from gradlint.linter import lint_paths, lint_text
 from gradlint.rules import ALL_RULES
 
@@ -46,11 +47,15 @@ ALL = Config(select=tuple(rule.code for rule in ALL_RULES))  # the off-by-defaul
 
 
 def _loop_sources() -> list[str]:
-    """Fixture scripts that hold at least one loop with a backward in it."""
+    """Fixture scripts that hold at least one loop with a backward in it.
+
+    Python 3.6 scripts that LibCST reads only through a stand-in (``async`` as a name) are left out: the
+    mutations rewrite code, and such a file is never rewritten (``tests/test_old_syntax.py``).
+    """
     sources = []
     for path in marker_fixtures():
         text = path.read_text(encoding="utf-8")
-        if "backward" in text and any(_loops(cst.parse_module(text))):
+        if "backward" in text and stand_in(text) is None and any(_loops(cst.parse_module(text))):
             sources.append(text)
     return sources
 
