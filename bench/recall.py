@@ -32,7 +32,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import libcst
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep import extract_python, mirror_of, read_tsv, run_gradlint  # noqa: E402
@@ -116,9 +115,12 @@ def parse_error_of(path: Path) -> str:
     """Why gradlint could not read the buggy file (it reports it as unchecked), or "" when it parses."""
     if not path.is_file():
         return "file not extracted"
+    from gradlint.linter import parse
+    from gradlint.source import SourceError, decode
+
     try:
-        libcst.parse_module(path.read_bytes())
-    except libcst.ParserSyntaxError as error:
+        parse(decode(path.read_bytes()).text)  # as gradlint reads it (Python 3.6 names through a stand-in)
+    except SourceError as error:
         return f"does not parse: {str(error).splitlines()[0]}"
     return ""
 
