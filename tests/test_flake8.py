@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fixture_markers import FIXTURES
+from gradlint.old_syntax import stand_in
 
 FLAKE8_FORMAT = "%(path)s|%(row)d|%(col)d|%(code)s|%(text)s"
 
@@ -47,6 +48,11 @@ def fixtures(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("flake8")
     # crossfile: flake8 checks one file at a time, so it cannot see a loop in another module (tests/test_crossfile.py)
     shutil.copytree(FIXTURES, root / "fixtures", ignore=shutil.ignore_patterns("fixed", "crossfile"))
+    # Python 3.6 code with ``async`` as a name: flake8's own parser refuses it (E999) and runs no plugin on it,
+    # while gradlint reads it through a stand-in (tests/test_old_syntax.py).
+    for path in (root / "fixtures").rglob("*.py"):
+        if stand_in(path.read_text(encoding="utf-8")) is not None:
+            path.unlink()
     return root
 
 
