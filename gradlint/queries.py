@@ -30,6 +30,18 @@ def _holds(outer: str, inner: str) -> bool:
     return inner.startswith(outer + ".")
 
 
+def _built_from(model: LoopModel, outer: str, inner: str) -> bool:
+    """Whether ``outer`` is built by a call handed ``inner`` (``scheduler = LRScheduler(optimizer, lr)``,
+    ``Lookahead(base_optimizer)``): an optimizer wrapper steps and clears the optimizer it is handed."""
+    if model.index is None:
+        return False
+    return any(
+        isinstance(value, cst.Call) and any(same_object(dotted_name(arg.value), inner) for arg in value.args)
+        for table in model.index.assignments.values()
+        for value in table.get(outer, [])
+    )
+
+
 def param_sources(model: LoopModel, optimizer: str) -> frozenset[str]:
     """The models an optimizer was built from, when the module shows it."""
     info = model.objects.get(optimizer)
@@ -56,8 +68,12 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     if zero.target is None or optimizer is None:
         return True
     if zero.target_kind is ObjKind.OPTIMIZER:
-        # ``self.optim.zero_grad()`` clears ``self.optim.optimizer``: a wrapper's clear reaches the optimizer it holds
-        return same_object(zero.target, optimizer) or _holds(zero.target, optimizer) or _holds(optimizer, zero.target)
+        # ``self.optim.zero_grad()`` clears ``self.optim.optimizer``: a wrapper's clear reaches the optimizer it holds,
+        # and the optimizer's clear reaches the wrapper built around it (``scheduler = LRScheduler(optimizer, lr)``)
+        return (
+            same_object(zero.target, optimizer) or _holds(zero.target, optimizer) or _holds(optimizer, zero.target)
+            or _built_from(model, optimizer, zero.target) or _built_from(model, zero.target, optimizer)
+        )
     sources = param_sources(model, optimizer)
     if not sources:
         return True
