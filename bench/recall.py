@@ -121,7 +121,7 @@ def parse_error_of(path: Path) -> str:
     try:
         parse(decode(path.read_bytes()).text)  # as gradlint reads it (Python 3.6 names through a stand-in)
     except SourceError as error:
-        return f"does not parse: {str(error).splitlines()[0]}"
+        return f"does not parse: {str(error).splitlines()[0].removeprefix('cannot parse: ')}"
     return ""
 
 
