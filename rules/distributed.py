@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302–GL304)."""
+"""Rules about distributed data-parallel training (GL302–GL305)."""
 
 from __future__ import annotations
 
