@@ -115,12 +115,12 @@ class AccumulationWithoutNoSync(Rule):
     needs = ((BACKWARD, STEP),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        wrapped = _wrapped_models(model)
+        wrapped, scopes = _wrapped_models(model)
         if not wrapped and not model.wrapped_by_caller:
             return
         for root in model.roots:
             handed = _handed_in(model, root)
-            seen = {**_models_seen_by(model, root, wrapped), **handed}
+            seen = {**_models_seen_by(model, root, wrapped, scopes), **handed}
             if not seen:
                 continue  # the wrapper belongs to other code: this root's model is not data-parallel
             for step, loop in steps_with_loops(root):
@@ -157,29 +157,37 @@ _PREPARES = {"prepare": ACCELERATE, "prepare_model": ACCELERATE, "setup": FABRIC
 _NOT_MODELS = (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER, ObjKind.ACCELERATOR, ObjKind.ENGINE)
 
 
-def _wrapped_models(model: LoopModel) -> dict[str, str]:
-    """Every name that holds a data-parallel model, and what wrapped it (``ddp``, ``accelerate``, ``fabric``, ``fsdp2``)."""
+def _wrapped_models(model: LoopModel) -> tuple[dict[str, str], dict[str, set]]:
+    """Every name that holds a data-parallel model and what wrapped it (``ddp``, ``accelerate``, ``fabric``,
+    ``fsdp2``); and, for each name wrapped by an assignment of the module, the functions it is assigned in (None: at
+    module level), so that a local of one function is not taken for the same name in another."""
     wrapped = {name: DDP for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL}
+    scopes: dict[str, set] = {}
     index = model.index
     if index is None:
-        return wrapped
+        return wrapped, scopes
     settings = framework_settings(model)
     ddp_calls = {id(call) for call in settings.ddp_wraps}
     for function, table in index.assignments.items():
         for name, values in table.items():
-            if name in wrapped:
-                continue
             for value in values:
-                by = _wrapped_by(model, function, value, ddp_calls)
+                by = DDP if _holds_ddp_call(value, ddp_calls) else _wrapped_by(model, function, value, ddp_calls)
                 if by is not None:
-                    wrapped[name] = by
+                    wrapped.setdefault(name, by)
+                    scopes.setdefault(name, set()).add(function)
                     break
     for call in settings.fsdp2_shards:
         args = positional_args(call)
         target = dotted_name(args[0].value) if args else None
         if target is not None:
             wrapped.setdefault(target, FSDP2)
-    return wrapped
+    return wrapped, scopes
+
+
+def _holds_ddp_call(value, ddp_calls: set[int]) -> bool:
+    """``DistributedDataParallel(model, ...)`` assigned, perhaps unpacked from a tuple."""
+    value = value.value if isinstance(value, Unpacked) else value
+    return id(value) in ddp_calls
 
 
 def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str | None:
@@ -286,18 +294,53 @@ def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
     )
 
 
-def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str]) -> dict[str, str]:
-    """The wrapped models code in ``root`` can reach: named in its function, assigned at module level, or ``self.`` attributes of its class."""
+def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scopes: dict[str, set]) -> dict[str, str]:
+    """The wrapped models code in ``root`` can reach: ``self.`` attributes of its class, a name wrapped in its own
+    function (or one it is nested in), or at module level and not a local of its function; a name wrapped where
+    the module does not show (a DDP object) when its function names it."""
     index = model.index
     if index is None:
         return wrapped
     named = _names_in(model.module, root.node)
     method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
-    return {
-        name: by for name, by in wrapped.items()
-        if name in named or name in module_level or (method and name.startswith("self."))
-    }
+    function = root.node if isinstance(root.node, cst.FunctionDef) else None
+    enclosing = set()
+    scope = function
+    while scope is not None:
+        enclosing.add(scope)
+        scope = index.parent_function.get(scope)
+    local = set(index.assignments.get(function, {})) | _parameters(function) if function is not None else set()
+    seen = {}
+    for name, by in wrapped.items():
+        if method and name.startswith("self."):
+            seen[name] = by
+        elif name in scopes:
+            where = scopes[name]
+            if where & enclosing or (None in where and name in named and name not in local):
+                seen[name] = by
+            elif function is not None and _returned_by(index, function, name, where):
+                seen[name] = by
+        elif name in named or name in module_level:
+            seen[name] = by
+    return seen
+
+
+def _returned_by(index, function: cst.FunctionDef, name: str, helpers: set) -> bool:
+    """``ref_model, ... = make_models(...)``: ``function`` assigns ``name`` from a call of a function that wraps a
+    model under the same name."""
+    for value in index.assignments.get(function, {}).get(name, ()):
+        value = value.value if isinstance(value, Unpacked) else value
+        if isinstance(value, cst.Call) and index.resolve_function(value, function) in helpers:
+            return True
+    return False
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    every = (*params.posonly_params, *params.params, *params.kwonly_params)
+    extra = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return {p.name.value for p in (*every, *extra)}
 
 
 def _handed_in(model: LoopModel, root: Root) -> dict[str, str]:
