@@ -14,7 +14,7 @@ from gradlint.module_index import ModuleIndex
 from gradlint.positions import python_tree_of
 from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
-from gradlint.syntax import bool_literal
+from gradlint.syntax import bool_literal, walk
 
 
 def build_model(module: cst.Module, text: str | None = None, context: Iterable[str] | None = None) -> LoopModel:
@@ -40,6 +40,8 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
     for function in index.functions:
         events = builder.root_events(function)
         caller = manual.get(function) or (_per_batch_caller(function) if function.name.value in per_batch else None)
+        if caller is None and _guards_its_own_step(events):
+            caller = _micro_batch_caller(function)
         if caller is not None and events:
             events = _as_iteration(events, Frame(FrameKind.LOOP, function, called_by=caller))
             iterations.append(Root(index.qualname[function], function, events))
@@ -63,6 +65,39 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
 
 def _per_batch_caller(function: cst.FunctionDef) -> str:
     return "every loop of the run that calls it does no other gradient work: it is the whole iteration"
+
+
+def _guards_its_own_step(events: list[Event]) -> bool:
+    """Whether a function with no loop of its own backpropagates and then steps under an accumulation guard.
+
+    ``def step(self, loss, step, global_step)`` that runs ``backward()`` and
+    steps only ``if (global_step + 1) % self.grad_accum == 0:`` is written to
+    be called once per micro-batch: the guard means nothing otherwise. Only a
+    guard that tests a remainder counts.
+    """
+    if any(e.loops for e in events if e.kind is EventKind.BACKWARD):
+        return False  # a loop of its own (loops over optimizers or parameters hold no backward)
+    for at, step in enumerate(events):
+        if step.kind is not EventKind.STEP or step.framework is not None:
+            continue
+        guards = [f for f in step.frames if f.kind is FrameKind.BRANCH and f.accumulation and _tests_modulo(f.node)]
+        if guards and any(
+            e.kind is EventKind.BACKWARD and not any(e.inside(g) for g in guards) for e in events[:at]
+        ):
+            return True
+    return False
+
+
+def _tests_modulo(node: cst.CSTNode) -> bool:
+    """Whether an ``if`` tests a remainder (``(step + 1) % accum == 0``): a flag such as ``if take_step:`` says
+    nothing about how often the function runs."""
+    return isinstance(node, cst.If) and any(
+        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in walk(node.test)
+    )
+
+
+def _micro_batch_caller(function: cst.FunctionDef) -> str:
+    return f"`{function.name.value}` backpropagates and steps under an accumulation guard: it runs once per micro-batch"
 
 
 def _as_iteration(events: list[Event], loop: Frame) -> list[Event]:

@@ -1,7 +1,7 @@
 """The rule catalogue: every rule, one module per family.
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
-- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010)
+- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
 - ``parameters``: which parameters an optimizer holds (GL009)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
@@ -17,6 +17,7 @@ from gradlint.rules.accumulation import (
     LossDividedTwice,
     LossDividedWithoutAccumulation,
     NumItemsInBatchIgnored,
+    StepOutsideAccumulationGuard,
 )
 from gradlint.rules.amp import (
     BackwardWithoutScaler,
@@ -58,6 +59,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     NumItemsInBatchIgnored,
     OptimizerOverFrozenParams,
     LossDividedWithoutAccumulation,
+    StepOutsideAccumulationGuard,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

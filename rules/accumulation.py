@@ -1,7 +1,8 @@
-"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010).
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011).
 
-When clipping runs, and who divides the loss by the number of micro-batches:
-the loop itself or the framework it hands the loss to.
+When clipping runs, who divides the loss by the number of micro-batches (the
+loop itself or the framework it hands the loss to), and whether the step waits
+for the accumulation boundary.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.objects import ObjKind
+from gradlint.objects import ObjKind, last_name
 from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
@@ -28,6 +29,7 @@ from gradlint.queries import (
     leaves_before,
     lies_in,
     runs_every_micro_batch,
+    split_by_setting,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
@@ -1002,3 +1004,89 @@ def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.Bas
     if not any(dotted_name(n) == text for n in walk(node.test) if isinstance(n, (cst.Name, cst.Attribute))):
         return False
     return _on_the_way(module, node, use)
+
+
+class StepOutsideAccumulationGuard(Rule):
+    """An optimizer steps under an accumulation guard and again, unguarded, on every micro-batch.
+
+    **Why it matters.** The guard says the optimizer should step once per
+    accumulation, on the sum of the micro-batches' gradients. A second
+    ``step()`` of the same optimizer outside the guard runs on every
+    micro-batch: it applies each partial sum as it grows (the first
+    micro-batch's gradient is applied ``N`` times over), and on the
+    micro-batch that reaches the guard the optimizer steps twice. Training
+    goes on without an error, with ``N`` times more updates than planned
+    and a learning-rate schedule and momentum fed the wrong steps. It is
+    usually a leftover of the loop before accumulation was added.
+
+    **Fix.** Keep the guarded step and delete the other one (or move it
+    under the guard).
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+            optimizer.step()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the other step is under any condition inside the
+    loop but a setting fixed for the whole run (``if i == len(loader) - 1:``
+    flushes a last partial accumulation once); the two steps sit in the two
+    branches of one ``if`` (``if (i + 1) % accum == 0: ... else: ...``) or of
+    a setting (``if accum > 1:``); the other step is in an ``except`` handler
+    or inside ``accelerator.accumulate()`` (accelerate skips a prepared
+    optimizer's ``step()`` until the micro-batch that syncs); the steps are a
+    framework's (a DeepSpeed engine decides its own boundary) or of
+    different optimizers.
+    """
+
+    code = "GL011"
+    name = "step-outside-accumulation-guard"
+    summary = "an optimizer steps under an accumulation guard and again on every micro-batch"
+    severity = Severity.ERROR
+    fix = None  # which of the two steps was meant is the author's call; the guarded one almost always
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None or acc.style != "guard" or not step.inside(acc.frame):
+                    continue
+                for other in root.events_of(EventKind.STEP, loop):
+                    if other is step or id(other.node) in reported or not _steps_every_micro_batch(other, step, loop, acc):
+                        continue
+                    reported.add(id(other.node))
+                    yield Report(
+                        other.node,
+                        f"`{model.code(other.node)}` steps `{step.target}` on every micro-batch, but `{step.target}` "
+                        f"also steps {accumulation_place(model, acc)} (`{model.code(step.node)}`): between the "
+                        f"boundaries this step applies the partial sums of the accumulating gradients, and at each "
+                        f"boundary the optimizer steps twice; delete this step and keep the guarded one",
+                    )
+
+
+def _steps_every_micro_batch(other: Event, step: Event, loop: Frame, acc) -> bool:
+    """Whether ``other`` is a plain step of ``step``'s optimizer that runs on every micro-batch of ``loop``."""
+    if other.framework is not None or other.target_kind is not ObjKind.OPTIMIZER:
+        return False
+    if last_name(other.target or "") != last_name(step.target or ""):
+        return False
+    if not runs_every_micro_batch(other, loop, acc) or not _unconditional(other, loop):
+        return False
+    if exclusive(other, step) or split_by_setting(other, step) or other.with_context("accumulate"):
+        return False
+    return not any(f.branch == "except" for f in other.frames)

@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
 from gradlint.frameworks import counts_more_than_one, framework_settings
-from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
     Accumulation,
@@ -386,6 +386,9 @@ class ZeroGradInAccumulation(Rule):
       branch of the guard;
     - the clear sits in a branch that leaves before the step (the micro-batches
       that never step), or in an ``except`` handler;
+    - the clear follows a step of its optimizer in the same branch, with no
+      backward between (``if i == len(loader) - 1: optimizer.step();
+      optimizer.zero_grad()`` flushes a last partial accumulation);
     - the clear runs only with accumulation off and the step only with it on,
       whether in two branches of one ``if`` on the setting or in two ``if``s
       (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``).
@@ -465,6 +468,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # ``if accum_steps > 1: ...step... else: zero_grad()...``: the modes never mix
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
+                    if _follows_own_step(root, zero, loop):
+                        continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
                     yield settled.note(
                         Report(
                             zero.node,
@@ -518,6 +523,23 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
                 f"clear with `{step.target}.zero_grad()`",
             )
+
+
+def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
+    """Whether ``zero`` comes right after a step of its optimizer in the same branch, no backward between.
+
+    A last partial accumulation flushed under its own test (``if i == len(loader) - 1:``)
+    steps and clears there: the clear drops only the gradients that step used.
+    """
+    events = root.events_in(loop)
+    at = next(i for i, e in enumerate(events) if e is zero)
+    for earlier in reversed(events[:at]):
+        if earlier.kind is EventKind.BACKWARD:
+            return False
+        if earlier.kind is EventKind.STEP and same_object(earlier.target, zero.target):
+            inside = frames_inside(earlier, loop)
+            return bool(inside) and all(zero.inside(f) for f in inside)
+    return False
 
 
 def _tests_sync_gradients(model: LoopModel, root, block) -> bool:

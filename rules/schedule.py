@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -12,6 +13,7 @@ from gradlint.model import Event, Frame, FrameKind, LoopModel
 from gradlint.queries import accumulation, accumulation_place, frames_inside, runs_every_micro_batch, split_by_setting, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
+from gradlint.syntax import callee_name, dotted_name, walk
 from gradlint.rules.unprepared import certainly_unprepared, terminal
 
 
@@ -46,7 +48,14 @@ class SchedulerStepsPerMicroBatch(Rule):
       of its own, such as ``if accelerator.sync_gradients:``;
     - the scheduler steps in the branch of ``if accumulation_steps > 1:``
       that does not accumulate (the test is a setting: one branch runs for
-      the whole training).
+      the whole training);
+    - the module counts the schedule's length in micro-batches: a
+      ``..._steps`` it assigns is the number of batches of an epoch
+      (``len(loader)``, ``epoch_len``) times the epochs, with no accumulation
+      count in it (``lr_decay_steps = epoch_len * max_epochs``,
+      ``fixtures/realworld/gl006_clip_in_step_method__EveryDream2trainer.py``):
+      stepped once per micro-batch, such a schedule runs at the pace it was
+      planned for.
 
     **Bad**::
 
@@ -78,6 +87,7 @@ class SchedulerStepsPerMicroBatch(Rule):
         settled = Settled()
         for root in model.roots:
             accelerated: dict[int, bool] = {}
+            horizon_in_micro_batches: bool | None = None
             for step, loop in steps_with_loops(root):
                 scheds = root.events_of(EventKind.SCHED_STEP, loop)
                 if not scheds:
@@ -95,6 +105,10 @@ class SchedulerStepsPerMicroBatch(Rule):
                         )
                 acc = accumulation(root, step, loop)
                 if acc is None:
+                    continue
+                if horizon_in_micro_batches is None:
+                    horizon_in_micro_batches = _horizon_in_micro_batches(model)
+                if horizon_in_micro_batches:
                     continue
                 if id(loop) not in accelerated:
                     # accelerate's prepared schedulers skip the micro-batches that do not step
@@ -115,6 +129,36 @@ class SchedulerStepsPerMicroBatch(Rule):
                                 fix=move_scheduler_step(model, sched, step),
                             )
                         )
+
+
+_LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps$")
+_EPOCH_LENGTH = ("epoch_len", "batches_per_epoch", "num_batches")
+
+
+def _horizon_in_micro_batches(model: LoopModel) -> bool:
+    """Whether the module sets a schedule length as the batches of an epoch times the epochs, without the
+    accumulation count: ``args.lr_decay_steps = int(self.epoch_len * args.max_epochs * 1.5)``."""
+    if model.index is None:
+        return False
+    for table in model.index.assignments.values():
+        for name, values in table.items():
+            if not _LENGTH_NAME.search(name.rsplit(".", 1)[-1].lower()):
+                continue
+            for value in values:
+                if isinstance(value, cst.BaseExpression) and _batches_times_epochs(value):
+                    return True
+    return False
+
+
+def _batches_times_epochs(value: cst.BaseExpression) -> bool:
+    names = [dotted_name(n) or "" for n in walk(value) if isinstance(n, (cst.Name, cst.Attribute))]
+    last = [n.rsplit(".", 1)[-1].lower() for n in names]
+    if any("accum" in n for n in last):
+        return False
+    batches = any(isinstance(n, cst.Call) and callee_name(n) == "len" for n in walk(value)) or any(
+        n in _EPOCH_LENGTH for n in last
+    )
+    return batches and any("epoch" in n and n not in _EPOCH_LENGTH for n in last)
 
 
 def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]) -> Iterator[Event]:
