@@ -253,7 +253,12 @@ class LossDividedTwice(Rule):
     or DeepSpeed config ``"gradient_accumulation_steps"`` (a literal 1 does
     not count), or the framework's own ``accelerator.gradient_accumulation_steps``,
     ``engine.gradient_accumulation_steps()`` or
-    ``self.trainer.accumulate_grad_batches``; the ``Accelerator`` is built
+    ``self.trainer.accumulate_grad_batches``, or, for ``accelerator.backward``,
+    a name the module reads from the DeepSpeed config's
+    ``"gradient_accumulation_steps"`` (accelerate hands the loss to the engine,
+    which divides by that count:
+    ``fixtures/realworld/gl007_count_read_from_deepspeed_config__accelerate.py``);
+    the ``Accelerator`` is built
     elsewhere, configured through a plugin or the environment; a DeepSpeed
     config is read from a file; ``engine.backward(loss, scale_wrt_gas=False)``;
     the LightningModule sets ``automatic_optimization = False``; the backward
@@ -301,6 +306,18 @@ class LossDividedTwice(Rule):
         for division, divisor in _divisions(model, root.node, backward.loss, position):
             if _matches(model, divisor, counts) or _own_count(divisor, owner, backward.framework):
                 yield _report(model, division, divisor, framework)
+                continue
+            read = _read_from_deepspeed_config(model, divisor) if backward.framework == "accelerate" else None
+            if read is not None:
+                # No fix: without DeepSpeed the hand division is the only one, and dropping it would be wrong there.
+                yield Report(
+                    division,
+                    f"the loss is divided by `{model.code(divisor)}` here and, under DeepSpeed, where "
+                    f"`{model.code(divisor)}` is read from its config (line {model.line(read)}), "
+                    f"`{model.code(call.func)}` hands it to the engine's `backward`, which divides it again: each "
+                    f"step is that many times too small; build the `Accelerator` with `gradient_accumulation_steps`, "
+                    f"accumulate in `accelerator.accumulate(model)` and hand it the undivided loss",
+                )
 
     def _lightning(self, model: LoopModel, cls: cst.ClassDef, settings: FrameworkSettings) -> Iterator[Report]:
         if _manual_optimization(cls):
@@ -320,6 +337,25 @@ class LossDividedTwice(Rule):
             for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
                 if _matches(model, divisor, settings.lightning_counts) or dotted_name(divisor) == "self.trainer.accumulate_grad_batches":
                     yield _report(model, division, divisor, framework)
+
+
+def _read_from_deepspeed_config(model: LoopModel, divisor: cst.BaseExpression) -> cst.CSTNode | None:
+    """Where the module sets the divisor from a DeepSpeed config's count:
+    ``args.gradient_accumulation_steps = accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``.
+
+    That count is what a DeepSpeed engine divides the loss by; accelerate's ``backward`` hands the loss to it.
+    """
+    name = dotted_name(divisor)
+    if name is None or model.index is None:
+        return None
+    for table in model.index.assignments.values():
+        for value in table.get(name, ()):
+            if not isinstance(value, cst.Subscript) or len(value.slice) != 1 or not isinstance(value.slice[0].slice, cst.Index):
+                continue
+            key = value.slice[0].slice.value
+            if _is_key(key, "gradient_accumulation_steps") and "deepspeed" in model.code(value.value).lower():
+                return value
+    return None
 
 
 def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str) -> Report:
