@@ -444,6 +444,9 @@ class EventBuilder:
             owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
             emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
             return
+        if method == "disable_allreduce" and not call.args:
+            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # apex.parallel.DistributedDataParallel's switch
+            return
         if method == "set_requires_gradient_sync" and _switches_off_sync(call):
             emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # FSDP2's form of no_sync()
             return

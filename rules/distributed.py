@@ -553,10 +553,28 @@ def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
             f"{where}: call `{name}.set_requires_gradient_sync(False)` for the micro-batches that do not step "
             f"(FSDP2 then keeps unsharded gradients until the step: memory traded for communication)"
         )
+    if _built_by_apex(model, name):
+        return (
+            f"the apex DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
+            f"but {where}: apex's `DistributedDataParallel` has no `no_sync()`; call `{name}.disable_allreduce()` "
+            f"before the micro-batches that do not step and `{name}.enable_allreduce()` before the one that does"
+        )
     return (
         f"the DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
         f"but {where}: run the micro-batches that do not step "
         f"inside `{name}.no_sync()` (or set `require_backward_grad_sync = False` for them)"
+    )
+
+
+def _built_by_apex(model: LoopModel, name: str) -> bool:
+    """Whether ``name`` is assigned an ``apex.parallel.DistributedDataParallel(...)``."""
+    index = model.index
+    if index is None:
+        return False
+    return any(
+        isinstance(value, cst.Call) and any(q.startswith("apex.parallel.") for q in index.qualified_names(value.func))
+        for table in index.assignments.values()
+        for value in table.get(name, ())
     )
 
 
