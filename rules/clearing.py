@@ -409,6 +409,14 @@ class ZeroGradInAccumulation(Rule):
                 optimizer.step()
                 optimizer.zero_grad()
 
+    A clear under the same test as the step's guard but *before* the
+    backward (``if (j + 1) % k == 0: optimizer.zero_grad()``, then the
+    backward, then ``if (j + 1) % k == 0: optimizer.step()``) is flagged
+    too: it runs on the micro-batch that steps and wipes the ``k - 1``
+    micro-batches before it (``fixtures/realworld/gl003_clear_under_step_test_before_backward__dlrm.py``;
+    a clear on the window's first micro-batch, ``if j % k == 0:``, tests
+    something else and is right).
+
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
     in the module with ``gradient_accumulation_steps``, or one handed in
     from elsewhere when the block itself tests ``sync_gradients``),
@@ -449,6 +457,18 @@ class ZeroGradInAccumulation(Rule):
                 if report.node not in settled:
                     yield report
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
+            for zero, backward, step, guard in _boundary_clears_before_backward(model, root):
+                if zero.node not in settled and id(zero) not in between:
+                    yield settled.note(
+                        Report(
+                            zero.node,
+                            f"`{model.code(zero.node)}` runs on the micro-batch that steps (it tests what the step's "
+                            f"guard at line {model.line(guard.node)} tests), but before that micro-batch's "
+                            f"backward at line {model.line(backward.node)}: it clears what the earlier micro-batches "
+                            f"accumulated, so only the last one's gradients reach `{step.target}`'s step; clear right "
+                            f"after the step instead",
+                        )
+                    )
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)
@@ -523,6 +543,38 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
                 f"clear with `{step.target}.zero_grad()`",
             )
+
+
+def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
+    """Clears under a test identical to the accumulating step's guard, before the backward of the same micro-batch.
+
+    ``if (j + 1) % k == 0: optimizer.zero_grad()`` / ``loss.backward()`` / ``if (j + 1) % k == 0:
+    optimizer.step()`` (DLRM): the clear runs on the micro-batch that steps, and wipes the
+    ``k - 1`` micro-batches before it. A clear on the window's first micro-batch tests something
+    else (``j % k == 0``) and is right.
+    """
+    for step, loop in steps_with_loops(root):
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or not isinstance(acc.frame.node, cst.If):
+            continue
+        test = model.code(acc.frame.node.test)
+        at = root.order(step)
+        for zero in root.events_of(EventKind.ZERO, loop):
+            if not clears(model, zero, step.target) or leaves_before(zero, step) or zero.call_chain != step.call_chain:
+                continue  # (a helper inlined at two call sites shares its loop: each copy is judged alone)
+            same_test = any(
+                f.kind is FrameKind.BRANCH and f.accumulation and f.branch == acc.frame.branch
+                and isinstance(f.node, cst.If) and model.code(f.node.test) == test
+                for f in frames_inside(zero, loop)
+            )
+            if not same_test:
+                continue
+            later = [
+                b for b in acc.backwards
+                if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and b.call_chain == zero.call_chain
+            ]
+            if later:
+                yield zero, later[0], step, acc.frame
 
 
 def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
@@ -817,7 +869,9 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
         ]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
-    return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
+    if any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros):
+        return True
+    return any(s is step for _, _, s, _ in _boundary_clears_before_backward(model, root))
 
 
 # A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
