@@ -34,6 +34,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.event_builder import running_division
+from gradlint.per_module import PerModule
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import callee_name, dotted_name, method_name, walk
 from gradlint.rules.unprepared import prepared_in
@@ -545,6 +546,9 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             )
 
 
+_boundary_clears: PerModule[list[tuple[Event, Event, Event, Frame]]] = PerModule()  # per root, for GL004's every step
+
+
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
     """Clears under a test identical to the accumulating step's guard, before the backward of the same micro-batch.
 
@@ -871,7 +875,7 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
         zeros = root.events_of(EventKind.ZERO, acc.frame)
     if any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros):
         return True
-    return any(s is step for _, _, s, _ in _boundary_clears_before_backward(model, root))
+    return any(s is step for _, _, s, _ in _boundary_clears.get(model.module, id(root), lambda: list(_boundary_clears_before_backward(model, root))))
 
 
 # A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.

@@ -85,9 +85,9 @@ class SchedulerStepsPerMicroBatch(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settled = Settled()
+        horizon_in_micro_batches: bool | None = None  # read off the module once, on the first accumulating step
         for root in model.roots:
             accelerated: dict[int, bool] = {}
-            horizon_in_micro_batches: bool | None = None
             for step, loop in steps_with_loops(root):
                 scheds = root.events_of(EventKind.SCHED_STEP, loop)
                 if not scheds:
