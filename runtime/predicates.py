@@ -390,12 +390,35 @@ def gl302(records: list[StepRecord], events: list[Event]) -> Checked:
     return Checked(found, "each step synchronised gradients on one backward only")
 
 
+def gl011(records: list[StepRecord], events: list[Event]) -> Checked:
+    """An optimizer stepped from two lines, and one step came right after the other with no backward between."""
+    sites: dict[str, set[tuple[str, int]]] = {}
+    for r in records:
+        sites.setdefault(r.optimizer, set()).add(_site(r.event))
+    several = sorted(opt for opt, where in sites.items() if len(where) > 1)
+    if not several:
+        return Checked([], "every optimizer stepped from one line only", exercised=False)
+    found = []
+    for r in records:
+        if r.optimizer in several and r.previous is not None and not r.backwards and _site(r.previous) != _site(r.event):
+            found.append(
+                Violation(
+                    "GL011",
+                    f"step {r.number} of {r.optimizer} (line {r.event.site.line}) ran right after its step at line "
+                    f"{r.previous.site.line} with no backward between: it stepped twice on one micro-batch",
+                    frozenset({_site(r.event), _site(r.previous)}),
+                )
+            )
+    return Checked(found, f"{', '.join(several)} stepped from several lines, never twice without a backward between")
+
+
 PREDICATES: dict[str, Callable[[list[StepRecord], list[Event]], Checked]] = {
     "GL001": gl001,
     "GL002": gl002,
     "GL003": gl003,
     "GL004": gl004,
     "GL005": gl005,
+    "GL011": gl011,
     "GL101": gl101,
     "GL102": gl102,
     "GL103": gl103,

@@ -22,6 +22,7 @@ BUGGY = {
     "run_zero_in_accumulation.py": "GL003",
     "run_undivided_accumulation.py": "GL004",
     "run_step_bypasses_scaler.py": "GL102",
+    "run_step_outside_guard.py": "GL011",
 }
 CLEAN = ["run_clean_basic.py", "run_clean_accumulation.py", "run_clean_scaler.py"]
 
