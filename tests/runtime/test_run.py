@@ -20,6 +20,7 @@ BUGGY = {
     "run_missing_zero_grad.py": "GL001",
     "run_zero_between_backward_and_step.py": "GL002",
     "run_zero_in_accumulation.py": "GL003",
+    "run_clear_before_boundary_backward.py": "GL003",
     "run_undivided_accumulation.py": "GL004",
     "run_step_bypasses_scaler.py": "GL102",
     "run_step_outside_guard.py": "GL011",
