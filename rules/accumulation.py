@@ -17,7 +17,7 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.objects import ObjKind, last_name
+from gradlint.objects import ObjKind
 from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
@@ -29,6 +29,7 @@ from gradlint.queries import (
     leaves_before,
     lies_in,
     runs_every_micro_batch,
+    same_object,
     split_by_setting,
     steps_with_loops,
 )
@@ -1119,7 +1120,7 @@ def _steps_every_micro_batch(other: Event, step: Event, loop: Frame, acc) -> boo
     """Whether ``other`` is a plain step of ``step``'s optimizer that runs on every micro-batch of ``loop``."""
     if other.framework is not None or other.target_kind is not ObjKind.OPTIMIZER:
         return False
-    if last_name(other.target or "") != last_name(step.target or ""):
+    if not same_object(other.target, step.target):
         return False
     if not runs_every_micro_batch(other, loop, acc) or not _unconditional(other, loop):
         return False

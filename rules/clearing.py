@@ -34,7 +34,6 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.event_builder import running_division
-from gradlint.per_module import PerModule
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import callee_name, dotted_name, method_name, walk
 from gradlint.rules.unprepared import prepared_in
@@ -546,9 +545,6 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             )
 
 
-_boundary_clears: PerModule[list[tuple[Event, Event, Event, Frame]]] = PerModule()  # per root, for GL004's every step
-
-
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
     """Clears under a test identical to the accumulating step's guard, before the backward of the same micro-batch.
 
@@ -756,6 +752,7 @@ class UnscaledAccumulatedLoss(Rule):
         if any(e.framework == "comm_hook" for root in model.roots for e in root.events_of(GRAD_DIVIDE)):
             return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
         for root in model.roots:
+            wiped: set[int] | None = None  # the steps whose micro-batches a clear on the stepping one wipes
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)
                 if acc is None:
@@ -766,6 +763,10 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 if _cleared_every_micro_batch(model, root, step, loop, acc):
                     continue  # nothing accumulates: GL003 reports the clear, the one line to change
+                if wiped is None:
+                    wiped = {id(s) for _, _, s, _ in _boundary_clears_before_backward(model, root)}
+                if id(step) in wiped:
+                    continue  # nothing accumulates either: GL003 reports the clear before the stepping backward
                 if _deliberate_sum(model, root, acc):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
@@ -873,9 +874,7 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
         ]
     else:
         zeros = root.events_of(EventKind.ZERO, acc.frame)
-    if any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros):
-        return True
-    return any(s is step for _, _, s, _ in _boundary_clears.get(model.module, id(root), lambda: list(_boundary_clears_before_backward(model, root))))
+    return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
 
 
 # A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.

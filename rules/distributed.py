@@ -568,13 +568,11 @@ def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
 
 def _built_by_apex(model: LoopModel, name: str) -> bool:
     """Whether ``name`` is assigned an ``apex.parallel.DistributedDataParallel(...)``."""
-    index = model.index
-    if index is None:
+    if model.index is None:
         return False
     return any(
-        isinstance(value, cst.Call) and any(q.startswith("apex.parallel.") for q in index.qualified_names(value.func))
-        for table in index.assignments.values()
-        for value in table.get(name, ())
+        any(q.startswith("apex.parallel.") for q in model.index.qualified_names(call.func))
+        for call in _constructors(model, name)
     )
 
 
