@@ -126,6 +126,19 @@ def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNo
         stack.extend(reversed(children(current)))
 
 
+def every_node(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """Every node under ``node`` (itself included), nested defs, classes and lambdas too, in no particular order.
+
+    Whitespace and punctuation are not entered: names and literals are the leaves.
+    """
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if type(current) not in TRIVIA:
+            stack.extend(children(current))
+
+
 # LibCST's concrete node classes are never subclassed: exact type tests are safe and fast.
 _DEFS = frozenset({cst.FunctionDef, cst.ClassDef})
 _DEFS_AND_LAMBDAS = _DEFS | {cst.Lambda}

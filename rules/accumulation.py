@@ -34,7 +34,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import bool_literal, callee_name, dotted_name, every_node, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -671,7 +671,7 @@ _scaling_flag: PerModule[bool] = PerModule()
 
 
 def _names_scaling_flag(module: cst.Module) -> bool:
-    for node in _full_walk(module):
+    for node in every_node(module):
         kind = type(node)
         if kind is cst.Name and node.value in _SCALING_FLAGS:
             return True
@@ -701,20 +701,10 @@ def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSett
     return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.sft_trainers)
 
 
-def _full_walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    """Every node under ``node``, nested functions and classes included."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if type(current) not in TRIVIA:
-            stack.extend(children(current))
-
-
 def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
     """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
     return any(
-        isinstance(node, cst.Attribute) and node.attr.value == "logits" for c in _class_chain(cls, local) for node in _full_walk(c)
+        isinstance(node, cst.Attribute) and node.attr.value == "logits" for c in _class_chain(cls, local) for node in every_node(c)
     )
 
 
@@ -726,7 +716,7 @@ def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bo
     and divides.
     """
     trainers = {id(c) for c in settings.hf_trainers}
-    for node in _full_walk(module):
+    for node in every_node(module):
         if isinstance(node, cst.ClassDef) and id(node) not in trainers:
             for function in _methods(node):
                 if function.name.value == "forward" and not isinstance(function.params.star_kwarg, cst.Param):

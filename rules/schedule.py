@@ -174,7 +174,7 @@ def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]
             if any(not step.inside(f) for f in frames_inside(sched, block)):
                 continue  # under a test of its own (``if accelerator.sync_gradients:``)
             scheduler, optimizer = terminal(cst.parse_expression(sched.target)), terminal(cst.parse_expression(step.target))
-            if scheduler and optimizer and certainly_unprepared(model.module, scheduler, optimizer, accelerator):
+            if scheduler and optimizer and model.index is not None and certainly_unprepared(model.index, scheduler, optimizer, accelerator):
                 yield sched
 
 

@@ -9,8 +9,12 @@ one name here); any sign that the scheduler might be prepared elsewhere keeps th
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 import libcst as cst
+
+from gradlint.module_index import ModuleIndex
+from gradlint.syntax import every_node
 
 TORCH_SCHEDULERS = frozenset({
     "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR", "ExponentialLR",
@@ -31,8 +35,11 @@ def terminal(node: cst.BaseExpression) -> str | None:
     return None
 
 
-class ModuleFacts(cst.CSTVisitor):
-    """What one module does with its schedulers and its ``prepare`` calls, by name."""
+class ModuleFacts:
+    """What one module does with its schedulers and its ``prepare`` calls, by name.
+
+    Fed every node of the module (:meth:`read`), in any order: each fact is a set or an any-of.
+    """
 
     def __init__(self) -> None:
         self.classes: set[str] = set()
@@ -45,13 +52,31 @@ class ModuleFacts(cst.CSTVisitor):
         self.prepare_unclear = False  # a prepare() call with *args or **kwargs
         self.unpacked: list[tuple[str, str | None]] = []  # (name, helper function) of ``a, b = helper(...)``
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    def read(self, nodes: Iterable[cst.CSTNode]) -> ModuleFacts:
+        """Note what each node says; the node types that say nothing are skipped on one dictionary lookup.
+
+        Assignments are judged last, once every import has named the module's scheduler factories.
+        """
+        readers = _READERS
+        assignments = []
+        for node in nodes:
+            reader = readers.get(type(node))
+            if reader is not None:
+                if reader is _ASSIGNMENT:
+                    assignments.append(node)
+                else:
+                    reader(self, node)
+        for node in assignments:
+            self._read_assignment(node)
+        return self
+
+    def _read_class(self, node: cst.ClassDef) -> None:
         self.classes.add(node.name.value)
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    def _read_function(self, node: cst.FunctionDef) -> None:
         self.functions.add(node.name.value)
 
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+    def _read_import(self, node: cst.ImportFrom) -> None:
         module = _dotted(node.module) if node.module else ""
         if isinstance(node.names, cst.ImportStar):
             return
@@ -63,7 +88,7 @@ class ModuleFacts(cst.CSTVisitor):
             elif module.split(".")[0] in SCHEDULE_FACTORY_MODULES and name and SCHEDULE_FACTORY.match(name):
                 self.factories.add(local)
 
-    def visit_Call(self, node: cst.Call) -> None:
+    def _read_call(self, node: cst.Call) -> None:
         self.calls.append(node)
         if terminal(node.func) in PREPARE_CALLS:
             for arg in node.args:
@@ -71,16 +96,15 @@ class ModuleFacts(cst.CSTVisitor):
                     self.prepare_unclear = True
                 self.prepared |= _names_in(arg.value)
 
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._assign(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        if node.value is not None:
-            self._assign(node.target, node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        self._assign(node.target, None)
+    def _read_assignment(self, node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> None:
+        if type(node) is cst.Assign:
+            for target in node.targets:
+                self._assign(target.target, node.value)
+        elif type(node) is cst.AnnAssign:
+            if node.value is not None:
+                self._assign(node.target, node.value)
+        else:
+            self._assign(node.target, None)
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -112,10 +136,22 @@ class ModuleFacts(cst.CSTVisitor):
         return False
 
 
-def certainly_unprepared(module: cst.Module, scheduler: str, optimizer: str, accelerator: str) -> bool:
+_ASSIGNMENT = ModuleFacts._read_assignment
+_READERS = {
+    cst.ClassDef: ModuleFacts._read_class,
+    cst.FunctionDef: ModuleFacts._read_function,
+    cst.ImportFrom: ModuleFacts._read_import,
+    cst.Call: ModuleFacts._read_call,
+    cst.Assign: _ASSIGNMENT,
+    cst.AnnAssign: _ASSIGNMENT,
+    cst.AugAssign: _ASSIGNMENT,
+}
+
+
+def certainly_unprepared(index: ModuleIndex, scheduler: str, optimizer: str, accelerator: str) -> bool:
     """Whether ``scheduler`` is a plain scheduler built here that no ``prepare`` call can have wrapped,
     while ``optimizer`` is prepared (or handed to a helper together with ``accelerator``)."""
-    facts = _facts(module)
+    facts = _facts(index)
     if facts.prepare_unclear or scheduler in facts.prepared or scheduler not in facts.built:
         return False
     if scheduler in facts.assigned_otherwise:
@@ -136,22 +172,20 @@ def certainly_unprepared(module: cst.Module, scheduler: str, optimizer: str, acc
 
 def prepared_in(function: cst.FunctionDef, name: str) -> bool:
     """Whether ``function`` hands an object of this last name to a ``prepare`` call (accelerate wraps it)."""
-    facts = ModuleFacts()
-    function.visit(facts)
-    return name in facts.prepared
+    return name in ModuleFacts().read(every_node(function)).prepared
 
 
-_FACTS: dict[int, tuple[cst.Module, ModuleFacts]] = {}
+# The facts of the module read last: GL301 asks once per scheduler step, about one module at a time.
+_last_read: tuple[ModuleIndex, ModuleFacts] | None = None
 
 
-def _facts(module: cst.Module) -> ModuleFacts:
-    cached = _FACTS.get(id(module))
-    if cached is None or cached[0] is not module:
-        facts = ModuleFacts()
-        module.visit(facts)
-        _FACTS.clear()
-        cached = _FACTS[id(module)] = (module, facts)
-    return cached[1]
+def _facts(index: ModuleIndex) -> ModuleFacts:
+    """The facts of the module ``index`` was built from, read from its parent map (which holds every node but the module)."""
+    global _last_read
+    last = _last_read  # one read: another thread may replace it meanwhile
+    if last is None or last[0] is not index:
+        last = _last_read = (index, ModuleFacts().read(index.parents))
+    return last[1]
 
 
 def _names_in(node: cst.BaseExpression) -> set[str]:
