@@ -15,7 +15,7 @@ from gradlint.findings import FileResult, Finding
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
-from gradlint.old_syntax import stand_in
+from gradlint.old_syntax import StandIn, stand_in
 from gradlint.positions import remember_python_tree
 from gradlint.project_index import python_tree
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
@@ -64,6 +64,11 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
     stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text,
     so a caller that writes code back must pass ``old_names=False``.
     """
+    return _parse(text, python_tree, old_names=old_names)[0]
+
+
+def _parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> tuple[cst.Module, StandIn | None]:
+    """:func:`parse`, and the stand-in the module was parsed from instead of ``text`` (None: from ``text`` itself)."""
     tree = _refuse_deep_nesting(text, python_tree)
     try:
         module = cst.parse_module(text)
@@ -72,7 +77,7 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
         if substitute is not None:
             if not old_names:
                 raise SourceError(f"cannot fix: {OLD_NAMES}") from error
-            return parse(substitute.text, None)
+            return parse(substitute.text, None), substitute
         # Python's own parser says where and why more precisely than LibCST's.
         try:
             ast.parse(text)
@@ -90,7 +95,7 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
     if tree is not None:
         remember_python_tree(module, tree)
-    return module
+    return module, None
 
 
 @contextmanager
@@ -125,22 +130,14 @@ def parse_and_check(
     """
     with cyclic_gc_paused():
         try:
-            module = parse(text, python_tree)
+            module, substitute = _parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
         result = check_module(module, path, rules, text, context=context)
-    substitute = _stand_in_read(module, text) if result.findings else None
-    if substitute is not None:  # in the original's words, and with no fix: the fixer will not rewrite such a file
+    if substitute is not None and result.findings:  # in the original's words, and with no fix: the fixer will not rewrite such a file
         findings = [dataclasses.replace(f, message=substitute.restore(f.message), fix=None) for f in result.findings]
         result = dataclasses.replace(result, findings=findings)
     return result
-
-
-def _stand_in_read(module: cst.Module, text: str):
-    """The stand-in ``module`` was parsed from instead of ``text`` (:mod:`gradlint.old_syntax`), or None."""
-    if ("async" not in text and "await" not in text) or module.code == text:
-        return None
-    return stand_in(text)
 
 
 def check_module(
