@@ -69,12 +69,13 @@ class Positions:
         self._pairs: dict[int, dict[int, ast.stmt]] = {}  # id(LibCST block) -> Python's statement per statement
         self._whole: dict[cst.CSTNode, CodeRange] | None = None
         self._lines_agree: bool | None = None  # _no_lone_cr's answer, once known
+        self._lines: list[str] | None = None  # the source's lines, once a column is converted
         # Lines are counted on "\n"; an old Mac "\r" file goes through LibCST whole.
         self._by_statement = module.default_newline in ("\n", "\r\n")
 
     def __getitem__(self, node: cst.CSTNode) -> CodeRange:
         if self._by_statement and self._parents is not None and self._no_lone_cr():
-            found = self._in_line(node)
+            found = self._compound(node) if type(node) in _SPANNED else self._in_line(node)
             if found is not None:
                 return found
         index = self._find(node) if self._by_statement else None
@@ -151,6 +152,33 @@ class Positions:
             return None
         start, end = code_range.start, code_range.end
         return CodeRange(CodePosition(start.line + offset, start.column), CodePosition(end.line + offset, end.column))
+
+    def _compound(self, node: cst.BaseCompoundStatement) -> CodeRange | None:
+        """The span of a loop, ``if`` or ``with`` read from Python's statement for it, without rendering the body.
+
+        LibCST's range of a compound statement runs from its first keyword to
+        the end of its last statement's code, as Python's does; Python counts
+        columns in UTF-8 bytes, LibCST in characters. None for a decorated
+        statement or an ``elif`` (whose Python statement starts elsewhere).
+        """
+        if type(self._parents.get(node)) is cst.If:
+            return None
+        python = self._python_statement(node)
+        if python is None or python.end_lineno is None or python.end_col_offset is None:
+            return None
+        return CodeRange(
+            CodePosition(python.lineno, self._characters(python.lineno, python.col_offset)),
+            CodePosition(python.end_lineno, self._characters(python.end_lineno, python.end_col_offset)),
+        )
+
+    def _characters(self, line: int, utf8_offset: int) -> int:
+        """The column in characters of a UTF-8 byte offset into a line of the source."""
+        if self._lines is None:
+            self._lines = (self.text or "").split("\n")
+        text = self._lines[line - 1] if 0 < line <= len(self._lines) else ""
+        if text.isascii():
+            return utf8_offset
+        return len(text.encode("utf-8")[:utf8_offset].decode("utf-8", errors="replace"))
 
     def _resolve_line(self, line: cst.BaseStatement) -> tuple[dict[cst.CSTNode, CodeRange], int] | None:
         """The positions inside ``line`` rendered alone at its own indentation, and the lines before its first token.
@@ -300,6 +328,8 @@ _HEADED = frozenset({cst.For, cst.While, cst.With, cst.If, cst.FunctionDef, cst.
 _NOT_ALONE = frozenset(
     {cst.IndentedBlock, cst.SimpleStatementSuite, cst.Else, cst.ExceptHandler, cst.ExceptStarHandler, cst.Finally, cst.MatchCase, cst.Module}
 )
+# Compound statements whose span Python's parser gives as LibCST would (decorated defs and classes start elsewhere).
+_SPANNED = frozenset({cst.For, cst.While, cst.With, cst.If})
 _PASS = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
 
 

@@ -104,3 +104,19 @@ def test_code_python_cannot_read_falls_back_to_counting_lines():
     for node, code_range in _expected(module).items():
         if node is not module and not isinstance(node, _WHITESPACE):
             assert positions[node] == code_range
+
+
+NON_ASCII = '''for batch in loader:
+    if batch:
+        print("größe", "損失")  # ü
+    with ctx() as c, \\
+            other():
+        log("λ = 0.5")
+    while n:  # é
+        n -= 1; s = "ñ"
+'''
+
+
+def test_loops_branches_and_withs_end_in_characters_not_bytes():
+    """Their spans come from Python's parser, which counts UTF-8 bytes: the end column must still be LibCST's."""
+    assert _check_model(NON_ASCII) > 20
