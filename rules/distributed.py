@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import libcst as cst
 
@@ -294,6 +294,16 @@ def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
     )
 
 
+class _NamesIn:
+    """``name in`` the dotted names written under a scope, walked on the first question only."""
+
+    def __init__(self, module: cst.Module, scope: cst.CSTNode) -> None:
+        self._module, self._scope = module, scope
+
+    def __contains__(self, name: str) -> bool:
+        return name in _names_in(self._module, self._scope)
+
+
 def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scopes: dict[str, set]) -> dict[str, str]:
     """The wrapped models code in ``root`` can reach: ``self.`` attributes of its class, a name wrapped in its own
     function (or one it is nested in), or at module level and not a local of its function; a name wrapped where
@@ -301,7 +311,7 @@ def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scope
     index = model.index
     if index is None:
         return wrapped
-    named = _names_in(model.module, root.node)
+    named = _NamesIn(model.module, root.node)
     method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
     function = root.node if isinstance(root.node, cst.FunctionDef) else None
@@ -317,11 +327,11 @@ def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scope
             seen[name] = by
         elif name in scopes:
             where = scopes[name]
-            if where & enclosing or (None in where and name in named and name not in local):
+            if where & enclosing or (None in where and name not in local and name in named):
                 seen[name] = by
             elif function is not None and _returned_by(index, function, name, where):
                 seen[name] = by
-        elif name in named or name in module_level:
+        elif name in module_level or name in named:
             seen[name] = by
     return seen
 
@@ -675,7 +685,7 @@ class DdpModelChangedAfterWrap(Rule):
         if not wraps:
             return
         roots = {id(root.node): root for root in model.roots}
-        for scope in _scopes(model.module):
+        for scope in _scopes_of(model, framework_settings(model).ddp_wraps):
             sites = _Sites(scope, wraps)
             if not sites.wraps:
                 continue
@@ -724,12 +734,26 @@ class DdpModelChangedAfterWrap(Rule):
             )
 
 
-def _scopes(module: cst.Module) -> Iterator[cst.CSTNode]:
-    """The module and every function in it."""
-    yield module
-    for node in walk_all(module):
-        if isinstance(node, cst.FunctionDef):
-            yield node
+def _scopes_of(model: LoopModel, calls: Iterable[cst.Call]) -> list[cst.CSTNode]:
+    """The functions (or the module) whose own code makes these calls, each once, in the order of the calls.
+
+    A call at class level belongs to no function's code, and a call with no
+    recorded parent to none either: :class:`_Sites` reads neither.
+    """
+    if model.index is None:
+        return [model.module, *(n for n in walk_all(model.module) if isinstance(n, cst.FunctionDef))]
+    parents = model.index.parents
+    scopes: dict[int, cst.CSTNode] = {}
+    for call in calls:
+        node = parents.get(call)
+        while node is not None and type(node) not in _SCOPES:
+            node = parents.get(node)
+        if node is not None and type(node) is not cst.ClassDef:
+            scopes.setdefault(id(node), node)
+    return list(scopes.values())
+
+
+_SCOPES = frozenset({cst.Module, cst.FunctionDef, cst.ClassDef})
 
 
 def walk_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
