@@ -31,8 +31,7 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
         context = alone_in_its_run(scan_calls(source, python_tree_of(module, source)))
     known = Context.of(context)
     per_batch = known.per_batch
-    index = ModuleIndex(module)
-    index.text = text
+    index = ModuleIndex(module, text)
     builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer)
     roots = [Root("<module>", module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there

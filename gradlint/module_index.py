@@ -59,9 +59,9 @@ def parents_of(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
 class ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
-    def __init__(self, module: cst.Module) -> None:
+    def __init__(self, module: cst.Module, text: str | None = None) -> None:
         self.module = module
-        self.text: str | None = None  # the source, when the caller has it
+        self.text = text  # the source, when the caller has it
         self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}
@@ -80,6 +80,8 @@ class ModuleIndex:
         self._returned: dict[cst.FunctionDef, list[cst.BaseExpression]] = {}
         self.objects: dict[str, ObjInfo] = {}
         self.uses_cuda_graphs = False
+        # Every name of a CUDA graph API holds "graph": in a text without it, no name needs looking at.
+        self._graph_names_possible = text is None or "graph" in text.lower()
         # Each node's parent (names and literals are children, never parents): how a reported node finds its statement.
         self.parents: dict[cst.CSTNode, cst.CSTNode] = {}
         # What the fixes ask of the whole module, noted here so that no fix walks it again.
@@ -153,7 +155,7 @@ class ModuleIndex:
                 if type(child) is cst.Name:
                     if not (type(node) is cst.Attribute and child is node.attr) and not (type(node) is cst.Arg and child is node.keyword):
                         self.variable_names.add(child.value)
-                    if not self.uses_cuda_graphs:
+                    if self._graph_names_possible and not self.uses_cuda_graphs:
                         self._note(child, function)
                     continue
                 kind = type(child)
@@ -222,7 +224,7 @@ class ModuleIndex:
             self._assign(node.asname.name, node.item, function)
         elif kind is cst.Return and node.value is not None and function is not None:
             self._returned.setdefault(function, []).append(node.value)
-        elif (kind is cst.Attribute or kind is cst.Name) and not self.uses_cuda_graphs:
+        elif (kind is cst.Attribute or kind is cst.Name) and self._graph_names_possible and not self.uses_cuda_graphs:
             name = dotted_name(node) or ""
             if name.endswith(("CUDAGraph", "cuda.graph", "make_graphed_callables")) or "cudagraph" in name.lower() or "cuda_graph" in name.lower():
                 self.uses_cuda_graphs = True

@@ -184,12 +184,17 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
     return result
 
 
+_DIVIDING_CALLS = frozenset({"div", "div_", "true_divide", "divide"})
+_MULTIPLYING_CALLS = frozenset({"mul", "mul_"})
+
+
 def contains_division(node: cst.CSTNode) -> bool:
     """Whether an expression divides: ``a / n``, ``a * (1 / n)``, ``a.div(n)``, ``torch.div(a, n)``."""
-    for sub in walk(node, into_lambdas=False):
-        if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Divide):
+    for sub in walk(node):
+        kind = type(sub)  # exact type tests: isinstance against LibCST's classes goes through ABCMeta
+        if kind is cst.BinaryOperation and type(sub.operator) is cst.Divide:
             return True
-        if isinstance(sub, cst.Call) and callee_name(sub) in ("div", "div_", "true_divide", "divide"):
+        if kind is cst.Call and callee_name(sub) in _DIVIDING_CALLS:
             return True
     return False
 
@@ -200,20 +205,25 @@ def scales_down(node: cst.CSTNode) -> bool:
     A product such as ``loss * grad_accum_scale`` may well be ``1 / n``: the
     model cannot tell, so it gives the code the benefit of the doubt.
     """
-    if contains_division(node):
-        return True
     for sub in walk(node):
-        if isinstance(sub, cst.BinaryOperation) and isinstance(sub.operator, cst.Multiply):
-            for side in (sub.left, sub.right):
-                if isinstance(side, (cst.Integer, cst.Float)):
-                    value = number(side)
-                    if value is not None and value < 1:
+        kind = type(sub)
+        if kind is cst.BinaryOperation:
+            operator = type(sub.operator)
+            if operator is cst.Divide:
+                return True
+            if operator is cst.Multiply:
+                for side in (sub.left, sub.right):
+                    side_kind = type(side)
+                    if side_kind is cst.Integer or side_kind is cst.Float:
+                        value = number(side)
+                        if value is not None and value < 1:
+                            return True
+                    elif side_kind is not cst.Imaginary and _is_factor(side):
                         return True
-                elif not isinstance(side, cst.Imaginary):
-                    if _is_factor(side):
-                        return True
-        if isinstance(sub, cst.Call) and callee_name(sub) in ("mul", "mul_"):
-            return True
+        elif kind is cst.Call:
+            name = callee_name(sub)
+            if name in _DIVIDING_CALLS or name in _MULTIPLYING_CALLS:
+                return True
     return False
 
 
