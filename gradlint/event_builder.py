@@ -638,7 +638,7 @@ class EventBuilder:
         if function is None:
             return frozenset()
         if id(function) not in self._running:
-            self._running[id(function)] = _running_counters(function)
+            self._running[id(function)] = _running_counters(function, self.index)
         return self._running[id(function)]
 
     def _weighted_by_divided(self, value: cst.BaseExpression, scope: _Scope) -> bool:
@@ -872,7 +872,7 @@ def running_division(function: cst.FunctionDef | None, loss: str, index: ModuleI
     ``loss /= n``), if the function divides it so: the line to change when it should divide by the count."""
     if function is None:
         return None
-    running = _running_counters(function)
+    running = _running_counters(function, index)
     if not running:
         return None
     for value in index.assignments.get(function, {}).get(loss, []):
@@ -884,7 +884,7 @@ def running_division(function: cst.FunctionDef | None, loss: str, index: ModuleI
     return None
 
 
-def _running_counters(function: cst.FunctionDef) -> frozenset[str]:
+def _running_counters(function: cst.FunctionDef, index: ModuleIndex) -> frozenset[str]:
     """Local names counted up by ``+= 1`` and set back to 0 in a branch that tests them against a threshold.
 
     ``n += 1`` on each micro-batch, ``if n >= accum_steps: ...; n = 0``: ``n`` is
@@ -892,9 +892,8 @@ def _running_counters(function: cst.FunctionDef) -> frozenset[str]:
     """
     incremented = {
         node.target.value
-        for node in walk(function)
-        if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.AddAssign)
-        and isinstance(node.target, cst.Name) and number(node.value) == 1
+        for node in index.augmented.get(function, ())
+        if type(node.operator) is cst.AddAssign and type(node.target) is cst.Name and number(node.value) == 1
     }
     if not incremented:
         return frozenset()

@@ -74,6 +74,8 @@ class ModuleIndex:
         # Per function (None: module level): name -> every expression assigned to it.
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
         self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
+        # Per function (None: module level): the augmented assignments of its own code, not of nested defs or class bodies.
+        self.augmented: dict[cst.FunctionDef | None, list[cst.AugAssign]] = {}
         self.returns_divided: set[cst.FunctionDef] = set()
         # ``return loss, ce_loss, z_loss`` with ``loss`` divided: (function, position) of each divided element.
         self.returns_divided_at: set[tuple[cst.FunctionDef, int]] = set()
@@ -170,6 +172,8 @@ class ModuleIndex:
                 else:
                     if kind in _NOTED:
                         self._note(child, function)
+                        if kind is cst.AugAssign and class_name is None:
+                            self.augmented.setdefault(function, []).append(child)
                     if kind not in TRIVIA:
                         stack.append((child, function, class_name, prefix))
 

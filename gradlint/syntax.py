@@ -161,6 +161,7 @@ TRIVIA = _trivia()
 
 
 _DEFERRED = frozenset({cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp})
+_TRIVIA_OR_DEFERRED = TRIVIA | _DEFERRED
 
 
 def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
@@ -169,18 +170,22 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
     Lambda bodies and comprehensions are skipped: their code does not run where it is written.
     """
     result: list[cst.Call] = []
+    if type(node) in TRIVIA:
+        return result
+    skipped = _TRIVIA_OR_DEFERRED
     # Iterative post-order walk: deeply nested expressions must not exhaust the recursion limit.
+    # A call is pushed again, marked, below its children: it is taken once they all are.
     stack: list[tuple[cst.CSTNode, bool]] = [(node, False)]
     while stack:
         current, children_done = stack.pop()
         if children_done:
-            if type(current) is cst.Call:
-                result.append(current)
+            result.append(current)
             continue
-        if type(current) in TRIVIA or (current is not node and type(current) in _DEFERRED):
-            continue
-        stack.append((current, True))
-        stack.extend((child, False) for child in reversed(children(current)))
+        if type(current) is cst.Call:
+            stack.append((current, True))
+        for child in reversed(children(current)):
+            if type(child) not in skipped:
+                stack.append((child, False))
     return result
 
 
