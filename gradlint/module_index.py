@@ -15,6 +15,7 @@ from gradlint.imports import ImportMap
 from gradlint.objects import ObjInfo, ObjKind, kind_of_constructor, last_name
 from gradlint.syntax import (
     TRIVIA,
+    remember_children,
     bool_literal,
     callee_name,
     children,
@@ -150,9 +151,11 @@ class ModuleIndex:
         # (node, enclosing function, enclosing class for direct methods, qualified-name prefix)
         stack: list[tuple[cst.CSTNode, cst.FunctionDef | None, str | None, str]] = [(module, None, None, "")]
         parents = self.parents
+        known: dict[int, list[cst.CSTNode]] = {}
         while stack:
             node, function, class_name, prefix = stack.pop()
-            for child in children(node):
+            kids = known[id(node)] = children(node)
+            for child in kids:
                 parents[child] = node
                 if type(child) is cst.Name:
                     if not (type(node) is cst.Attribute and child is node.attr) and not (type(node) is cst.Arg and child is node.keyword):
@@ -176,6 +179,7 @@ class ModuleIndex:
                             self.augmented.setdefault(function, []).append(child)
                     if kind not in TRIVIA:
                         stack.append((child, function, class_name, prefix))
+        remember_children(module, known)
 
     def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
         self.functions.append(node)

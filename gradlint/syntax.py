@@ -284,8 +284,31 @@ def _field_reader(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]
     return operator.attrgetter(*order)
 
 
+# The children of each node of the module indexed last, by id. The module is kept
+# alongside, so every node listed stays alive and no other object can take its id.
+_known_children: tuple[cst.Module, dict[int, list[cst.CSTNode]]] | None = None
+
+
+def remember_children(module: cst.Module, table: dict[int, list[cst.CSTNode]]) -> None:
+    """Keep the children the module index read for each node of ``module`` (by id): later walks look them up."""
+    global _known_children
+    _known_children = (module, table)
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """The direct children of a node in source order: LibCST's ``node.children``, read without rebuilding the node."""
+    """The direct children of a node in source order: LibCST's ``node.children``, read without rebuilding the node.
+
+    The list may be shared: callers read it and never change it.
+    """
+    known = _known_children  # one read: another thread may replace it meanwhile
+    if known is not None:
+        found = known[1].get(id(node))
+        if found is not None:
+            return found
+    return _read_children(node)
+
+
+def _read_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     node_type = type(node)
     try:
         read = _FIELD_READERS[node_type]
