@@ -91,7 +91,7 @@ def _tests_modulo(node: cst.CSTNode) -> bool:
     """Whether an ``if`` tests a remainder (``(step + 1) % accum == 0``): a flag such as ``if take_step:`` says
     nothing about how often the function runs."""
     return isinstance(node, cst.If) and any(
-        isinstance(n, cst.BinaryOperation) and isinstance(n.operator, cst.Modulo) for n in walk(node.test)
+        type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(node.test)
     )
 
 

@@ -237,7 +237,7 @@ class EventBuilder:
             return None
         for value in self._assigned(name, function):
             if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
-                if any(dotted_name(n) == name for n in walk(value.left) if isinstance(n, (cst.Name, cst.Attribute))):
+                if any(dotted_name(n) == name for n in walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
                     return value.right
         return None
 
@@ -316,7 +316,7 @@ class EventBuilder:
         for frame in reversed(scope.frames):
             if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
                 continue
-            bound = {n.value for n in walk(frame.node.target) if isinstance(n, cst.Name)}
+            bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
             if name not in bound:
                 continue
             loop_bound = True
@@ -939,7 +939,7 @@ def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
     """Whether ``name`` is the variable of a ``for`` loop around the code."""
     return any(
         f.kind is FrameKind.LOOP and isinstance(f.node, cst.For)
-        and any(isinstance(n, cst.Name) and n.value == name for n in walk(f.node.target))
+        and any(type(n) is cst.Name and n.value == name for n in walk(f.node.target))
         for f in frames
     )
 
@@ -1049,10 +1049,11 @@ def _switches_off_grad_sync(assign: cst.Assign) -> bool:
 
 def _holds_no_sync(value: cst.BaseExpression) -> bool:
     """Whether an assigned value names a ``no_sync`` context without entering it (``model.no_sync``, uncalled)."""
-    called = {id(node.func) for node in walk(value) if isinstance(node, cst.Call)}
+    nodes = list(walk(value))
+    called = {id(node.func) for node in nodes if type(node) is cst.Call}
     return any(
-        isinstance(node, cst.Attribute) and node.attr.value in ("no_sync", "no_backward_sync") and id(node) not in called
-        for node in walk(value)
+        type(node) is cst.Attribute and node.attr.value in ("no_sync", "no_backward_sync") and id(node) not in called
+        for node in nodes
     )
 
 

@@ -426,7 +426,7 @@ def _allocates(value: cst.BaseExpression) -> bool:
     """``torch.zeros_like(p)``, ``torch.empty_like(p)``, ``torch.zeros(shape)``: a fresh buffer, not built from a gradient."""
     if not isinstance(value, cst.Call) or callee_name(value) not in ("zeros_like", "empty_like", "zeros", "empty"):
         return False
-    return not any(_is_grad(n) for arg in value.args for n in walk(arg.value) if isinstance(n, cst.Attribute))
+    return not any(_is_grad(n) for arg in value.args for n in walk(arg.value) if type(n) is cst.Attribute)
 
 
 def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:
@@ -434,10 +434,10 @@ def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:
     loop = node.for_in
     if loop.ifs or loop.inner_for_in is not None:
         return False
-    bound = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+    bound = {n.value for n in walk(loop.target) if type(n) is cst.Name}
     for sub in walk(node.elt):
         if isinstance(sub, cst.Attribute) and sub.attr.value == "grad" and isinstance(sub.value, cst.Name) and sub.value.value in bound:
-            return not any(isinstance(n, (cst.IfExp, cst.Comparison)) for n in walk(node.elt))
+            return not any(type(n) in (cst.IfExp, cst.Comparison) for n in walk(node.elt))
     return False
 
 

@@ -300,12 +300,12 @@ def _clears_picked_parameters(zero: Event) -> bool:
     for position, frame in enumerate(zero.frames):
         if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
             continue
-        bound = {n.value for n in walk(frame.node.target) if isinstance(n, cst.Name)}
+        bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
         if holder.value not in bound:
             continue
         return any(
             f.kind is FrameKind.BRANCH and isinstance(f.node, cst.If)
-            and any(isinstance(n, cst.Name) and n.value in bound for n in walk(f.node.test))
+            and any(type(n) is cst.Name and n.value in bound for n in walk(f.node.test))
             for f in zero.frames[position + 1 :]
         )
     return False

@@ -499,7 +499,7 @@ def _parameters_owner_of_loop(param: cst.BaseExpression | None, loops: tuple[cst
     """``model`` for ``p`` bound by ``for p in model.parameters():``."""
     name = root_name(param)
     for loop in reversed(loops):
-        bound = {n.value for n in walk(loop.target) if isinstance(n, cst.Name)}
+        bound = {n.value for n in walk(loop.target) if type(n) is cst.Name}
         if name in bound:
             for node in walk(loop.iter):
                 if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):

@@ -757,7 +757,7 @@ def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
 
 def _uses_name(function: cst.FunctionDef, name: str) -> bool:
     body = function.body
-    return any(isinstance(node, cst.Name) and node.value == name for node in walk(body, into_lambdas=True))
+    return any(type(node) is cst.Name and node.value == name for node in walk(body, into_lambdas=True))
 
 
 def _calls_super(function: cst.FunctionDef, method: str) -> bool:
@@ -969,7 +969,7 @@ def _tests_count(event: Event, loop: Frame, divisor: cst.BaseExpression) -> bool
     accumulation)."""
     for frame in frames_inside(event, loop):
         if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If):
-            names = [n for n in walk(frame.node.test) if isinstance(n, (cst.Name, cst.Attribute))]
+            names = [n for n in walk(frame.node.test) if type(n) in (cst.Name, cst.Attribute)]
             if any(dotted_name(n) == dotted_name(divisor) or _names_accumulation(n) for n in names):
                 return True
     return False
@@ -1028,7 +1028,7 @@ def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.Bas
     if node is None or node.orelse is not None:
         return False
     text = dotted_name(divisor)
-    if not any(dotted_name(n) == text for n in walk(node.test) if isinstance(n, (cst.Name, cst.Attribute))):
+    if not any(dotted_name(n) == text for n in walk(node.test) if type(n) in (cst.Name, cst.Attribute)):
         return False
     return _on_the_way(module, node, use)
 

@@ -847,18 +847,18 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     ``(loss * 2 ** lg_loss_scale).backward()`` then ``p.grad.mul_(1 / 2 ** lg_loss_scale)`` unscales an fp16
     loss scale: the micro-batches are still summed.
     """
-    divisor = {dotted_name(n) for n in walk(divide.node) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+    divisor = {dotted_name(n) for n in walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
     for backward in backwards:
         assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
         if backward.loss is None:
             continue
         loss_name = dotted_name(backward.loss)
-        factors = {dotted_name(n) for n in walk(backward.loss) if isinstance(n, (cst.Name, cst.Attribute))} - {None, loss_name}
+        factors = {dotted_name(n) for n in walk(backward.loss) if type(n) in (cst.Name, cst.Attribute)} - {None, loss_name}
         factors = {f for f in factors if "grad" not in f and f != "loss"}
         for name in list(factors):  # ``loss_scale = 2 ** self.lg_loss_scale``: what the factor was made of
             for value in assignments.get(name, []):
                 if isinstance(value, cst.BaseExpression):
-                    factors |= {dotted_name(n) for n in walk(value) if isinstance(n, (cst.Name, cst.Attribute))} - {None}
+                    factors |= {dotted_name(n) for n in walk(value) if type(n) in (cst.Name, cst.Attribute)} - {None}
         if factors & divisor:
             return True
     return False
@@ -899,13 +899,13 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
             if any(isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == "reduction"
-                   and isinstance(n.value, cst.SimpleString) and n.value.evaluated_value == "sum" for n in walk(value)):
+                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in walk(value)):
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
             # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
             if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and method_name(value) == "sum" and not any(
-                isinstance(n, cst.Call) and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
+                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
             ):
                 return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
     counts = _accumulation_names(model, acc)
@@ -915,7 +915,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         if isinstance(node, (cst.Assign, cst.AugAssign)):
             targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
-                if {n.value for n in walk(node.value) if isinstance(n, cst.Name)} & counts:
+                if {n.value for n in walk(node.value) if type(n) is cst.Name} & counts:
                     return True
     return False
 
@@ -925,7 +925,7 @@ def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
     source = acc.count if acc.count is not None else (acc.frame.node.test if isinstance(acc.frame.node, cst.If) else None)
     if source is None:
         return set()
-    names = {n.value for n in walk(source) if isinstance(n, cst.Name)}
+    names = {n.value for n in walk(source) if type(n) is cst.Name}
     if acc.count is not None:
         return names
     return {n for n in names if re.search(r"accum", n, re.IGNORECASE)}

@@ -290,7 +290,7 @@ _names: PerModule[frozenset[str]] = PerModule()
 def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
     """Every dotted name written under ``scope``, one walk per scope and module (the rule asks once per event)."""
     return _names.get(
-        module, id(scope), lambda: frozenset(dotted_name(n) for n in walk(scope) if isinstance(n, (cst.Name, cst.Attribute)))
+        module, id(scope), lambda: frozenset(dotted_name(n) for n in walk(scope) if type(n) in (cst.Name, cst.Attribute))
     )
 
 
@@ -484,7 +484,7 @@ def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
 def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
     """Accelerate decides the micro-batches: the loop runs ``accelerator.accumulate()`` or steps on ``sync_gradients``."""
     guard = acc.frame.node if acc.style == "guard" and isinstance(acc.frame.node, cst.If) else None
-    if guard is not None and any(isinstance(n, cst.Attribute) and n.attr.value == "sync_gradients" for n in walk(guard.test)):
+    if guard is not None and any(type(n) is cst.Attribute and n.attr.value == "sync_gradients" for n in walk(guard.test)):
         return True
     return any(event.with_context("accumulate") for event in root.events_in(loop))
 
@@ -528,7 +528,7 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
             helper = model.index.resolve_function(call, None) if model.index is not None else None
             if helper is None:
                 return True
-            if any(isinstance(n, cst.Call) and callee_name(n) == "no_sync" for n in walk(helper)):
+            if any(type(n) is cst.Call and callee_name(n) == "no_sync" for n in walk(helper)):
                 return True
     return False
 
@@ -1044,7 +1044,7 @@ class GradSyncSetAfterForward(Rule):
         if any(model.position(_anchor(e))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
                if e is not flag and _sets_flag_of(e, owner)):
             return  # the flag was set before the forward as well
-        if any(isinstance(n, cst.Call) and callee_name(n) == "prepare_for_backward" for n in walk(loop.node)):
+        if any(type(n) is cst.Call and callee_name(n) == "prepare_for_backward" for n in walk(loop.node)):
             return  # ``model.reducer.prepare_for_backward([])`` after the flag: the loop makes DDP apply it now
         forward = earlier[-1]
         yield Report(
@@ -1287,7 +1287,7 @@ def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: 
     if isinstance(choice.node, cst.Assign) and len(choice.node.targets) == 1:
         assigned = dotted_name(choice.node.targets[0].target)
     blocks = [
-        node for node in walk(loop.node) if isinstance(node, cst.With) and any(
+        node for node in walk(loop.node) if type(node) is cst.With and any(
             lies_in(model, choice.node, item)
             or (assigned is not None and isinstance(item.item, cst.Call) and dotted_name(item.item.func) == assigned)
             for item in node.items

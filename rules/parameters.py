@@ -269,7 +269,7 @@ def _forget_touched(frozen: dict[str, cst.CSTNode], statement: cst.CSTNode) -> N
     """Forget the frozen models a statement may change: any it mentions, unless it only moves or switches one."""
     if _only_moves(statement):
         return
-    mentioned = {node.value for node in walk(statement) if isinstance(node, cst.Name)}
+    mentioned = {node.value for node in walk(statement) if type(node) is cst.Name}
     for name in list(frozen):
         if name.split(".", 1)[0] in mentioned:
             del frozen[name]

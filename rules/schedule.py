@@ -151,11 +151,11 @@ def _horizon_in_micro_batches(model: LoopModel) -> bool:
 
 
 def _batches_times_epochs(value: cst.BaseExpression) -> bool:
-    names = [dotted_name(n) or "" for n in walk(value) if isinstance(n, (cst.Name, cst.Attribute))]
+    names = [dotted_name(n) or "" for n in walk(value) if type(n) in (cst.Name, cst.Attribute)]
     last = [n.rsplit(".", 1)[-1].lower() for n in names]
     if any("accum" in n for n in last):
         return False
-    batches = any(isinstance(n, cst.Call) and callee_name(n) == "len" for n in walk(value)) or any(
+    batches = any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value)) or any(
         n in _EPOCH_LENGTH for n in last
     )
     return batches and any("epoch" in n and n not in _EPOCH_LENGTH for n in last)
