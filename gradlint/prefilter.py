@@ -20,6 +20,7 @@ import ast
 from collections.abc import Iterable, Sequence
 
 from gradlint.objects import ObjKind, kind_from_name
+from gradlint.python_nodes import nodes_by_type
 from gradlint.rule import CallNeed, Need, Rule
 
 
@@ -68,19 +69,18 @@ def called_names(tree: ast.Module) -> frozenset[str]:
     :data:`HANDS_OPTIMIZER` when a call is handed an optimizer as an argument.
     """
     names: set[str] = set()
-    for node in ast.walk(tree):
-        kind = type(node)
-        if kind is ast.Call:
-            func = node.func
-            if type(func) is ast.Attribute:
-                names.add(func.attr)
-            elif type(func) is ast.Name:
-                names.add(func.id)
-            if HANDS_OPTIMIZER not in names and any(_names_optimizer(arg) for arg in node.args):
-                names.add(HANDS_OPTIMIZER)
-        elif kind is ast.ImportFrom:
-            if any(alias.name == "backward" and alias.asname for alias in node.names):
-                names.add(BACKWARD_ALIAS)
+    nodes = nodes_by_type(tree)
+    for node in nodes.get(ast.Call, ()):
+        func = node.func
+        if type(func) is ast.Attribute:
+            names.add(func.attr)
+        elif type(func) is ast.Name:
+            names.add(func.id)
+        if HANDS_OPTIMIZER not in names and any(_names_optimizer(arg) for arg in node.args):
+            names.add(HANDS_OPTIMIZER)
+    for node in nodes.get(ast.ImportFrom, ()):
+        if any(alias.name == "backward" and alias.asname for alias in node.names):
+            names.add(BACKWARD_ALIAS)
     return frozenset(names)
 
 

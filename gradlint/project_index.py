@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
+from gradlint.python_nodes import nodes_by_type
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -262,31 +263,24 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
     optimizers = _OPTIMIZER_ARGUMENT.search(text) is not None
     if not wraps and not optimizers:
         return dataclasses.replace(calls, clears_handed=calls.defines)  # a function not read may clear
-    hands: set[str] = set()
     functions: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     found_calls: list[ast.Call] = []
     assigns: list[ast.Assign] = []
     from_imports: list[ast.ImportFrom] = []
     # Every call may hand on a wrapped model: then the whole tree is read. Else only the statements spanning a
     # line where an optimizer may be an argument (most of a file); lines are counted on "\n" alone.
-    whole = wraps or "\r" in text
-    nodes = ast.walk(tree) if whole else _near_lines(tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
-    for node in nodes:
-        kind = type(node)
-        if kind is ast.Call:
-            if optimizers and node.args:
-                name, _ = _callee(node.func)
-                if name is not None and any(_names_optimizer(a) for a in node.args):
-                    hands.add(name)
-            if wraps:
-                found_calls.append(node)
-        elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
-            if optimizers and whole:  # else _near_lines lists them all
-                functions.append(node)
-        elif wraps and kind is ast.Assign:
-            assigns.append(node)
-        elif wraps and kind is ast.ImportFrom:
-            from_imports.append(node)
+    if wraps or "\r" in text:
+        by_type = nodes_by_type(tree)
+        calls_read = by_type.get(ast.Call, [])
+        if optimizers:
+            functions.extend(by_type.get(ast.FunctionDef, ()))
+            functions.extend(by_type.get(ast.AsyncFunctionDef, ()))
+        if wraps:
+            found_calls, assigns, from_imports = calls_read, by_type.get(ast.Assign, []), by_type.get(ast.ImportFrom, [])
+    else:  # _near_lines lists every function definition as it goes
+        near = _near_lines(tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
+        calls_read = [node for node in near if type(node) is ast.Call]
+    hands = _handing_optimizers(calls_read) if optimizers else set()
     steps_handed, clears_handed = _what_handed_optimizers_get(functions, set(calls.defines))
     return dataclasses.replace(
         calls,
@@ -295,6 +289,17 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
         steps_handed=steps_handed,
         clears_handed=clears_handed,
     )
+
+
+def _handing_optimizers(calls: list[ast.Call]) -> set[str]:
+    """The callees of the calls handed an argument named as an optimizer."""
+    hands = set()
+    for node in calls:
+        if node.args:
+            name, _ = _callee(node.func)
+            if name is not None and any(_names_optimizer(a) for a in node.args):
+                hands.add(name)
+    return hands
 
 
 def _lines_matching(pattern: "re.Pattern[str]", text: str) -> list[int]:
