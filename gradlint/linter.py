@@ -56,6 +56,11 @@ def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Modul
     return tree
 
 
+# The module parsed last through a stand-in, and that stand-in: how the linter
+# knows, without regenerating the module's code, that a module is not its text.
+_last_stand_in: tuple[cst.Module, StandIn] | None = None
+
+
 def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> cst.Module:
     """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s.
 
@@ -64,11 +69,6 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
     stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text,
     so a caller that writes code back must pass ``old_names=False``.
     """
-    return _parse(text, python_tree, old_names=old_names)[0]
-
-
-def _parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> tuple[cst.Module, StandIn | None]:
-    """:func:`parse`, and the stand-in the module was parsed from instead of ``text`` (None: from ``text`` itself)."""
     tree = _refuse_deep_nesting(text, python_tree)
     try:
         module = cst.parse_module(text)
@@ -77,7 +77,9 @@ def _parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool 
         if substitute is not None:
             if not old_names:
                 raise SourceError(f"cannot fix: {OLD_NAMES}") from error
-            return parse(substitute.text, None), substitute
+            module = parse(substitute.text, None)
+            _remember_stand_in(module, substitute)
+            return module
         # Python's own parser says where and why more precisely than LibCST's.
         try:
             ast.parse(text)
@@ -95,7 +97,7 @@ def _parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool 
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
     if tree is not None:
         remember_python_tree(module, tree)
-    return module, None
+    return module
 
 
 @contextmanager
@@ -130,14 +132,26 @@ def parse_and_check(
     """
     with cyclic_gc_paused():
         try:
-            module, substitute = _parse(text, python_tree)
+            module = parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
         result = check_module(module, path, rules, text, context=context)
-    if substitute is not None and result.findings:  # in the original's words, and with no fix: the fixer will not rewrite such a file
+    substitute = _stand_in_read(module) if result.findings else None
+    if substitute is not None:  # in the original's words, and with no fix: the fixer will not rewrite such a file
         findings = [dataclasses.replace(f, message=substitute.restore(f.message), fix=None) for f in result.findings]
         result = dataclasses.replace(result, findings=findings)
     return result
+
+
+def _remember_stand_in(module: cst.Module, substitute: StandIn) -> None:
+    global _last_stand_in
+    _last_stand_in = (module, substitute)
+
+
+def _stand_in_read(module: cst.Module) -> StandIn | None:
+    """The stand-in ``module`` was parsed from instead of its text (:mod:`gradlint.old_syntax`), or None."""
+    last = _last_stand_in  # one read: another thread may replace it meanwhile
+    return last[1] if last is not None and last[0] is module else None
 
 
 def check_module(
