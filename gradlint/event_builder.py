@@ -620,14 +620,15 @@ class EventBuilder:
         if key not in self._no_count_divisions:
             scalings: list[cst.BaseExpression] = []
             for node in walk(function if function is not None else self.index.module):
-                if isinstance(node, cst.Assign) and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                kind = type(node)
+                if kind is cst.Assign and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value):
                     scalings.append(node.value)
-                elif isinstance(node, cst.AugAssign) and tracked_name(node.target) == name:
-                    if isinstance(node.operator, cst.DivideAssign):
+                elif kind is cst.AugAssign and tracked_name(node.target) == name:
+                    if type(node.operator) is cst.DivideAssign:
                         scalings.append(cst.BinaryOperation(cst.Name("x"), cst.Divide(), node.value))
-                    elif isinstance(node.operator, cst.MultiplyAssign):
+                    elif type(node.operator) is cst.MultiplyAssign:
                         scalings.append(node.value)  # never by the world size alone
-                elif isinstance(node, cst.Call) and method_name(node) in ("mul_", "div_") and dotted_name(receiver(node)) == name:
+                elif kind is cst.Call and method_name(node) in ("mul_", "div_") and dotted_name(receiver(node)) == name:
                     scalings.append(node)
             running = self._running_counters(function)
             self._no_count_divisions[key] = bool(scalings) and all(_by_no_count(s, running) for s in scalings)

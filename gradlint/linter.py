@@ -16,7 +16,7 @@ from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.old_syntax import StandIn, stand_in
-from gradlint.positions import remember_python_tree
+from gradlint.positions import remember_python_tree, statement_lines
 from gradlint.project_index import python_tree
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
@@ -184,7 +184,8 @@ def check_module(
         except Exception as error:  # noqa: BLE001
             return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
     if findings and noqa:
-        suppressed = noqa_lines(text if text is not None else module.code, {f.line for f in findings})
+        source = text if text is not None else module.code
+        suppressed = noqa_lines(source, {f.line for f in findings}, statement_lines(module, source))
         findings = [f for f in findings if not is_suppressed(f.code, f.line, suppressed)]
     return FileResult(path, sorted(set(findings)))
 

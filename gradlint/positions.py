@@ -48,6 +48,15 @@ def python_tree_of(module: cst.Module, text: str | None) -> ast.Module | None:
     return tree
 
 
+def statement_lines(module: cst.Module, text: str | None) -> list[tuple[int, int]] | None:
+    """The first and last line of each top-level statement of ``module`` (decorators included), from Python's tree;
+    None when Python cannot read the text."""
+    tree = python_tree_of(module, text)
+    if tree is None:
+        return None
+    return [(first, statement.end_lineno or first) for first, statement in zip(_first_token_lines(tree), tree.body)]
+
+
 def _first_token_lines(tree: ast.Module) -> list[int]:
     """The line of each top-level statement's first token: its first decorator's, if it has any."""
     return [statement.decorator_list[0].lineno if getattr(statement, "decorator_list", None) else statement.lineno for statement in tree.body]

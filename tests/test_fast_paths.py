@@ -171,6 +171,43 @@ def test_noqa_lines_asked_gives_the_full_answer_on_the_lines_asked(source, asked
     assert {line: codes for line, codes in full.items() if line in asked} == expected
 
 
+NOQA_SCRIPT = '''"""Doc: # noqa in a docstring is no comment."""
+import torch  # noqa: F401
+
+
+@decorate  # noqa: GL001
+def train(loader):
+    text = """
+    loss.backward()  # noqa
+    """
+    for x in loader:
+        model(x).backward(); opt.step()  # noqa: GL001, GL006
+        call(
+            x,  # noqa: GL003
+        )
+
+
+x = 1; y = 2  # NOQA
+'''
+
+
+def test_noqa_lines_read_per_statement_agree_with_the_whole_text():
+    """Tokenizing only the top-level statements that hold an asked line gives the whole text's answer on those lines."""
+    import ast
+
+    from gradlint.noqa import noqa_lines
+
+    tree = ast.parse(NOQA_SCRIPT)
+    statements = [
+        (s.decorator_list[0].lineno if getattr(s, "decorator_list", None) else s.lineno, s.end_lineno) for s in tree.body
+    ]
+    full = noqa_lines(NOQA_SCRIPT)
+    assert set(full) == {2, 5, 11, 13, 17}
+    for line in range(1, NOQA_SCRIPT.count("\n") + 1):
+        answer = noqa_lines(NOQA_SCRIPT, {line}, statements)
+        assert {n: c for n, c in answer.items() if n == line} == {n: c for n, c in full.items() if n == line}, line
+
+
 
 def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatch):
     from gradlint import frameworks
