@@ -183,6 +183,7 @@ class LoopModel:
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: a caller hands it a data-parallel model
     keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
+    _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:
@@ -206,8 +207,11 @@ class LoopModel:
         return self._positions.start_line(node)
 
     def code(self, node: cst.CSTNode) -> str:
-        """The source text of a node, as written."""
-        return self.module.code_for_node(node).strip()
+        """The source text of a node, as written (rendered once per node: several rules compare the same tests)."""
+        code = self._codes.get(node)  # keyed by the node itself, which the table keeps alive: no id is reused
+        if code is None:
+            code = self._codes[node] = self.module.code_for_node(node).strip()
+        return code
 
     def info(self, name: str | None) -> ObjInfo:
         """What is known about a dotted name; guessed from the spelling when nothing else is."""

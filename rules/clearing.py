@@ -912,11 +912,13 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     if not counts:
         return False
     for node in walk(_function_around(model, acc.frame.node) or model.module):
-        if isinstance(node, (cst.Assign, cst.AugAssign)):
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        kind = type(node)
+        if kind is cst.Assign or kind is cst.AugAssign:
+            if not {n.value for n in walk(node.value) if type(n) is cst.Name} & counts:
+                continue  # checked first: reading a target's code renders it
+            targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
-                if {n.value for n in walk(node.value) if type(n) is cst.Name} & counts:
-                    return True
+                return True
     return False
 
 
