@@ -90,7 +90,7 @@ def _guards_its_own_step(events: list[Event]) -> bool:
 def _tests_modulo(node: cst.CSTNode) -> bool:
     """Whether an ``if`` tests a remainder (``(step + 1) % accum == 0``): a flag such as ``if take_step:`` says
     nothing about how often the function runs."""
-    return isinstance(node, cst.If) and any(
+    return type(node) is cst.If and any(
         type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(node.test)
     )
 
@@ -110,7 +110,7 @@ def _as_iteration(events: list[Event], loop: Frame) -> list[Event]:
     iteration = []
     for e in events:
         changes: dict = {"frames": (loop,) + e.frames}
-        if e.kind is EventKind.BACKWARD and not e.call_chain and isinstance(e.loss, cst.Name) and e.loss.value in params:
+        if e.kind is EventKind.BACKWARD and not e.call_chain and type(e.loss) is cst.Name and e.loss.value in params:
             changes["normalised"] = True
         iteration.append(dataclasses.replace(e, **changes))
     return iteration

@@ -116,21 +116,21 @@ class EventBuilder:
                 frames = frames + (guard,)
 
     def _statement(self, statement: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
-        if isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is cst.SimpleStatementLine:
             for small in statement.body:
                 self._simple(small, scope, out)
         elif isinstance(statement, cst.BaseSmallStatement):  # from a one-line suite: ``if cond: opt.zero_grad()``
             self._simple(statement, scope, out)
-        elif isinstance(statement, cst.If):
+        elif type(statement) is cst.If:
             self._if(statement, scope, out)
-        elif isinstance(statement, (cst.For, cst.While)):
-            head = statement.iter if isinstance(statement, cst.For) else statement.test
+        elif type(statement) in (cst.For, cst.While):
+            head = statement.iter if type(statement) is cst.For else statement.test
             self._expression(head, scope, out)
             loop = Frame(FrameKind.LOOP, statement)
             self._block(_body(statement.body), _within(scope, loop), out)
             if statement.orelse is not None:
                 self._block(_body(statement.orelse.body), scope, out)
-        elif isinstance(statement, cst.With):
+        elif type(statement) is cst.With:
             frames = scope.frames
             for item in statement.items:
                 self._expression(item.item, scope, out)
@@ -138,7 +138,7 @@ class EventBuilder:
                 if context is not None:
                     frames = frames + (Frame(FrameKind.WITH, statement, context=context),)
             self._block(_body(statement.body), dataclasses.replace(scope, frames=frames), out)
-        elif isinstance(statement, cst.Try) or type(statement).__name__ == "TryStar":
+        elif type(statement) is cst.Try or type(statement).__name__ == "TryStar":
             self._block(_body(statement.body), scope, out)
             for handler in statement.handlers:
                 # Runs only when the try body failed (OOM recovery): not on the path from a backward to its step.
@@ -148,7 +148,7 @@ class EventBuilder:
                 self._block(_body(statement.orelse.body), scope, out)
             if statement.finalbody is not None:
                 self._block(_body(statement.finalbody.body), scope, out)
-        elif isinstance(statement, cst.Match):
+        elif type(statement) is cst.Match:
             self._expression(statement.subject, scope, out)
             for case in statement.cases:
                 self._block(_body(case.body), scope, out)
@@ -169,22 +169,22 @@ class EventBuilder:
             return
         else_frame = Frame(
             FrameKind.BRANCH, statement, "else", accumulation, count,
-            exits=not isinstance(orelse, cst.If) and _leaves(orelse.body), fixed=fixed,
+            exits=type(orelse) is not cst.If and _leaves(orelse.body), fixed=fixed,
             accumulation_on=(side[0], not side[1]) if side is not None else None,
         )
-        if isinstance(orelse, cst.If):
+        if type(orelse) is cst.If:
             self._if(orelse, _within(scope, else_frame), out)
         else:
             self._block(_body(orelse.body), _within(scope, else_frame), out)
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
         """``if not boundary: continue`` puts the rest of the block under an accumulation guard."""
-        if not isinstance(statement, cst.If) or statement.orelse is not None:
+        if type(statement) is not cst.If or statement.orelse is not None:
             return None
         body = statement.body.body
-        smalls = body if isinstance(statement.body, cst.SimpleStatementSuite) else (
-            body[0].body if len(body) == 1 and isinstance(body[0], cst.SimpleStatementLine) else ())
-        if not smalls or not all(isinstance(s, cst.Continue) for s in smalls):
+        smalls = body if type(statement.body) is cst.SimpleStatementSuite else (
+            body[0].body if len(body) == 1 and type(body[0]) is cst.SimpleStatementLine else ())
+        if not smalls or not all(type(s) is cst.Continue for s in smalls):
             return None
         accumulation, count = self._guard(statement.test, function)
         if not accumulation:
@@ -201,7 +201,7 @@ class EventBuilder:
 
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
         for node in walk(test):
-            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+            if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
                 return True, node.right
         if self._mode_switch(test, function):
             return False, None  # ``if accumulation_steps > 1:`` picks a mode once; the same branch runs every batch
@@ -209,12 +209,12 @@ class EventBuilder:
         if count is not None:
             return True, count
         for node in walk(test):
-            name = dotted_name(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+            name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
             if name is None:
                 continue
             if _ACCUMULATION_WORDS.search(name):
                 return True, None
-            if depth < 2 and isinstance(node, cst.Name):
+            if depth < 2 and type(node) is cst.Name:
                 for value in self._assigned(name, function):
                     if not isinstance(value, Unpacked):
                         found, count = self._guard(value, function, depth + 1)
@@ -228,15 +228,15 @@ class EventBuilder:
         An accumulation counter kept in range by ``%`` is 0 on one micro-batch in
         ``n``, as ``step % n == 0`` is; the name must say accumulation step.
         """
-        if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1 or not isinstance(test.comparisons[0].operator, cst.Equal):
+        if type(test) is not cst.Comparison or len(test.comparisons) != 1 or type(test.comparisons[0].operator) is not cst.Equal:
             return None
         left, right = test.left, test.comparisons[0].comparator
         counter = left if number(right) == 0 else right if number(left) == 0 else None
-        name = dotted_name(counter) if isinstance(counter, (cst.Name, cst.Attribute)) else None
+        name = dotted_name(counter) if type(counter) in (cst.Name, cst.Attribute) else None
         if name is None or not _ACCUMULATION_COUNTER.search(name.rsplit(".", 1)[-1]):
             return None
         for value in self._assigned(name, function):
-            if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+            if type(value) is cst.BinaryOperation and type(value.operator) is cst.Modulo:
                 if any(dotted_name(n) == name for n in walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
                     return value.right
         return None
@@ -247,7 +247,7 @@ class EventBuilder:
             return False
         key = (id(test), id(function))
         if key not in self._switches:
-            name_only = function is not None and isinstance(test.left, cst.Name)  # a local; an attribute may count elsewhere
+            name_only = function is not None and type(test.left) is cst.Name  # a local; an attribute may count elsewhere
             body = function if name_only else self.index.module
             if id(body) not in self._counted:
                 self._counted[id(body)] = _counted_names(body)
@@ -262,7 +262,7 @@ class EventBuilder:
 
     def _with_context(self, item: cst.BaseExpression) -> str | None:
         for node in walk(item):
-            if isinstance(node, cst.Call):
+            if type(node) is cst.Call:
                 name = callee_name(node)
                 if name in ("no_sync", "no_backward_sync"):
                     return "no_sync"
@@ -276,7 +276,7 @@ class EventBuilder:
 
     def _simple(self, small: cst.BaseSmallStatement, scope: _Scope, out: list[Event]) -> None:
         self._expression(small, scope, out)
-        if isinstance(small, cst.Assign):
+        if type(small) is cst.Assign:
             for target in small.targets:
                 self._grad_assignment(target.target, small.value, small, scope, out)
             if _switches_off_grad_sync(small):
@@ -284,19 +284,19 @@ class EventBuilder:
                 out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
             elif self._may_hold_no_sync and _holds_no_sync(small.value):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
                 out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
-        elif isinstance(small, cst.AugAssign) and _is_grad(small.target):
-            if isinstance(small.operator, (cst.DivideAssign, cst.MultiplyAssign)):
+        elif type(small) is cst.AugAssign and _is_grad(small.target):
+            if type(small.operator) in (cst.DivideAssign, cst.MultiplyAssign):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
 
     def _grad_assignment(self, target: cst.BaseExpression, value: cst.BaseExpression, small: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
         """``p.grad = None`` clears and frees; ``p.grad = 0 * p.grad`` clears and keeps the buffer."""
         if not _is_grad(target):
             return
-        if isinstance(value, cst.Name) and value.value == "None":
+        if type(value) is cst.Name and value.value == "None":
             set_to_none = True
         elif _is_zeroing_value(value):
             set_to_none = False
-        elif isinstance(value, cst.Call) and callee_name(value) in ("zeros_like", "zeros"):
+        elif type(value) is cst.Call and callee_name(value) in ("zeros_like", "zeros"):
             set_to_none = None  # p.grad = torch.zeros_like(p): a fresh buffer, often made on purpose for a step
         else:
             if scales_down(value):
@@ -314,18 +314,18 @@ class EventBuilder:
         name = root_name(grad)
         loop_bound = False
         for frame in reversed(scope.frames):
-            if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
+            if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
                 continue
             bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
             if name not in bound:
                 continue
             loop_bound = True
             for node in walk(_zipped_source(frame.node, name)):
-                if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+                if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                     owner = dotted_name(receiver(node))
                     if owner:
                         return owner, ObjKind.MODEL
-                if isinstance(node, cst.Attribute) and node.attr.value == "param_groups":
+                if type(node) is cst.Attribute and node.attr.value == "param_groups":
                     return dotted_name(node.value), ObjKind.OPTIMIZER
             name = root_name(frame.node.iter)
         tensor = dotted_name(_grad_holder(grad))
@@ -358,7 +358,7 @@ class EventBuilder:
             out.append(Event(kind, call, frames, call_chain=chain, **fields))
 
         # ``self.backward(loss)`` or ``self.step()`` defined by the class itself: judge what the method does.
-        if isinstance(recv, cst.Name) and recv.value in ("self", "cls"):
+        if type(recv) is cst.Name and recv.value in ("self", "cls"):
             helper = index.resolve_function(call, scope.function)
             if helper is not None:
                 self._inline(helper, call, scope, out)
@@ -378,7 +378,7 @@ class EventBuilder:
         if method == "zero_grad":
             kind = self._kind(recv_name)
             target_kind = ObjKind.OPTIMIZER if kind is ObjKind.OPTIMIZER else ObjKind.MODEL
-            if isinstance(recv, cst.Name) and _loop_bound(recv.value, scope.frames):
+            if type(recv) is cst.Name and _loop_bound(recv.value, scope.frames):
                 # ``for opt in optimizers: opt.zero_grad()``: every optimizer of the collection, whichever they are
                 emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN, set_to_none=_set_to_none(call))
                 return
@@ -403,9 +403,9 @@ class EventBuilder:
             # accumulated gradients itself (by tokens or micro-batches) when they are all-reduced.
             args = positional_args(call)
             hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
-            function = self.index.resolve_function(cst.Call(func=hook), scope.function) if isinstance(hook, (cst.Name, cst.Attribute)) else None
+            function = self.index.resolve_function(cst.Call(func=hook), scope.function) if type(hook) in (cst.Name, cst.Attribute) else None
             hooks = [function] if function is not None else []
-            if isinstance(hook, cst.Call):  # ``scale_by_grad_accum_steps_wrapper(allreduce_hook)``: the hooks it defines
+            if type(hook) is cst.Call:  # ``scale_by_grad_accum_steps_wrapper(allreduce_hook)``: the hooks it defines
                 factory = self.index.resolve_function(hook, scope.function)
                 if factory is not None:
                     hooks = list(self.index.nested.get(factory, {}).values())
@@ -488,14 +488,14 @@ class EventBuilder:
     def _instance_method(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """``clipper.step(...)`` where ``clipper`` (or ``self.clipper``) is only ever built from a class of this module."""
         func = call.func
-        receiver_name = dotted_name(func.value) if isinstance(func, cst.Attribute) else None
+        receiver_name = dotted_name(func.value) if type(func) is cst.Attribute else None
         if receiver_name is None or receiver_name in ("self", "cls"):
             return None
         if receiver_name.startswith("self."):
             values = [v for table in self.index.assignments.values() for v in table.get(receiver_name, [])]
         else:
             values = self._assigned(receiver_name, function)
-        if len(values) != 1 or not isinstance(values[0], cst.Call):
+        if len(values) != 1 or type(values[0]) is not cst.Call:
             return None
         class_name = dotted_name(values[0].func)
         if class_name not in self.index.class_methods:
@@ -526,7 +526,7 @@ class EventBuilder:
         (``self.optimizer.step()``): an optimizer by another name."""
         if name not in self._wrappers:
             values = [v for table in self.index.assignments.values() for v in table.get(name, [])]
-            classes = {dotted_name(v.func) if isinstance(v, cst.Call) else None for v in values}
+            classes = {dotted_name(v.func) if type(v) is cst.Call else None for v in values}
             found = False
             if len(classes) == 1 and None not in classes:
                 class_name = classes.pop()
@@ -568,14 +568,14 @@ class EventBuilder:
         recv = _uncast(recv)
         loss = recv
         unreduced = _unreduced(recv)  # ``scaler.scale(loss).mean()`` is as scaled as ``scaler.scale(loss)``
-        if isinstance(unreduced, cst.Call) and method_name(unreduced) == "scale" and self._kind(dotted_name(receiver(unreduced))) is ObjKind.SCALER:
+        if type(unreduced) is cst.Call and method_name(unreduced) == "scale" and self._kind(dotted_name(receiver(unreduced))) is ObjKind.SCALER:
             scaled = True
             inner = positional_args(unreduced)
             loss = inner[0].value if inner else recv
         elif (unreduced_name := dotted_name(unreduced)) is not None:
             for value in self._assigned(unreduced_name, scope.function):
                 value = _uncast(value)
-                if isinstance(value, cst.Call) and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
+                if type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
                     scaled = True
         # ``y.backward(dy)``: a given upstream gradient, not a mean loss to divide.
         upstream = bool(args) and method == "backward"
@@ -597,15 +597,15 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
-            if isinstance(value, cst.Call) and callee_name(value) == "scale_loss" and positional_args(value):
+            if type(value) is cst.Call and callee_name(value) == "scale_loss" and positional_args(value):
                 # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
                 if self._normalised(positional_args(value)[0].value, scope):
                     return True
-            if isinstance(value, cst.Call):
+            if type(value) is cst.Call:
                 helper = self.index.resolve_function(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
                     return True
-            if isinstance(value, Unpacked) and isinstance(value.value, cst.Call):
+            if isinstance(value, Unpacked) and type(value.value) is cst.Call:
                 # ``loss, ce_loss, z_loss = self.train_micro_batch(...)``: the helper returns a divided element there
                 helper = self.index.resolve_function(value.value, scope.function)
                 if helper is not None and (helper, value.position) in self.index.returns_divided_at:
@@ -651,7 +651,7 @@ class EventBuilder:
             factors = self._factors[id(value)] = frozenset(
                 name
                 for node in walk(value)
-                if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply)
+                if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply
                 for name in (dotted_name(node.left), dotted_name(node.right))
                 if name is not None
             )
@@ -673,12 +673,12 @@ class EventBuilder:
 
     def _inline_closure(self, closure: cst.BaseExpression, scope: _Scope, out: list[Event]) -> None:
         """``optimizer.step(closure)`` runs the closure first: its events belong before the step."""
-        if isinstance(closure, cst.Name):
+        if type(closure) is cst.Name:
             helper = self.index.resolve_function(cst.Call(func=closure), scope.function)
             if helper is not None and helper not in scope.stack and scope.depth < MAX_INLINE_DEPTH:
                 for event in self._summary(helper, scope.depth + 1, scope.stack):
                     out.append(dataclasses.replace(event, frames=scope.frames + event.frames, framework=event.framework or "closure", call_chain=scope.chain + event.call_chain))
-        elif isinstance(closure, cst.Lambda):
+        elif type(closure) is cst.Lambda:
             self._expression(closure.body, scope, out)
 
     def _rebind(self, event: Event, bindings: dict[str, cst.BaseExpression], scope: _Scope, call: cst.Call) -> Event:
@@ -692,7 +692,7 @@ class EventBuilder:
                     changes["target"] = new_target
                     if event.target_kind is ObjKind.UNKNOWN:
                         changes["target_kind"] = self._kind(new_target)
-        if event.kind is EventKind.BACKWARD and not event.normalised and isinstance(event.loss, cst.Name):
+        if event.kind is EventKind.BACKWARD and not event.normalised and type(event.loss) is cst.Name:
             bound_loss = bindings.get(event.loss.value)
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
@@ -709,21 +709,21 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
     the count reaches its threshold and start counting again.
     """
     test = statement.test
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return False
     if not isinstance(test.comparisons[0].operator, _THRESHOLD_TESTS):
         return False
-    counter = dotted_name(test.left) if isinstance(test.left, (cst.Name, cst.Attribute)) else None
+    counter = dotted_name(test.left) if type(test.left) in (cst.Name, cst.Attribute) else None
     if counter is None:
         return False
     lines = statement.body.body
-    smalls = lines if isinstance(statement.body, cst.SimpleStatementSuite) else [
-        small for line in lines if isinstance(line, cst.SimpleStatementLine) for small in line.body
+    smalls = lines if type(statement.body) is cst.SimpleStatementSuite else [
+        small for line in lines if type(line) is cst.SimpleStatementLine for small in line.body
     ]
     for small in smalls:
-        if isinstance(small, cst.Assign) and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
+        if type(small) is cst.Assign and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
             return True
-        if isinstance(small, cst.AugAssign) and isinstance(small.operator, cst.SubtractAssign) and dotted_name(small.target) == counter:
+        if type(small) is cst.AugAssign and type(small.operator) is cst.SubtractAssign and dotted_name(small.target) == counter:
             return True
     return False
 
@@ -738,14 +738,14 @@ _MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.G
 def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     """For ``if args.gradient_accumulation_steps > 1:`` the setting tested and whether the body runs with accumulation
     on (``== 1``: off); None when the test is no comparison of an accumulation count against 1 or 2."""
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
     operator, right, left = type(test.comparisons[0].operator), test.comparisons[0].comparator, test.left
     if number(left) is not None:
         left, right = right, left
         operator = _MIRRORED.get(operator, operator)
     on = _ON_WHEN.get((number(right), operator))
-    name = dotted_name(left) if isinstance(left, (cst.Name, cst.Attribute)) else None
+    name = dotted_name(left) if type(left) in (cst.Name, cst.Attribute) else None
     if name is None or on is None:
         return None
     last = name.rsplit(".", 1)[-1]
@@ -775,9 +775,9 @@ def _counted_names(body: cst.CSTNode) -> frozenset[str]:
     """The names ``body`` uses as running counters (``accumulated += 1``, reset with ``= 0``), not settings."""
     names = set()
     for node in walk(body):
-        if isinstance(node, cst.AugAssign):
+        if type(node) is cst.AugAssign:
             names.add(dotted_name(node.target))
-        elif isinstance(node, cst.Assign) and number(node.value) == 0:
+        elif type(node) is cst.Assign and number(node.value) == 0:
             names.update(dotted_name(t.target) for t in node.targets)
     names.discard(None)
     return frozenset(names)
@@ -793,23 +793,23 @@ def _clips_gradient_norm(function: cst.FunctionDef) -> bool:
     function or its class is called: the body says it.
     """
     nodes = list(walk(function.body))
-    if not any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in nodes):
+    if not any(type(n) is cst.Attribute and n.attr.value == "grad" for n in nodes):
         return False
     ratios: set[str] = set()  # names holding max_norm / (norm + eps)
     capped: set[str] = set()  # names holding it capped at 1
     for n in nodes:
-        if isinstance(n, cst.Assign):
+        if type(n) is cst.Assign:
             names = {dotted_name(t.target) for t in n.targets} - {None}
             if _norm_ratio(n.value):
                 ratios |= names
             elif _caps_at_one(n.value, ratios) or (_is_cap(n.value) and any(_norm_ratio(x) for x in _capped_values(n.value))):
                 capped |= names
-        elif isinstance(n, cst.Comparison) and dotted_name(n.left) in ratios and len(n.comparisons) == 1:
+        elif type(n) is cst.Comparison and dotted_name(n.left) in ratios and len(n.comparisons) == 1:
             comparison = n.comparisons[0]
-            if isinstance(comparison.operator, (cst.LessThan, cst.LessThanEqual)) and number(comparison.comparator) == 1:
+            if type(comparison.operator) in (cst.LessThan, cst.LessThanEqual) and number(comparison.comparator) == 1:
                 capped.add(dotted_name(n.left))  # ``if clip_coef < 1:`` then scale by clip_coef
     return any(
-        isinstance(n, cst.Call) and not _is_cap(n) and any(dotted_name(a.value) in capped for a in n.args)
+        type(n) is cst.Call and not _is_cap(n) and any(dotted_name(a.value) in capped for a in n.args)
         for n in nodes
     )
 
@@ -819,13 +819,13 @@ _CAPS = ("clamp", "clamp_", "min", "clip")
 
 def _is_cap(node: cst.BaseExpression) -> bool:
     """``torch.clamp(x, max=1.0)``, ``x.clamp_(max=1)``, ``min(x, 1.0)``: a value capped at 1."""
-    return isinstance(node, cst.Call) and callee_name(node) in _CAPS and any(number(a.value) == 1 for a in node.args)
+    return type(node) is cst.Call and callee_name(node) in _CAPS and any(number(a.value) == 1 for a in node.args)
 
 
 def _capped_values(cap: cst.Call) -> list[cst.BaseExpression]:
     """What a cap caps: its arguments and, for a method, its receiver."""
     values = [a.value for a in cap.args]
-    if isinstance(cap.func, cst.Attribute):
+    if type(cap.func) is cst.Attribute:
         values.append(cap.func.value)
     return values
 
@@ -839,7 +839,7 @@ def _delegates(method: cst.FunctionDef | None, name: str) -> bool:
     if method is None:
         return False
     return any(
-        isinstance(node, cst.Call) and method_name(node) == name
+        type(node) is cst.Call and method_name(node) == name
         and (dotted_name(receiver(node)) or "").startswith("self.")
         and kind_from_name(dotted_name(receiver(node))) is ObjKind.OPTIMIZER
         for node in walk(method.body)
@@ -857,13 +857,13 @@ def _by_no_count(expr: cst.BaseExpression, running: frozenset[str] = frozenset()
     """
     divisions = 0
     for node in walk(expr):
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
-            if not _world_size(node.right) and not (isinstance(node.right, cst.Name) and node.right.value in running):
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Divide:
+            if not _world_size(node.right) and not (type(node.right) is cst.Name and node.right.value in running):
                 return False
             divisions += 1
-        elif isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        elif type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply:
             return False  # ``loss * scale / world_size``: the factor may divide by the micro-batches
-        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
+        elif type(node) is cst.Call and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
             return False
     return divisions > 0
 
@@ -878,8 +878,8 @@ def running_division(function: cst.FunctionDef | None, loss: str, index: ModuleI
         return None
     for value in index.assignments.get(function, {}).get(loss, []):
         if (
-            isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)
-            and isinstance(value.right, cst.Name) and value.right.value in running
+            type(value) is cst.BinaryOperation and type(value.operator) is cst.Divide
+            and type(value.right) is cst.Name and value.right.value in running
         ):
             return value
     return None
@@ -900,26 +900,26 @@ def _running_counters(function: cst.FunctionDef, index: ModuleIndex) -> frozense
         return frozenset()
     reset = set()
     for node in walk(function):
-        if not isinstance(node, cst.If):
+        if type(node) is not cst.If:
             continue
         tested = {
             comparison.left.value
             for comparison in walk(node.test)
-            if isinstance(comparison, cst.Comparison) and len(comparison.comparisons) == 1
-            and isinstance(comparison.left, cst.Name) and comparison.left.value in incremented
+            if type(comparison) is cst.Comparison and len(comparison.comparisons) == 1
+            and type(comparison.left) is cst.Name and comparison.left.value in incremented
             and isinstance(comparison.comparisons[0].operator, _THRESHOLD_TESTS)
         }
-        if tested and isinstance(node.body, cst.IndentedBlock):
+        if tested and type(node.body) is cst.IndentedBlock:
             for line in node.body.body:
-                if isinstance(line, cst.SimpleStatementLine):
+                if type(line) is cst.SimpleStatementLine:
                     for small in line.body:
-                        if isinstance(small, cst.Assign) and number(small.value) == 0:
-                            reset.update(t.target.value for t in small.targets if isinstance(t.target, cst.Name) and t.target.value in tested)
+                        if type(small) is cst.Assign and number(small.value) == 0:
+                            reset.update(t.target.value for t in small.targets if type(t.target) is cst.Name and t.target.value in tested)
     return frozenset(reset)
 
 
 def _world_size(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Call):
+    if type(node) is cst.Call:
         return not node.args and _WORLD_SIZE.search(callee_name(node) or "") is not None
     name = dotted_name(node)
     return name is not None and _WORLD_SIZE.search(name.rsplit(".", 1)[-1]) is not None
@@ -927,10 +927,10 @@ def _world_size(node: cst.BaseExpression) -> bool:
 
 def _norm_ratio(value: cst.BaseExpression) -> bool:
     """``max_norm / (total_norm + 1e-6)``: a threshold over a norm plus a small epsilon."""
-    if not isinstance(value, cst.BinaryOperation) or not isinstance(value.operator, cst.Divide):
+    if type(value) is not cst.BinaryOperation or type(value.operator) is not cst.Divide:
         return False
     denominator = value.right
-    if not isinstance(denominator, cst.BinaryOperation) or not isinstance(denominator.operator, cst.Add):
+    if type(denominator) is not cst.BinaryOperation or type(denominator.operator) is not cst.Add:
         return False
     epsilon = number(denominator.right)
     return epsilon is not None and 0 < epsilon <= 1e-3
@@ -939,7 +939,7 @@ def _norm_ratio(value: cst.BaseExpression) -> bool:
 def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
     """Whether ``name`` is the variable of a ``for`` loop around the code."""
     return any(
-        f.kind is FrameKind.LOOP and isinstance(f.node, cst.For)
+        f.kind is FrameKind.LOOP and type(f.node) is cst.For
         and any(type(n) is cst.Name and n.value == name for n in walk(f.node.target))
         for f in frames
     )
@@ -955,14 +955,14 @@ def _leaves(block: cst.BaseSuite) -> bool:
     if not block.body:
         return False
     last = block.body[-1]
-    if isinstance(block, cst.SimpleStatementSuite):
-        return isinstance(last, (cst.Continue, cst.Break, cst.Return, cst.Raise))
-    return isinstance(last, cst.SimpleStatementLine) and isinstance(last.body[-1], (cst.Continue, cst.Break, cst.Return, cst.Raise))
+    if type(block) is cst.SimpleStatementSuite:
+        return type(last) in (cst.Continue, cst.Break, cst.Return, cst.Raise)
+    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) in (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
 def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """``x`` for ``cast(T, x)`` / ``typing.cast(T, x)``: a type cast changes nothing at run time."""
-    if isinstance(node, cst.Call) and callee_name(node) == "cast":
+    if type(node) is cst.Call and callee_name(node) == "cast":
         args = positional_args(node)
         if len(args) == 2:
             return args[1].value
@@ -972,18 +972,18 @@ def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
 def _zipped_source(loop: cst.For, name: str) -> cst.BaseExpression:
     """What binds ``name`` in a loop: for ``for a, b in zip(xs, ys)``, ``ys`` for ``b``; else the whole iterable."""
     target, iterable = loop.target, loop.iter
-    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(iterable, cst.Call) and callee_name(iterable) == "zip":
+    if type(target) in (cst.Tuple, cst.List) and type(iterable) is cst.Call and callee_name(iterable) == "zip":
         args = positional_args(iterable)
         if len(args) == len(target.elements) and not any(a.star for a in args):
             for element, arg in zip(target.elements, args):
-                if isinstance(element.value, cst.Name) and element.value.value == name:
+                if type(element.value) is cst.Name and element.value.value == name:
                     return arg.value
     return iterable
 
 
 def _unreduced(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
     """``x`` for ``x.mean()`` / ``x.sum()``: a reduction is linear, so it keeps a loss scale (and a division) it is given."""
-    while isinstance(node, cst.Call) and method_name(node) in ("mean", "sum") and not node.args:
+    while type(node) is cst.Call and method_name(node) in ("mean", "sum") and not node.args:
         node = receiver(node)
     return node
 
@@ -995,7 +995,7 @@ def _within(scope: _Scope, frame: Frame) -> _Scope:
 def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
     """Which caller expression each helper parameter receives (positional and keyword, no ``*args``)."""
     params = [p.name.value for p in helper.params.posonly_params] + [p.name.value for p in helper.params.params]
-    if params and params[0] in ("self", "cls") and isinstance(call.func, cst.Attribute):
+    if params and params[0] in ("self", "cls") and type(call.func) is cst.Attribute:
         params = params[1:]
     bindings: dict[str, cst.BaseExpression] = {}
     for name, arg in zip(params, positional_args(call)):
@@ -1014,9 +1014,9 @@ def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
     module = cst.Module(body=[])
     for node in walk(function, into_lambdas=True):
         divisor = None
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Divide:
             divisor = node.right
-        elif isinstance(node, cst.Call) and callee_name(node) in ("div", "div_") and positional_args(node):
+        elif type(node) is cst.Call and callee_name(node) in ("div", "div_") and positional_args(node):
             divisor = positional_args(node)[-1].value
         if divisor is not None and not _WORLD_SIZE.search(module.code_for_node(divisor)):
             return True
@@ -1033,16 +1033,16 @@ def _scales_gradients(call: cst.Call, method: str | None) -> bool:
 
 def _is_grad(node: cst.BaseExpression | None) -> bool:
     """``p.grad`` or ``p.grad.data``."""
-    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+    if type(node) is cst.Attribute and node.attr.value == "data":
         node = node.value
-    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+    return type(node) is cst.Attribute and node.attr.value == "grad"
 
 
 def _switches_off_grad_sync(assign: cst.Assign) -> bool:
     """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
     target = assign.targets[-1].target
     return (
-        isinstance(target, cst.Attribute)
+        type(target) is cst.Attribute
         and target.attr.value == "require_backward_grad_sync"
         and bool_literal(assign.value) is not True
     )
@@ -1071,16 +1071,16 @@ def _is_zero_literal(args: list[cst.Arg]) -> bool:
 
 def _grad_holder(grad: cst.BaseExpression) -> cst.BaseExpression:
     """``p`` for ``p.grad`` or ``p.grad.data``."""
-    if isinstance(grad, cst.Attribute) and grad.attr.value == "data":
+    if type(grad) is cst.Attribute and grad.attr.value == "data":
         grad = grad.value
-    return grad.value if isinstance(grad, cst.Attribute) else grad
+    return grad.value if type(grad) is cst.Attribute else grad
 
 
 def _is_zeroing_value(value: cst.BaseExpression) -> bool:
     """``0 * p.grad``, ``p.grad * 0``, ``torch.zeros_like(p.grad)``: the old gradient's shape, all zeros."""
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply:
         return any(number(side) == 0 for side in (value.left, value.right))
-    if isinstance(value, cst.Call) and callee_name(value) == "zeros_like":
+    if type(value) is cst.Call and callee_name(value) == "zeros_like":
         args = positional_args(value)
         return bool(args) and _is_grad(args[0].value)
     return False

@@ -167,11 +167,11 @@ def _read(module: cst.Module) -> FrameworkSettings:
 def _config_counts(value: cst.BaseExpression, dicts: dict[str, list[cst.Dict]]) -> list[cst.BaseExpression]:
     """``"gradient_accumulation_steps"`` of a config dict written inline or assigned to a name of the module."""
     name = dotted_name(value)
-    candidates = [value] if isinstance(value, cst.Dict) else dicts.get(name, []) if name else []
+    candidates = [value] if type(value) is cst.Dict else dicts.get(name, []) if name else []
     found = []
     for config in candidates:
         for element in config.elements:
-            if isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString):
+            if type(element) is cst.DictElement and type(element.key) is cst.SimpleString:
                 if element.key.evaluated_value == "gradient_accumulation_steps":
                     found.append(element.value)
     return found

@@ -27,7 +27,7 @@ class ImportMap:
 
     def add(self, node: cst.Import | cst.ImportFrom) -> None:
         """Record the names an import statement binds."""
-        if isinstance(node, cst.Import):
+        if type(node) is cst.Import:
             for alias in node.names:
                 full = _module_path(alias.name)
                 if alias.asname is not None:
@@ -39,7 +39,7 @@ class ImportMap:
         if node.relative:  # ``from .optim import X``: our own package, never a library we track
             return
         module = _module_path(node.module)
-        if isinstance(node.names, cst.ImportStar):
+        if type(node.names) is cst.ImportStar:
             self._star_modules.append(module)
             return
         for alias in node.names:

@@ -110,7 +110,7 @@ class ModuleIndex:
     def resolve_function(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """The function of this module a call lands in: a nested def, a module function or ``self.method``."""
         func = call.func
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             scope = function
             while True:
                 found = self.nested.get(scope, {}).get(func.value)
@@ -119,7 +119,7 @@ class ModuleIndex:
                 if scope is None:
                     return None
                 scope = self.parent_function.get(scope)
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
+        if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value in ("self", "cls"):
             owner = self.class_of.get(function) if function is not None else None
             while function is not None and owner is None:
                 function = self.parent_function.get(function)
@@ -209,13 +209,13 @@ class ModuleIndex:
         elif kind is cst.AnnAssign and node.value is not None:
             self._assign(node.target, node.value, function)
         elif kind is cst.AugAssign:
-            if isinstance(node.operator, cst.AddAssign) and _is_grad(node.target):
+            if type(node.operator) is cst.AddAssign and _is_grad(node.target):
                 self.grads_used_as_buffers = True
-            if isinstance(node.operator, cst.DivideAssign):
+            if type(node.operator) is cst.DivideAssign:
                 self.divides_by_assignment = True
             name = tracked_name(node.target)
-            if name and isinstance(node.operator, (cst.DivideAssign, cst.MultiplyAssign)):
-                if isinstance(node.operator, cst.DivideAssign) or scales_down(node.value) or _is_fraction(node.value):
+            if name and type(node.operator) in (cst.DivideAssign, cst.MultiplyAssign):
+                if type(node.operator) is cst.DivideAssign or scales_down(node.value) or _is_fraction(node.value):
                     self.divided_names.setdefault(function, set()).add(name)
         elif kind is cst.ListComp or kind is cst.GeneratorExp:
             if _reads_every_grad(node):
@@ -245,9 +245,9 @@ class ModuleIndex:
         target, value = dotted_name(node.targets[0].target), node.value
         if target is None:
             return
-        if isinstance(value, cst.Call):
+        if type(value) is cst.Call:
             self.constructions.setdefault(last_name(target), []).append(value)
-        elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and dotted_name(value.left) == target:
+        elif type(value) is cst.BinaryOperation and type(value.operator) is cst.Divide and dotted_name(value.left) == target:
             self.divides_by_assignment = True
 
     def _find_divided_returns(self) -> None:
@@ -262,7 +262,7 @@ class ModuleIndex:
             if any(_made_of_divided(v, divided) for v in values):
                 self.returns_divided.add(function)
             for value in values:
-                if isinstance(value, cst.Tuple):
+                if type(value) is cst.Tuple:
                     for position, element in enumerate(value.elements):
                         if _made_of_divided(element.value, divided):
                             self.returns_divided_at.add((function, position))
@@ -284,11 +284,11 @@ class ModuleIndex:
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
         table = self.assignments.setdefault(function, {})
-        if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) and len(target.elements) == len(value.elements):
+        if type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List) and len(target.elements) == len(value.elements):
             for t, v in zip(target.elements, value.elements):
                 self._assign(t.value, v.value, function)
             return
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             for position, element in enumerate(target.elements):
                 name = dotted_name(element.value)
                 if name:
@@ -315,7 +315,7 @@ class ModuleIndex:
         for _ in range(2):
             for name, value, function in pending:
                 info = self._classify_value(value)
-                if info is None and isinstance(value, cst.Call):
+                if info is None and type(value) is cst.Call:
                     info = self._classify_built_by_helper(value, function)
                 if info is not None and (name not in self.objects or self.objects[name].kind is ObjKind.UNKNOWN):
                     self.objects[name] = info
@@ -332,7 +332,7 @@ class ModuleIndex:
             return None
         kinds = set()
         for value in returned:
-            if not isinstance(value, cst.Call) or not any(kind_of_constructor(q) is not None for q in self.qualified_names(value.func)):
+            if type(value) is not cst.Call or not any(kind_of_constructor(q) is not None for q in self.qualified_names(value.func)):
                 return None
             info = self._classify_value(value)
             if info is None:
@@ -343,14 +343,14 @@ class ModuleIndex:
     def _classify_value(self, value: cst.BaseExpression) -> ObjInfo | None:
         if isinstance(value, Unpacked):
             return self._classify_unpacked(value)
-        if isinstance(value, (cst.Name, cst.Attribute)):
+        if type(value) in (cst.Name, cst.Attribute):
             alias = dotted_name(value)
             return self.objects.get(alias) if alias else None
         element = _element(value)
         if element is not None:  # ``{p: AdamW([p]) for p in params}``, ``[opt_g, opt_d]``: a container holds its elements' kind
             info = self._classify_value(element)
             return ObjInfo(info.kind) if info is not None and info.kind in (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER) else None
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return None
         for qualified in self.qualified_names(value.func):
             kind = kind_of_constructor(qualified)
@@ -373,7 +373,7 @@ class ModuleIndex:
     def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
         """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was."""
         call = value.value
-        if isinstance(call, cst.Call) and callee_name(call) in ("prepare", "setup", "initialize"):
+        if type(call) is cst.Call and callee_name(call) in ("prepare", "setup", "initialize"):
             args = positional_args(call)
             if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
                 return {0: ObjInfo(ObjKind.ENGINE), 1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
@@ -388,7 +388,7 @@ def _made_of_divided(value, divided: set[str]) -> bool:
         return False
     if scales_down(value) or dotted_name(value) in divided:
         return True
-    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+    if type(value) is cst.BinaryOperation and type(value.operator) in (cst.Add, cst.Subtract):
         return _made_of_divided(value.left, divided) and _made_of_divided(value.right, divided)
     return False
 
@@ -403,28 +403,28 @@ class Unpacked:
 
 def _element(value: cst.BaseExpression) -> cst.BaseExpression | None:
     """What a container literal or comprehension holds: its (first) element, or a dict's (first) value."""
-    if isinstance(value, cst.DictComp):
+    if type(value) is cst.DictComp:
         return value.value
-    if isinstance(value, (cst.ListComp, cst.SetComp, cst.GeneratorExp)):
+    if type(value) in (cst.ListComp, cst.SetComp, cst.GeneratorExp):
         return value.elt
-    if isinstance(value, cst.Dict):
-        first = next((e for e in value.elements if isinstance(e, cst.DictElement)), None)
+    if type(value) is cst.Dict:
+        first = next((e for e in value.elements if type(e) is cst.DictElement), None)
         return first.value if first is not None else None
-    if isinstance(value, (cst.List, cst.Tuple)) and value.elements:
+    if type(value) in (cst.List, cst.Tuple) and value.elements:
         return value.elements[0].value
     return None
 
 
 def _is_grad(node: cst.BaseExpression) -> bool:
     """``p.grad`` or ``p.grad.data``."""
-    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+    if type(node) is cst.Attribute and node.attr.value == "data":
         node = node.value
-    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+    return type(node) is cst.Attribute and node.attr.value == "grad"
 
 
 def _allocates(value: cst.BaseExpression) -> bool:
     """``torch.zeros_like(p)``, ``torch.empty_like(p)``, ``torch.zeros(shape)``: a fresh buffer, not built from a gradient."""
-    if not isinstance(value, cst.Call) or callee_name(value) not in ("zeros_like", "empty_like", "zeros", "empty"):
+    if type(value) is not cst.Call or callee_name(value) not in ("zeros_like", "empty_like", "zeros", "empty"):
         return False
     return not any(_is_grad(n) for arg in value.args for n in walk(arg.value) if type(n) is cst.Attribute)
 
@@ -436,7 +436,7 @@ def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:
         return False
     bound = {n.value for n in walk(loop.target) if type(n) is cst.Name}
     for sub in walk(node.elt):
-        if isinstance(sub, cst.Attribute) and sub.attr.value == "grad" and isinstance(sub.value, cst.Name) and sub.value.value in bound:
+        if type(sub) is cst.Attribute and sub.attr.value == "grad" and type(sub.value) is cst.Name and sub.value.value in bound:
             return not any(type(n) in (cst.IfExp, cst.Comparison) for n in walk(node.elt))
     return False
 
@@ -451,7 +451,7 @@ def _parameter_sources(call: cst.Call) -> frozenset[str]:
     sources = set()
     for arg in call.args:
         for node in walk(arg):
-            if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+            if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                 owner = dotted_name(receiver(node))
                 if owner:
                     sources.add(last_name(owner))

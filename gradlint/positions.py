@@ -315,7 +315,7 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     starts: list[int] = []
     position = 0
     for statement in module.body:
-        count = len(statement.body) if isinstance(statement, cst.SimpleStatementLine) else 1
+        count = len(statement.body) if type(statement) is cst.SimpleStatementLine else 1
         if position + count > len(token_lines):
             return None
         token_line = token_lines[position]
@@ -357,30 +357,30 @@ def _pair(cst_block: Sequence[cst.CSTNode], python_block: list[ast.stmt]) -> dic
 def _blocks(statement: cst.CSTNode, python: ast.stmt) -> list[tuple[Sequence[cst.CSTNode], list[ast.stmt]]]:
     """The statement blocks of a compound statement, each beside Python's block for it."""
     pairs: list[tuple[cst.BaseSuite | None, list[ast.stmt]]] = []
-    if isinstance(statement, (cst.FunctionDef, cst.ClassDef, cst.With)):
+    if type(statement) in (cst.FunctionDef, cst.ClassDef, cst.With):
         pairs.append((statement.body, python.body))
-    elif isinstance(statement, (cst.For, cst.While)):
+    elif type(statement) in (cst.For, cst.While):
         pairs.append((statement.body, python.body))
         if statement.orelse is not None:
             pairs.append((statement.orelse.body, python.orelse))
-    elif isinstance(statement, cst.If):
+    elif type(statement) is cst.If:
         pairs.append((statement.body, python.body))
-        if isinstance(statement.orelse, cst.If):  # elif: Python's else block holds that one ``if``
+        if type(statement.orelse) is cst.If:  # elif: Python's else block holds that one ``if``
             return [(_suite(statement.body), python.body), ((statement.orelse,), python.orelse)]
         if statement.orelse is not None:
             pairs.append((statement.orelse.body, python.orelse))
-    elif isinstance(statement, cst.Try) or type(statement).__name__ == "TryStar":
+    elif type(statement) is cst.Try or type(statement).__name__ == "TryStar":
         pairs.append((statement.body, python.body))
         pairs.extend((handler.body, python_handler.body) for handler, python_handler in zip(statement.handlers, python.handlers))
         if statement.orelse is not None:
             pairs.append((statement.orelse.body, python.orelse))
         if statement.finalbody is not None:
             pairs.append((statement.finalbody.body, python.finalbody))
-    elif isinstance(statement, cst.Match):
+    elif type(statement) is cst.Match:
         pairs.extend((case.body, python_case.body) for case, python_case in zip(statement.cases, python.cases))
     return [(_suite(suite), block) for suite, block in pairs]
 
 
 def _suite(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
     """The statements of an indented block (a one-line suite holds none that start a line)."""
-    return suite.body if isinstance(suite, cst.IndentedBlock) else ()
+    return suite.body if type(suite) is cst.IndentedBlock else ()

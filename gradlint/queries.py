@@ -36,7 +36,7 @@ def _built_from(model: LoopModel, outer: str, inner: str) -> bool:
     if model.index is None:
         return False
     return any(
-        isinstance(value, cst.Call) and any(same_object(dotted_name(arg.value), inner) for arg in value.args)
+        type(value) is cst.Call and any(same_object(dotted_name(arg.value), inner) for arg in value.args)
         for table in model.index.assignments.values()
         for value in table.get(outer, [])
     )
@@ -100,7 +100,7 @@ def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bo
     clear unless its name says what else it does (``clip_gradient(optimizer, 1.0)``,
     ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(model, optimizer)``).
     """
-    name = callee_name(handoff.node) if isinstance(handoff.node, cst.Call) else None
+    name = callee_name(handoff.node) if type(handoff.node) is cst.Call else None
     if name is not None and name in keeps:
         return False
     return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
@@ -124,7 +124,7 @@ def home_loop(root: Root, step: Event) -> Frame | None:
 
 def loop_phrase(model: LoopModel, loop: Frame) -> str:
     """Where a training loop is, for messages: its line, or the function that is one iteration of it."""
-    if loop.called_by is not None and isinstance(loop.node, cst.FunctionDef):
+    if loop.called_by is not None and type(loop.node) is cst.FunctionDef:
         return f"in `{loop.node.name.value}` at line {model.line(loop.node.name)} ({loop.called_by})"
     return f"in the loop at line {model.line(loop.node)}"
 
@@ -255,7 +255,7 @@ def _loop_below(event: Event, loop: Frame) -> Frame | None:
 def _range_count(loop: Frame) -> cst.BaseExpression | None:
     """``n`` for ``for _ in range(n)``."""
     node = loop.node
-    if isinstance(node, cst.For) and isinstance(node.iter, cst.Call) and isinstance(node.iter.func, cst.Name):
+    if type(node) is cst.For and type(node.iter) is cst.Call and type(node.iter.func) is cst.Name:
         if node.iter.func.value == "range" and len(node.iter.args) == 1:
             return node.iter.args[0].value
     return None
@@ -290,21 +290,21 @@ def _clears_picked_parameters(zero: Event) -> bool:
     own variables picks which gradients to drop (parameters frozen for some iterations, non-finite gradients):
     dropping them before the step is the point."""
     node = zero.node
-    if not zero.manual or not isinstance(node, cst.Assign):
+    if not zero.manual or type(node) is not cst.Assign:
         return False
     holder = node.targets[0].target
-    while isinstance(holder, cst.Attribute):
+    while type(holder) is cst.Attribute:
         holder = holder.value
-    if not isinstance(holder, cst.Name):
+    if type(holder) is not cst.Name:
         return False
     for position, frame in enumerate(zero.frames):
-        if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For):
+        if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
             continue
         bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
         if holder.value not in bound:
             continue
         return any(
-            f.kind is FrameKind.BRANCH and isinstance(f.node, cst.If)
+            f.kind is FrameKind.BRANCH and type(f.node) is cst.If
             and any(type(n) is cst.Name and n.value in bound for n in walk(f.node.test))
             for f in zero.frames[position + 1 :]
         )
@@ -402,9 +402,9 @@ def rebuilt_in(loop: Frame, name: str | None) -> bool:
     if name is None:
         return False
     for node in walk(loop.node.body):
-        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+        if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             value = node.value
-        elif isinstance(node, cst.AnnAssign) and dotted_name(node.target) == name:
+        elif type(node) is cst.AnnAssign and dotted_name(node.target) == name:
             value = node.value
         else:
             continue
@@ -416,8 +416,8 @@ def rebuilt_in(loop: Frame, name: str | None) -> bool:
 
 def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
     """``self.optimizer``, ``self.optimizers()``, ``self.optimizers()[0]``: the existing optimizer, not a new one."""
-    if isinstance(value, cst.Subscript):
+    if type(value) is cst.Subscript:
         value = value.value
-    if isinstance(value, cst.Call) and callee_name(value) == "optimizers":
+    if type(value) is cst.Call and callee_name(value) == "optimizers":
         return True
-    return isinstance(value, (cst.Name, cst.Attribute))
+    return type(value) in (cst.Name, cst.Attribute)

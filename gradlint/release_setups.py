@@ -130,32 +130,32 @@ def _implies(test: cst.BaseExpression, flags: frozenset[str]) -> tuple[bool | No
     ``not (a or b)`` with ``a`` a release flag holds only with release off,
     though ``a or b`` holding says nothing: both sides are kept apart.
     """
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
         when_true, when_false = _implies(test.expression, flags)
         return when_false, when_true
-    if isinstance(test, cst.BooleanOperation):
+    if type(test) is cst.BooleanOperation:
         (left_true, left_false), (right_true, right_false) = _implies(test.left, flags), _implies(test.right, flags)
-        if isinstance(test.operator, cst.And):  # holds: both hold; fails: either fails
+        if type(test.operator) is cst.And:  # holds: both hold; fails: either fails
             return _either(left_true, right_true), (left_false if left_false == right_false else None)
         return (left_true if left_true == right_true else None), _either(left_false, right_false)
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+    if type(test) is cst.Comparison and len(test.comparisons) == 1:
         comparison = test.comparisons[0]
         literal = bool_literal(comparison.comparator)
         when_true, when_false = _implies(test.left, flags)
         if literal is None:
             return None, None
-        negated = isinstance(comparison.operator, (cst.IsNot, cst.NotEqual))
+        negated = type(comparison.operator) in (cst.IsNot, cst.NotEqual)
         return (when_true, when_false) if literal != negated else (when_false, when_true)
-    if isinstance(test, (cst.Name, cst.Attribute)):
+    if type(test) in (cst.Name, cst.Attribute):
         name = dotted_name(test)
         is_flag = bool(name) and (bool(_FLAG.search(last_name(name))) or name in flags)
         return (True, False) if is_flag else (None, None)
-    if isinstance(test, cst.Call) and callee_name(test) == "get":
+    if type(test) is cst.Call and callee_name(test) == "get":
         args = positional_args(test)
         return (True, False) if args and _flag_key(args[0].value) else (None, None)
-    if isinstance(test, cst.Subscript) and len(test.slice) == 1:
+    if type(test) is cst.Subscript and len(test.slice) == 1:
         index = test.slice[0].slice
-        return (True, False) if isinstance(index, cst.Index) and _flag_key(index.value) else (None, None)
+        return (True, False) if type(index) is cst.Index and _flag_key(index.value) else (None, None)
     return None, None
 
 
@@ -181,20 +181,20 @@ def runs_without_release(branches: Iterable[Branch], flags: frozenset[str] = fro
 
 def _returned_functions(factory: cst.FunctionDef) -> list[cst.FunctionDef]:
     """The functions defined in ``factory``'s body that it returns by name (``def hook(...): ...; return hook``)."""
-    if not isinstance(factory.body, cst.IndentedBlock):
+    if type(factory.body) is not cst.IndentedBlock:
         return []
-    nested = {s.name.value: s for s in factory.body.body if isinstance(s, cst.FunctionDef)}
+    nested = {s.name.value: s for s in factory.body.body if type(s) is cst.FunctionDef}
     returned = []
     for statement in factory.body.body:
-        if isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is cst.SimpleStatementLine:
             for small in statement.body:
-                if isinstance(small, cst.Return) and isinstance(small.value, cst.Name) and small.value.value in nested:
+                if type(small) is cst.Return and type(small.value) is cst.Name and small.value.value in nested:
                     returned.append(nested[small.value.value])
     return returned
 
 
 def _flag_key(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.SimpleString) and bool(_FLAG.search(node.evaluated_value or ""))
+    return type(node) is cst.SimpleString and bool(_FLAG.search(node.evaluated_value or ""))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +285,7 @@ class _Finder:
             self._refusal([t for t, _ in ctx.branches])
         elif kind is cst.Assert:
             self._refusal([t for t, _ in ctx.branches] + [node.test])
-        elif kind is cst.DictElement and isinstance(node.key, cst.SimpleString):
+        elif kind is cst.DictElement and type(node.key) is cst.SimpleString:
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
         return [(child, ctx) for child in child_nodes(node)]
@@ -298,9 +298,9 @@ class _Finder:
         body = dataclasses.replace(ctx, branches=ctx.branches + ((test, "if"),))
         orelse = dataclasses.replace(ctx, branches=ctx.branches + ((test, "else"),))
         children: list[tuple[cst.CSTNode, _Context]] = [(test, ctx), (node.body, body)]
-        if isinstance(node, cst.IfExp):
+        if type(node) is cst.IfExp:
             children.append((node.orelse, orelse))
-        elif isinstance(node.orelse, cst.If):
+        elif type(node.orelse) is cst.If:
             children.append((node.orelse, orelse))
         elif node.orelse is not None:
             children.append((node.orelse.body, orelse))
@@ -344,7 +344,7 @@ class _Finder:
     def _learn_flags(self, ctx: _Context) -> None:
         """A name tested by an ``if`` whose body sets release up is a release switch of this module."""
         for test, side in ctx.branches:
-            if side == "if" and isinstance(test, (cst.Name, cst.Attribute)):
+            if side == "if" and type(test) in (cst.Name, cst.Attribute):
                 self.flags.add(dotted_name(test))
 
     def _builds_scaler(self, call: cst.Call, name: str, ctx: _Context) -> bool:
@@ -366,21 +366,21 @@ class _Finder:
             return True
         device = keyword_arg(call, "device_type")
         device_value = device.value if device is not None else (args[0].value if args else None)
-        return isinstance(device_value, cst.SimpleString) and device_value.evaluated_value == "cuda"
+        return type(device_value) is cst.SimpleString and device_value.evaluated_value == "cuda"
 
     def _hook(self, call: cst.Call, hook: cst.BaseExpression, ctx: _Context) -> None:
         """``p.register_post_accumulate_grad_hook(hook)``: a release set-up when the hook steps an optimizer."""
-        if isinstance(hook, cst.Call) and callee_name(hook) == "partial" and positional_args(hook):
+        if type(hook) is cst.Call and callee_name(hook) == "partial" and positional_args(hook):
             hook = positional_args(hook)[0].value
         function = None
-        if isinstance(hook, (cst.Name, cst.Attribute)):
+        if type(hook) in (cst.Name, cst.Attribute):
             function = self.index.resolve_function(cst.Call(func=hook), ctx.function)
-        elif isinstance(hook, cst.Call):  # a hook factory: ``create_grad_hook(name, group)`` returns the hook
+        elif type(hook) is cst.Call:  # a hook factory: ``create_grad_hook(name, group)`` returns the hook
             factory = self.index.resolve_function(hook, ctx.function)
             made = _returned_functions(factory) if factory is not None else []
             self.hooks.update(made)
             function = made[0] if made else None
-        body: cst.CSTNode | None = function if function is not None else (hook if isinstance(hook, cst.Lambda) else None)
+        body: cst.CSTNode | None = function if function is not None else (hook if type(hook) is cst.Lambda else None)
         if body is None:
             return
         if function is not None:
@@ -395,9 +395,9 @@ class _Finder:
     def _stepped_optimizer(self, body: cst.CSTNode) -> str | None:
         """The optimizer a hook body steps (``optimizer_dict[p].step()`` → ``optimizer_dict``), if any."""
         for node in walk(body, into_lambdas=True):
-            if isinstance(node, cst.Call) and method_name(node) == "step":
+            if type(node) is cst.Call and method_name(node) == "step":
                 recv = receiver(node)
-                name = dotted_name(recv) if not isinstance(recv, cst.Subscript) else dotted_name(recv.value)
+                name = dotted_name(recv) if type(recv) is not cst.Subscript else dotted_name(recv.value)
                 name = name or root_name(recv)
                 if name and (kind_from_name(name) is ObjKind.OPTIMIZER or "optim" in last_name(name).lower()):
                     return name
@@ -409,12 +409,12 @@ class _Finder:
     # -- assignments and refusals
 
     def _assign(self, node: cst.Assign | cst.AnnAssign, ctx: _Context) -> None:
-        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
         value = node.value
         if value is None:
             return
         for target in targets:
-            if isinstance(target, cst.Attribute) and target.attr.value == "optimizer_accumulation":
+            if type(target) is cst.Attribute and target.attr.value == "optimizer_accumulation":
                 owner = dotted_name(target.value)
                 if owner:
                     self.optimizer_accumulation.add(last_name(owner))
@@ -422,7 +422,7 @@ class _Finder:
             name = dotted_name(target)
             if name and _ACCUMULATION_SETTING.search(last_name(name)) and _more_than_one(value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
-            if name and isinstance(value, cst.Call):
+            if name and type(value) is cst.Call:
                 self._assigned_to[value] = name
 
     def _refusal(self, tests: list[cst.BaseExpression]) -> None:
@@ -488,7 +488,7 @@ def _parameters_owner(call: cst.Call) -> str | None:
     """``model`` for a call given ``model.parameters()`` (or ``named_parameters()``)."""
     for arg in call.args:
         for node in walk(arg):
-            if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+            if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                 owner = dotted_name(receiver(node))
                 if owner:
                     return owner
@@ -502,7 +502,7 @@ def _parameters_owner_of_loop(param: cst.BaseExpression | None, loops: tuple[cst
         bound = {n.value for n in walk(loop.target) if type(n) is cst.Name}
         if name in bound:
             for node in walk(loop.iter):
-                if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+                if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                     return dotted_name(receiver(node))
             return None
     return None
@@ -511,17 +511,17 @@ def _parameters_owner_of_loop(param: cst.BaseExpression | None, loops: tuple[cst
 def _frees_grad(body: cst.CSTNode) -> bool:
     """Whether a hook clears the gradient it stepped with (``zero_grad()`` or ``p.grad = None``)."""
     for node in walk(body, into_lambdas=True):
-        if isinstance(node, cst.Call) and method_name(node) == "zero_grad":
+        if type(node) is cst.Call and method_name(node) == "zero_grad":
             return True
-        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Name) and node.value.value == "None":
-            if any(isinstance(t.target, cst.Attribute) and t.target.attr.value == "grad" for t in node.targets):
+        if type(node) is cst.Assign and type(node.value) is cst.Name and node.value.value == "None":
+            if any(type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets):
                 return True
     return False
 
 
 def _more_than_one(value: cst.BaseExpression) -> bool:
     """An integer literal greater than 1."""
-    if isinstance(value, cst.Integer):
+    if type(value) is cst.Integer:
         try:
             return int(value.value.replace("_", ""), 0) > 1
         except ValueError:
@@ -534,7 +534,7 @@ def _is_float16(node: cst.BaseExpression) -> bool:
     name = dotted_name(node)
     if name is not None:
         return last_name(name) in ("float16", "half")
-    return isinstance(node, cst.SimpleString) and node.evaluated_value in ("float16", "fp16", "half")
+    return type(node) is cst.SimpleString and node.evaluated_value in ("float16", "fp16", "half")
 
 
 def _enabled(call: cst.Call) -> bool:

@@ -96,7 +96,7 @@ def positional_args(call: cst.Call) -> list[cst.Arg]:
 
 def bool_literal(node: cst.BaseExpression) -> bool | None:
     """True/False for the literal names, None for anything else."""
-    if isinstance(node, cst.Name) and node.value in ("True", "False"):
+    if type(node) is cst.Name and node.value in ("True", "False"):
         return node.value == "True"
     return None
 
@@ -334,7 +334,7 @@ def _read_children(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def number(node: cst.CSTNode) -> float | None:
     """The value of an int or float literal in any spelling (``0x0``, ``1_000``, ``1e-3``), else None."""
-    if not isinstance(node, (cst.Integer, cst.Float)):
+    if type(node) not in (cst.Integer, cst.Float):
         return None
     try:
         return float(ast.literal_eval(node.value))

@@ -183,7 +183,7 @@ class ClipPerMicroBatch(Rule):
 def _clips(clip: Event) -> bool:
     """Whether a clipping call can change gradients: not when its threshold is infinite (it only measures the norm)."""
     call = clip.node
-    if not isinstance(call, cst.Call) or clip.framework == "by_hand":
+    if type(call) is not cst.Call or clip.framework == "by_hand":
         return True  # the module's own clipping: its threshold is not an argument of this call
     args = positional_args(call)
     threshold = keyword_arg(call, "max_norm") or keyword_arg(call, "clip_value") or keyword_arg(call, "gradient_clip_val")
@@ -194,9 +194,9 @@ def _clips(clip: Event) -> bool:
 
 def _is_infinite(node: cst.BaseExpression) -> bool:
     """``float("inf")``, ``math.inf``, ``torch.inf``, ``np.inf``."""
-    if isinstance(node, cst.Call) and dotted_name(node.func) == "float":
+    if type(node) is cst.Call and dotted_name(node.func) == "float":
         args = positional_args(node)
-        return len(args) == 1 and isinstance(args[0].value, cst.SimpleString) and args[0].value.evaluated_value.lower() in ("inf", "infinity")
+        return len(args) == 1 and type(args[0].value) is cst.SimpleString and args[0].value.evaluated_value.lower() in ("inf", "infinity")
     name = dotted_name(node)
     return name is not None and name.rsplit(".", 1)[-1] == "inf"
 
@@ -291,7 +291,7 @@ class LossDividedTwice(Rule):
 
     def _framework_backward(self, model: LoopModel, root: Root, backward: Event, settings: FrameworkSettings) -> Iterator[Report]:
         call = backward.node
-        if not isinstance(call, cst.Call) or backward.loss is None:
+        if type(call) is not cst.Call or backward.loss is None:
             return
         owner = dotted_name(receiver(call))
         if backward.framework == "accelerate":
@@ -328,11 +328,11 @@ class LossDividedTwice(Rule):
             return
         framework = "Lightning's automatic optimization divides it again by `accumulate_grad_batches`"
         for node in walk(step):
-            if not isinstance(node, cst.Return) or node.value is None:
+            if type(node) is not cst.Return or node.value is None:
                 continue
             value = node.value
-            if isinstance(value, cst.Dict):
-                value = next((e.value for e in value.elements if isinstance(e, cst.DictElement) and _is_key(e.key, "loss")), None)
+            if type(value) is cst.Dict:
+                value = next((e.value for e in value.elements if type(e) is cst.DictElement and _is_key(e.key, "loss")), None)
                 if value is None:
                     continue
             for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
@@ -351,7 +351,7 @@ def _read_from_deepspeed_config(model: LoopModel, divisor: cst.BaseExpression) -
         return None
     for table in model.index.assignments.values():
         for value in table.get(name, ()):
-            if not isinstance(value, cst.Subscript) or len(value.slice) != 1 or not isinstance(value.slice[0].slice, cst.Index):
+            if type(value) is not cst.Subscript or len(value.slice) != 1 or type(value.slice[0].slice) is not cst.Index:
                 continue
             key = value.slice[0].slice.value
             if _is_key(key, "gradient_accumulation_steps") and "deepspeed" in model.code(value.value).lower():
@@ -382,10 +382,10 @@ def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cs
 def _collect_assignments(scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     found: dict[str, list[cst.CSTNode]] = {}
     for node in walk(scope):
-        if isinstance(node, cst.Assign):
+        if type(node) is cst.Assign:
             for name in {dotted_name(t.target) for t in node.targets} - {None}:
                 found.setdefault(name, []).append(node)
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+        elif type(node) in (cst.AugAssign, cst.AnnAssign):
             name = dotted_name(node.target)
             if name is not None:
                 found.setdefault(name, []).append(node)
@@ -413,8 +413,8 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     if last is None or not _on_the_way(model.module, last[1], loss):
         return []
     node = last[1]
-    if isinstance(node, cst.AugAssign):
-        return [(node, node.value)] if isinstance(node.operator, cst.DivideAssign) else []
+    if type(node) is cst.AugAssign:
+        return [(node, node.value)] if type(node.operator) is cst.DivideAssign else []
     value = node.value
     return [(value, value.right)] if value is not None and _is_division(value) else []
 
@@ -423,7 +423,7 @@ def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -
     """Whether ``use`` lies in the block that holds ``assignment`` (not in another branch of an ``if``)."""
     table = parents(module)
     block = table.get(assignment)
-    while block is not None and not isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module)):
+    while block is not None and type(block) not in (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module):
         block = table.get(block)
     node: cst.CSTNode | None = use
     while node is not None and node is not block:
@@ -432,7 +432,7 @@ def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -
 
 
 def _is_division(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide)
+    return type(node) is cst.BinaryOperation and type(node.operator) is cst.Divide
 
 
 def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.BaseExpression]) -> bool:
@@ -447,12 +447,12 @@ def _own_count(divisor: cst.BaseExpression, owner: str | None, framework: str | 
         return False
     if framework == "accelerate":
         return dotted_name(divisor) == f"{owner}.gradient_accumulation_steps"
-    return isinstance(divisor, cst.Call) and not divisor.args and dotted_name(divisor.func) == f"{owner}.gradient_accumulation_steps"
+    return type(divisor) is cst.Call and not divisor.args and dotted_name(divisor.func) == f"{owner}.gradient_accumulation_steps"
 
 
 def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
-    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
-    return [s for s in body if isinstance(s, cst.FunctionDef)]
+    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
+    return [s for s in body if type(s) is cst.FunctionDef]
 
 
 def _manual_optimization(cls: cst.ClassDef) -> bool:
@@ -461,14 +461,14 @@ def _manual_optimization(cls: cst.ClassDef) -> bool:
         if function.name.value == "automatic_optimization":
             return True
         for node in walk(function):
-            if isinstance(node, cst.Assign) and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
+            if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
                 if bool_literal(node.value) is not True:
                     return True
     return False
 
 
 def _is_key(node: cst.BaseExpression, key: str) -> bool:
-    return isinstance(node, cst.SimpleString) and node.evaluated_value == key
+    return type(node) is cst.SimpleString and node.evaluated_value == key
 
 
 class NumItemsInBatchIgnored(Rule):
@@ -704,7 +704,7 @@ def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSett
 def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
     """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
     return any(
-        isinstance(node, cst.Attribute) and node.attr.value == "logits" for c in _class_chain(cls, local) for node in every_node(c)
+        type(node) is cst.Attribute and node.attr.value == "logits" for c in _class_chain(cls, local) for node in every_node(c)
     )
 
 
@@ -717,9 +717,9 @@ def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bo
     """
     trainers = {id(c) for c in settings.hf_trainers}
     for node in every_node(module):
-        if isinstance(node, cst.ClassDef) and id(node) not in trainers:
+        if type(node) is cst.ClassDef and id(node) not in trainers:
             for function in _methods(node):
-                if function.name.value == "forward" and not isinstance(function.params.star_kwarg, cst.Param):
+                if function.name.value == "forward" and type(function.params.star_kwarg) is not cst.Param:
                     return True
     return False
 
@@ -727,27 +727,27 @@ def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bo
 def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
     """Whether ``compute_loss`` reads ``gradient_accumulation_steps`` (or ``current_gradient_accumulation_steps``)."""
     for node in walk(function.body, into_lambdas=True):
-        if isinstance(node, cst.Name) and "gradient_accumulation_steps" in node.value:
+        if type(node) is cst.Name and "gradient_accumulation_steps" in node.value:
             return True
-        if isinstance(node, cst.Attribute) and "gradient_accumulation_steps" in node.attr.value:
+        if type(node) is cst.Attribute and "gradient_accumulation_steps" in node.attr.value:
             return True
-        if isinstance(node, cst.SimpleString) and "gradient_accumulation_steps" in node.value:
+        if type(node) is cst.SimpleString and "gradient_accumulation_steps" in node.value:
             return True
     return False
 
 
 def _is_none(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "None"
+    return type(value) is cst.Name and value.value == "None"
 
 
 def _is_sum(loss: cst.BaseExpression) -> bool:
     """``x.sum()``, ``torch.sum(x)`` or a loss call with ``reduction="sum"``: not a mean the Trainer would divide."""
-    if not isinstance(loss, cst.Call):
+    if type(loss) is not cst.Call:
         return False
     if callee_name(loss) == "sum":
         return True
     reduction = keyword_arg(loss, "reduction")
-    return reduction is not None and isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "sum"
+    return reduction is not None and type(reduction.value) is cst.SimpleString and reduction.value.evaluated_value == "sum"
 
 
 def _parameter(function: cst.FunctionDef, name: str) -> cst.Param | None:
@@ -762,9 +762,9 @@ def _uses_name(function: cst.FunctionDef, name: str) -> bool:
 
 def _calls_super(function: cst.FunctionDef, method: str) -> bool:
     for node in walk(function.body):
-        if isinstance(node, cst.Call) and callee_name(node) == method and isinstance(node.func, cst.Attribute):
+        if type(node) is cst.Call and callee_name(node) == method and type(node.func) is cst.Attribute:
             owner = node.func.value
-            if isinstance(owner, cst.Call) and dotted_name(owner.func) == "super":
+            if type(owner) is cst.Call and dotted_name(owner.func) == "super":
                 return True
     return False
 
@@ -777,14 +777,14 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolve
     """
     found: list[cst.BaseExpression] = []
     for node in walk(function.body):
-        if not isinstance(node, cst.Return) or node.value is None:
+        if type(node) is not cst.Return or node.value is None:
             continue
         pending = [node.value]
         while pending:
             value = pending.pop()
-            if isinstance(value, cst.IfExp):
+            if type(value) is cst.IfExp:
                 pending.extend((value.body, value.orelse))
-            elif isinstance(value, cst.Tuple) and value.elements:
+            elif type(value) is cst.Tuple and value.elements:
                 pending.append(value.elements[0].value)
             else:
                 resolved = _last_value(model, function, value, model.position(node)[:2])
@@ -798,13 +798,13 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolve
 def _last_value(model: LoopModel, function: cst.FunctionDef, value: cst.BaseExpression, before: tuple[int, int]) -> cst.BaseExpression | None:
     """``value`` itself, or for a name the value of its last assignment before ``before`` in the same block path."""
     name = dotted_name(value)
-    if name is None or not isinstance(value, cst.Name):
+    if name is None or type(value) is not cst.Name:
         return value
     last: tuple[tuple[int, int], cst.Assign] | None = None
     for node in walk(function.body):
-        if isinstance(node, (cst.AugAssign, cst.AnnAssign)) and dotted_name(node.target) == name:
+        if type(node) in (cst.AugAssign, cst.AnnAssign) and dotted_name(node.target) == name:
             return None  # changed in place or annotated: not followed
-        if isinstance(node, cst.Assign) and any(dotted_name(t.target) == name for t in node.targets):
+        if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             at = model.position(node)[:2]
             if at < before and (last is None or at > last[0]):
                 last = (at, node)
@@ -819,16 +819,16 @@ _MEAN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
 
 def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression) -> bool:
     """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction."""
-    if not isinstance(loss, cst.Call):
+    if type(loss) is not cst.Call:
         return False
     name = callee_name(loss)
     if name in _MEAN_LOSSES:
         return _reduces_by_mean(loss)
-    if isinstance(loss.func, cst.Call) and callee_name(loss.func) in _MEAN_LOSS_CLASSES:
+    if type(loss.func) is cst.Call and callee_name(loss.func) in _MEAN_LOSS_CLASSES:
         return _reduces_by_mean(loss.func)
-    if isinstance(loss.func, cst.Name):
+    if type(loss.func) is cst.Name:
         built = _last_value(model, function, loss.func, model.position(loss)[:2])
-        return isinstance(built, cst.Call) and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
+        return type(built) is cst.Call and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
     return False
 
 
@@ -836,21 +836,21 @@ def _reduces_by_mean(call: cst.Call) -> bool:
     reduction = keyword_arg(call, "reduction")
     if reduction is None:
         return not any(a.star for a in call.args)
-    return isinstance(reduction.value, cst.SimpleString) and reduction.value.evaluated_value == "mean"
+    return type(reduction.value) is cst.SimpleString and reduction.value.evaluated_value == "mean"
 
 
 def _over_tokens(function: cst.FunctionDef) -> bool:
     """Whether the loss is visibly over tokens whose number varies: ``ignore_index``, ``-100``, shifted labels, ``vocab_size``."""
     for node in walk(function.body, into_lambdas=True):
-        if isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value == "ignore_index":
+        if type(node) is cst.Arg and node.keyword is not None and node.keyword.value == "ignore_index":
             return True
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and number(node.expression) == 100:
+        if type(node) is cst.UnaryOperation and type(node.operator) is cst.Minus and number(node.expression) == 100:
             return True
-        if isinstance(node, cst.Name) and node.value in ("vocab_size", "shift_labels", "shift_logits"):
+        if type(node) is cst.Name and node.value in ("vocab_size", "shift_labels", "shift_logits"):
             return True
-        if isinstance(node, cst.Attribute) and node.attr.value == "vocab_size":
+        if type(node) is cst.Attribute and node.attr.value == "vocab_size":
             return True
-        if isinstance(node, cst.Slice) and (number(node.lower) == 1 if node.lower is not None else False):
+        if type(node) is cst.Slice and (number(node.lower) == 1 if node.lower is not None else False):
             return True
     return False
 
@@ -968,7 +968,7 @@ def _tests_count(event: Event, loop: Frame, divisor: cst.BaseExpression) -> bool
     """Whether a branch around ``event`` inside ``loop`` tests the accumulation count (the divisor, or a name that says
     accumulation)."""
     for frame in frames_inside(event, loop):
-        if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If):
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If:
             names = [n for n in walk(frame.node.test) if type(n) in (cst.Name, cst.Attribute)]
             if any(dotted_name(n) == dotted_name(divisor) or _names_accumulation(n) for n in names):
                 return True
@@ -997,9 +997,9 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     if last is None:
         return None
     node = last[1]
-    if isinstance(node, cst.AugAssign) and isinstance(node.operator, cst.DivideAssign):
+    if type(node) is cst.AugAssign and type(node.operator) is cst.DivideAssign:
         found = (node, node.value)
-    elif isinstance(node, cst.Assign) and _is_division(node.value):
+    elif type(node) is cst.Assign and _is_division(node.value):
         found = (node.value, node.value.right)
     else:
         return None
@@ -1021,8 +1021,8 @@ def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.Bas
     itself, and that ``if`` lies in the block that holds the use."""
     table = parents(module)
     node = table.get(assignment)
-    while node is not None and not isinstance(node, cst.If):
-        if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.With, cst.Try)):
+    while node is not None and type(node) is not cst.If:
+        if type(node) in (cst.For, cst.While, cst.FunctionDef, cst.With, cst.Try):
             return False
         node = table.get(node)
     if node is None or node.orelse is not None:

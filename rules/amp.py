@@ -181,8 +181,8 @@ class StepBypassesScaler(Rule):
 
 def _scaler_of(backward: Event, model: LoopModel) -> str:
     """The scaler in ``scaler.scale(loss).backward()``."""
-    scale_call = receiver(backward.node) if isinstance(backward.node, cst.Call) else None
-    if isinstance(scale_call, cst.Call):
+    scale_call = receiver(backward.node) if type(backward.node) is cst.Call else None
+    if type(scale_call) is cst.Call:
         return dotted_name(receiver(scale_call)) or "scaler"
     return "scaler"
 
@@ -263,7 +263,7 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int)
     that calls it also calls ``unscale_``.
     """
     function = root.node
-    if not isinstance(function, cst.FunctionDef) or function.name.value not in model.called_in_loop:
+    if type(function) is not cst.FunctionDef or function.name.value not in model.called_in_loop:
         return
     if function.name.value in model.unscaled_by_caller:
         return

@@ -211,7 +211,7 @@ def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> 
         function = _function_around(model, backward.node)
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
     return any(
-        isinstance(node, cst.Call) and last_name(dotted_name(node.func) or "") in sources
+        type(node) is cst.Call and last_name(dotted_name(node.func) or "") in sources
         for expression in expressions for node in walk(expression)
     )
 
@@ -219,9 +219,9 @@ def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> 
 def _root_of(expression: cst.BaseExpression) -> str | None:
     """``out`` for ``out.sum()`` or ``out[0].mean()``."""
     node = expression
-    while isinstance(node, (cst.Call, cst.Attribute, cst.Subscript)):
-        node = node.func if isinstance(node, cst.Call) else node.value
-    return node.value if isinstance(node, cst.Name) else None
+    while type(node) in (cst.Call, cst.Attribute, cst.Subscript):
+        node = node.func if type(node) is cst.Call else node.value
+    return node.value if type(node) is cst.Name else None
 
 
 def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> bool:
@@ -555,7 +555,7 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
     """
     for step, loop in steps_with_loops(root):
         acc = accumulation(root, step, loop)
-        if acc is None or acc.style != "guard" or not isinstance(acc.frame.node, cst.If):
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If:
             continue
         test = model.code(acc.frame.node.test)
         at = root.order(step)
@@ -564,7 +564,7 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
                 continue  # (a helper inlined at two call sites shares its loop: each copy is judged alone)
             same_test = any(
                 f.kind is FrameKind.BRANCH and f.accumulation and f.branch == acc.frame.branch
-                and isinstance(f.node, cst.If) and model.code(f.node.test) == test
+                and type(f.node) is cst.If and model.code(f.node.test) == test
                 for f in frames_inside(zero, loop)
             )
             if not same_test:
@@ -597,7 +597,7 @@ def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
 def _tests_sync_gradients(model: LoopModel, root, block) -> bool:
     """Whether the ``accumulate()`` block branches on ``sync_gradients``: it expects micro-batches that do not sync."""
     return any(
-        f.accumulation and isinstance(f.node, cst.If) and "sync_gradients" in model.code(f.node.test)
+        f.accumulation and type(f.node) is cst.If and "sync_gradients" in model.code(f.node.test)
         for event in root.events_in(block)
         for f in frames_inside(event, block)
     )
@@ -812,10 +812,10 @@ def _scaled_from(model: LoopModel, backward: Event, name: str) -> str:
     backward; else ``name`` itself."""
     node = (model.parents or {}).get(backward.node)
     while node is not None:
-        if isinstance(node, cst.With):
+        if type(node) is cst.With:
             for item in node.items:
                 bound = dotted_name(item.asname.name) if item.asname is not None else None
-                if bound == name and isinstance(item.item, cst.Call) and item.item.args:
+                if bound == name and type(item.item) is cst.Call and item.item.args:
                     return dotted_name(item.item.args[0].value) or name
         node = (model.parents or {}).get(node)
     return name
@@ -898,13 +898,13 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
-            if any(isinstance(n, cst.Arg) and n.keyword is not None and n.keyword.value == "reduction"
+            if any(type(n) is cst.Arg and n.keyword is not None and n.keyword.value == "reduction"
                    and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in walk(value)):
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
             # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and method_name(value) == "sum" and not any(
+            if type(value) is cst.Call and type(value.func) is cst.Attribute and method_name(value) == "sum" and not any(
                 type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
             ):
                 return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
@@ -924,7 +924,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
 
 def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
     """The names that hold the number of micro-batches: the count, or the guard's accumulation-like names."""
-    source = acc.count if acc.count is not None else (acc.frame.node.test if isinstance(acc.frame.node, cst.If) else None)
+    source = acc.count if acc.count is not None else (acc.frame.node.test if type(acc.frame.node) is cst.If else None)
     if source is None:
         return set()
     names = {n.value for n in walk(source) if type(n) is cst.Name}
@@ -936,7 +936,7 @@ def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
 def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
     """The comment at the end of the line holding ``node``'s statement, if any."""
     parents = model.parents or {}
-    while node is not None and not isinstance(node, cst.SimpleStatementLine):
+    while node is not None and type(node) is not cst.SimpleStatementLine:
         node = parents.get(node)
     if node is None or node.trailing_whitespace.comment is None:
         return ""
@@ -949,7 +949,7 @@ _MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
     """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..."""
-    if not isinstance(loop_node, cst.For):
+    if type(loop_node) is not cst.For:
         return False
     header = f"{model.code(loop_node.target)} in {model.code(loop_node.iter)}"
     return bool(_MICRO_LOOP_WORDS.search(header))
@@ -1044,7 +1044,7 @@ class GradsKeptAllocated(Rule):
 def _function_around(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
     parents = model.parents or {}
     node = parents.get(node)
-    while node is not None and not isinstance(node, cst.FunctionDef):
+    while node is not None and type(node) is not cst.FunctionDef:
         node = parents.get(node)
     return node
 
@@ -1062,8 +1062,8 @@ def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
 def _caller_chose_in_place(event: Event) -> bool:
     """Whether the zeroing is the ``else`` of ``if set_to_none:`` (``set_grads_to_None``...): the caller picked it."""
     for frame in event.frames:
-        if frame.kind is FrameKind.BRANCH and frame.branch == "else" and isinstance(frame.node, cst.If):
-            name = dotted_name(frame.node.test) if isinstance(frame.node.test, (cst.Name, cst.Attribute)) else None
+        if frame.kind is FrameKind.BRANCH and frame.branch == "else" and type(frame.node) is cst.If:
+            name = dotted_name(frame.node.test) if type(frame.node.test) in (cst.Name, cst.Attribute) else None
             if name and re.search(r"to_?none", name, re.IGNORECASE):
                 return True
     return False
@@ -1099,7 +1099,7 @@ def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
     if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
         return True
     for node in walk(root.node):
-        if isinstance(node, cst.Call) and callee_name(node) in ("patch", "object"):
-            if any(isinstance(a.value, cst.SimpleString) and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
+        if type(node) is cst.Call and callee_name(node) in ("patch", "object"):
+            if any(type(a.value) is cst.SimpleString and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
                 return True
     return False

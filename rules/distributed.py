@@ -196,10 +196,10 @@ def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str |
     position = 0
     if isinstance(value, Unpacked):
         value, position = value.value, value.position
-    listed = _prepared_list_item(model, function, value) if isinstance(value, cst.Subscript) else None
+    listed = _prepared_list_item(model, function, value) if type(value) is cst.Subscript else None
     if listed is not None:
         value, given = listed
-    elif not isinstance(value, cst.Call):
+    elif type(value) is not cst.Call:
         return None
     method = method_name(value)
     if method in _PREPARES and model.info(dotted_name(receiver(value))).kind is ObjKind.ACCELERATOR:
@@ -229,21 +229,21 @@ def _prepared_list_item(model: LoopModel, function, value: cst.Subscript) -> tup
     ``prepare`` returns what it is given in the same order, so element ``i`` is what the literal holds at ``i``.
     """
     elements = value.slice
-    if len(elements) != 1 or not isinstance(elements[0].slice, cst.Index) or not isinstance(elements[0].slice.value, cst.Integer):
+    if len(elements) != 1 or type(elements[0].slice) is not cst.Index or type(elements[0].slice.value) is not cst.Integer:
         return None
     position = int(number(elements[0].slice.value) or 0)
     table = model.index.assignments.get(function, {})
     calls = table.get(dotted_name(value.value) or "", [])
-    if len(calls) != 1 or not isinstance(calls[0], cst.Call):
+    if len(calls) != 1 or type(calls[0]) is not cst.Call:
         return None
     args = calls[0].args
     if len(args) != 1 or args[0].star != "*":
         return None
     literals = table.get(dotted_name(args[0].value) or "", [])
-    if len(literals) != 1 or not isinstance(literals[0], cst.List):
+    if len(literals) != 1 or type(literals[0]) is not cst.List:
         return None
     items = literals[0].elements
-    if position >= len(items) or any(isinstance(item, cst.StarredElement) for item in items[: position + 1]):
+    if position >= len(items) or any(type(item) is cst.StarredElement for item in items[: position + 1]):
         return None
     return calls[0], dotted_name(items[position].value)
 
@@ -252,7 +252,7 @@ def _constructors(model: LoopModel, name: str | None) -> list[cst.Call]:
     """The calls the module assigns to ``name`` (an accelerator's or Fabric's constructor), in any function."""
     return [
         value for table in model.index.assignments.values() for value in table.get(name, [])
-        if isinstance(value, cst.Call)
+        if type(value) is cst.Call
     ]
 
 
@@ -278,7 +278,7 @@ def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int])
         if any(id(v) in ddp_calls for v in values)
     }
     for node in walk(helper.body):
-        if isinstance(node, cst.Return) and node.value is not None:
+        if type(node) is cst.Return and node.value is not None:
             if id(node.value) in ddp_calls or dotted_name(node.value) in built:
                 return True
     return False
@@ -312,9 +312,9 @@ def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scope
     if index is None:
         return wrapped
     named = _NamesIn(model.module, root.node)
-    method = isinstance(root.node, cst.FunctionDef) and _in_class(index, root.node)
+    method = type(root.node) is cst.FunctionDef and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
-    function = root.node if isinstance(root.node, cst.FunctionDef) else None
+    function = root.node if type(root.node) is cst.FunctionDef else None
     enclosing = set()
     scope = function
     while scope is not None:
@@ -341,7 +341,7 @@ def _returned_by(index, function: cst.FunctionDef, name: str, helpers: set) -> b
     model under the same name."""
     for value in index.assignments.get(function, {}).get(name, ()):
         value = value.value if isinstance(value, Unpacked) else value
-        if isinstance(value, cst.Call) and index.resolve_function(value, function) in helpers:
+        if type(value) is cst.Call and index.resolve_function(value, function) in helpers:
             return True
     return False
 
@@ -349,7 +349,7 @@ def _returned_by(index, function: cst.FunctionDef, name: str, helpers: set) -> b
 def _parameters(function: cst.FunctionDef) -> set[str]:
     params = function.params
     every = (*params.posonly_params, *params.params, *params.kwonly_params)
-    extra = [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    extra = [p for p in (params.star_arg, params.star_kwarg) if type(p) is cst.Param]
     return {p.name.value for p in (*every, *extra)}
 
 
@@ -357,7 +357,7 @@ def _handed_in(model: LoopModel, root: Root) -> dict[str, str]:
     """The parameters of ``root``'s function that a caller of the run hands a data-parallel model
     (``train_one_epoch(model, ...)`` after ``model = DistributedDataParallel(model)`` in another module)."""
     function = root.node
-    if not model.wrapped_by_caller or not isinstance(function, cst.FunctionDef):
+    if not model.wrapped_by_caller or type(function) is not cst.FunctionDef:
         return {}
     positional = [p.name.value for p in (*function.params.posonly_params, *function.params.params)]
     if positional and positional[0] in ("self", "cls"):
@@ -390,7 +390,7 @@ def _model_of(model: LoopModel, region: Frame, seen: dict[str, str], scope: cst.
     model an optimizer trains); a model prepared by accelerate or Fabric, or sharded with ``fully_shard``, only when
     the loop calls it, itself or in a function of the module it calls (``self.calculate_train_batch_loss(batch)``).
     """
-    called = _called_names(model, region.node, scope if isinstance(scope, cst.FunctionDef) else None)
+    called = _called_names(model, region.node, scope if type(scope) is cst.FunctionDef else None)
     called_last = {last_name(c) for c in called}
     ddp = sorted((name for name, by in seen.items() if by == DDP), key=lambda name: last_name(name) not in called_last)
     if ddp and not _forwards_around_ddp(model, called_last, ddp):
@@ -409,7 +409,7 @@ def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef
     while pending:
         node, function = pending.pop()
         for call in walk(node):
-            if not isinstance(call, cst.Call):
+            if type(call) is not cst.Call:
                 continue
             name = dotted_name(call.func)
             if name is not None:
@@ -455,7 +455,7 @@ def _covers(model: LoopModel, root: Root, event: Event) -> bool:
     if any(f.node is block for backward in root.events_of(EventKind.BACKWARD) for f in backward.frames):
         return True
     for node in walk(block.body):
-        if isinstance(node, cst.Call) and callee_name(node) not in _NOT_A_FORWARD:
+        if type(node) is cst.Call and callee_name(node) not in _NOT_A_FORWARD:
             return True
     return False
 
@@ -470,20 +470,20 @@ _NOT_A_FORWARD = frozenset({
 def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
     """The ``with`` statement whose item holds ``node`` (a call); None when it is not a ``with`` item."""
     parents = model.parents
-    if parents is None or not isinstance(node, cst.Call):
+    if parents is None or type(node) is not cst.Call:
         return None
     current = parents.get(node)
     while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-        if isinstance(current, cst.WithItem):
+        if type(current) is cst.WithItem:
             block = parents.get(current)
-            return block if isinstance(block, cst.With) else None
+            return block if type(block) is cst.With else None
         current = parents.get(current)
     return None
 
 
 def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
     """Accelerate decides the micro-batches: the loop runs ``accelerator.accumulate()`` or steps on ``sync_gradients``."""
-    guard = acc.frame.node if acc.style == "guard" and isinstance(acc.frame.node, cst.If) else None
+    guard = acc.frame.node if acc.style == "guard" and type(acc.frame.node) is cst.If else None
     if guard is not None and any(type(n) is cst.Attribute and n.attr.value == "sync_gradients" for n in walk(guard.test)):
         return True
     return any(event.with_context("accumulate") for event in root.events_in(loop))
@@ -516,14 +516,14 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
     blocks = []
     for node in (*backward.call_chain, backward.node):
         current = parents.get(node)
-        while current is not None and not isinstance(current, cst.FunctionDef):
-            if isinstance(current, cst.With):
+        while current is not None and type(current) is not cst.FunctionDef:
+            if type(current) is cst.With:
                 blocks.append(current)
             current = parents.get(current)
     for block in blocks:
         for item in block.items:
             call = item.item
-            if not isinstance(call, cst.Call) or not any(last_name(dotted_name(a.value) or "") == last_name(name) for a in call.args):
+            if type(call) is not cst.Call or not any(last_name(dotted_name(a.value) or "") == last_name(name) for a in call.args):
                 continue
             helper = model.index.resolve_function(call, None) if model.index is not None else None
             if helper is None:
@@ -741,7 +741,7 @@ def _scopes_of(model: LoopModel, calls: Iterable[cst.Call]) -> list[cst.CSTNode]
     recorded parent to none either: :class:`_Sites` reads neither.
     """
     if model.index is None:
-        return [model.module, *(n for n in walk_all(model.module) if isinstance(n, cst.FunctionDef))]
+        return [model.module, *(n for n in walk_all(model.module) if type(n) is cst.FunctionDef)]
     parents = model.index.parents
     scopes: dict[int, cst.CSTNode] = {}
     for call in calls:
@@ -775,35 +775,35 @@ class _Sites:
         self.order_of: dict[int, int] = {}
         self._wrap_calls = wrap_calls
         self._count = 0
-        self._block(scope.body if isinstance(scope, cst.Module) else _suite(scope.body), (), ())
+        self._block(scope.body if type(scope) is cst.Module else _suite(scope.body), (), ())
 
     def _block(self, statements, loops, branches) -> None:
         for statement in statements:
-            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            if type(statement) in (cst.FunctionDef, cst.ClassDef):
                 continue
             if isinstance(statement, cst.BaseSmallStatement):  # a one-line suite: ``if last: model.cpu()``
                 self._small(statement, loops, branches)
-            elif isinstance(statement, cst.SimpleStatementLine):
+            elif type(statement) is cst.SimpleStatementLine:
                 for small in statement.body:
                     self._small(small, loops, branches)
-            elif isinstance(statement, cst.If):
+            elif type(statement) is cst.If:
                 self._expression(statement.test, loops, branches)
                 self._block(_suite(statement.body), loops, branches + (statement,))
                 orelse = statement.orelse
-                if isinstance(orelse, cst.If):
+                if type(orelse) is cst.If:
                     self._block([orelse], loops, branches + (statement,))
                 elif orelse is not None:
                     self._block(_suite(orelse.body), loops, branches + (statement,))
-            elif isinstance(statement, (cst.For, cst.While)):
-                self._expression(statement.iter if isinstance(statement, cst.For) else statement.test, loops, branches)
+            elif type(statement) in (cst.For, cst.While):
+                self._expression(statement.iter if type(statement) is cst.For else statement.test, loops, branches)
                 self._block(_suite(statement.body), loops + (statement,), branches)
                 if statement.orelse is not None:
                     self._block(_suite(statement.orelse.body), loops, branches)
-            elif isinstance(statement, cst.With):
+            elif type(statement) is cst.With:
                 for item in statement.items:
                     self._expression(item.item, loops, branches)
                 self._block(_suite(statement.body), loops, branches)
-            elif isinstance(statement, cst.Try):
+            elif type(statement) is cst.Try:
                 self._block(_suite(statement.body), loops, branches)
                 for handler in statement.handlers:
                     self._block(_suite(handler.body), loops, branches)
@@ -813,7 +813,7 @@ class _Sites:
 
     def _small(self, small: cst.BaseSmallStatement, loops, branches) -> None:
         self._expression(small, loops, branches)
-        if isinstance(small, cst.Assign) and isinstance(small.value, cst.Call) and id(small.value) in self._wrap_calls:
+        if type(small) is cst.Assign and type(small.value) is cst.Call and id(small.value) in self._wrap_calls:
             wrap = next(w for w in reversed(self.wraps) if w.site.call is small.value)
             wrap.target = dotted_name(small.targets[-1].target)
 
@@ -825,7 +825,7 @@ class _Sites:
             if id(call) in self._wrap_calls:
                 args = positional_args(call)
                 self.wraps.append(_Wrap(site, None, dotted_name(_unmoved(args[0].value)) if args else None))
-            elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ("cpu", "cuda", "to", *_CASTS):
+            elif type(call.func) is cst.Attribute and call.func.attr.value in ("cpu", "cuda", "to", *_CASTS):
                 self.moves.append(site)
 
 
@@ -872,7 +872,7 @@ def _names_before(wrap: _Wrap) -> set[str]:
 
 def _unmoved(node: cst.BaseExpression) -> cst.BaseExpression:
     """``model`` for ``model.cuda(rank)`` / ``model.to(device)``: the module a wrap is given."""
-    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("cuda", "to", *_CASTS):
+    while type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("cuda", "to", *_CASTS):
         node = node.func.value
     return node
 
@@ -885,7 +885,7 @@ def _on_gpu(wrap: cst.Call, before: list[_Site]) -> bool:
     moved = [args[0].value] if args else []
     moved += [s.call for s in before]
     for node in moved:
-        while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        while type(node) is cst.Call and type(node.func) is cst.Attribute:
             if node.func.attr.value == "cuda" or (node.func.attr.value == "to" and _names_cuda(node)):
                 return True
             node = node.func.value
@@ -896,14 +896,14 @@ def _names_cuda(call: cst.Call) -> bool:
     """``.to("cuda")``, ``.to(f"cuda:{rank}")``, ``.to(torch.device("cuda", rank))``."""
     for arg in call.args:
         for node in walk(arg.value):
-            if isinstance(node, (cst.SimpleString, cst.FormattedStringText)) and "cuda" in node.value:
+            if type(node) in (cst.SimpleString, cst.FormattedStringText) and "cuda" in node.value:
                 return True
     return False
 
 
 def _dtype_of(call: cst.Call) -> str | None:
     """The dtype a cast gives: ``.half()`` → float16, ``.to(torch.bfloat16)`` → bfloat16."""
-    method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    method = call.func.attr.value if type(call.func) is cst.Attribute else None
     if method in _CASTS and not call.args:
         return _CASTS[method]
     if method == "to":
@@ -935,10 +935,10 @@ def _within(branch: cst.If, loop: cst.CSTNode) -> bool:
 def _repeats(test: cst.BaseExpression) -> bool:
     """A test that holds on several iterations: ``>``, ``>=``, ``%``, ``!=``."""
     for node in walk(test):
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
             return True
-        if isinstance(node, cst.Comparison) and any(
-            isinstance(c.operator, (cst.GreaterThan, cst.GreaterThanEqual, cst.NotEqual)) for c in node.comparisons
+        if type(node) is cst.Comparison and any(
+            type(c.operator) in (cst.GreaterThan, cst.GreaterThanEqual, cst.NotEqual) for c in node.comparisons
         ):
             return True
     return False
@@ -946,11 +946,11 @@ def _repeats(test: cst.BaseExpression) -> bool:
 
 def _once_after_start(test: cst.BaseExpression) -> bool:
     """``epoch == 3``: a test that holds once, on an iteration that is visibly not the first."""
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return False
     target = test.comparisons[0]
     value = number(target.comparator)
-    return isinstance(target.operator, cst.Equal) and value is not None and value > 0
+    return type(target.operator) is cst.Equal and value is not None and value > 0
 
 
 class GradSyncSetAfterForward(Rule):
@@ -1023,7 +1023,7 @@ class GradSyncSetAfterForward(Rule):
 
     def _late(self, model: LoopModel, root: Root, flag: Event) -> Iterator[Report]:
         node = flag.node
-        if not (isinstance(node, cst.Assign) and isinstance(node.targets[-1].target, cst.Attribute)):
+        if not (type(node) is cst.Assign and type(node.targets[-1].target) is cst.Attribute):
             return
         target = node.targets[-1].target
         if target.attr.value != "require_backward_grad_sync" or not flag.loops:
@@ -1071,10 +1071,10 @@ def _anchor(event: Event) -> cst.CSTNode:
 def _sets_flag_of(event: Event, owner: str) -> bool:
     """Whether a NO_SYNC event is an assignment of ``owner.require_backward_grad_sync``."""
     node = event.node
-    if not isinstance(node, cst.Assign):
+    if type(node) is not cst.Assign:
         return False
     target = node.targets[-1].target
-    return isinstance(target, cst.Attribute) and dotted_name(target.value) == owner
+    return type(target) is cst.Attribute and dotted_name(target.value) == owner
 
 
 # ``with`` items under which a forward records no graph: DDP prepares no all-reduce for it.
@@ -1086,13 +1086,13 @@ def _training_forwards(loop: cst.CSTNode, owner: str) -> Iterator[cst.Call]:
     stack = [loop.body]
     while stack:
         node = stack.pop()
-        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+        if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             continue
-        if isinstance(node, cst.With) and any(
-            isinstance(item.item, cst.Call) and callee_name(item.item) in _NO_GRAD for item in node.items
+        if type(node) is cst.With and any(
+            type(item.item) is cst.Call and callee_name(item.item) in _NO_GRAD for item in node.items
         ):
             continue
-        if isinstance(node, cst.Call) and dotted_name(node.func) == owner:
+        if type(node) is cst.Call and dotted_name(node.func) == owner:
             yield node
         stack.extend(children(node))
 
@@ -1180,24 +1180,24 @@ _Residue = tuple[str, str, int]
 def _modular(test: cst.BaseExpression) -> tuple[bool, _Residue] | None:
     """``(i + a) % n == b`` → (True, (i, n, b - a)); ``!=`` → (False, ...): whether the test holds on that residue
     only, or everywhere but on it. Names are compared by their last part. None for any other test."""
-    while isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+    while type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
         inner = _modular(test.expression)
         return None if inner is None else (not inner[0], inner[1])
-    if isinstance(test, cst.BinaryOperation) and isinstance(test.operator, cst.Modulo):
+    if type(test) is cst.BinaryOperation and type(test.operator) is cst.Modulo:
         test = cst.Comparison(test, [cst.ComparisonTarget(cst.NotEqual(), cst.Integer("0"))])  # ``if i % n:``
-    if not isinstance(test, cst.Comparison) or len(test.comparisons) != 1:
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
     operator, right = test.comparisons[0].operator, test.comparisons[0].comparator
-    if not isinstance(operator, (cst.Equal, cst.NotEqual)) or not isinstance(right, cst.Integer):
+    if type(operator) not in (cst.Equal, cst.NotEqual) or type(right) is not cst.Integer:
         return None
     left = test.left
-    if not isinstance(left, cst.BinaryOperation) or not isinstance(left.operator, cst.Modulo):
+    if type(left) is not cst.BinaryOperation or type(left.operator) is not cst.Modulo:
         return None
     count = dotted_name(left.right)
     counter, offset = _counter_and_offset(left.left)
     if count is None or counter is None:
         return None
-    return isinstance(operator, cst.Equal), (last_name(counter), last_name(count), int(right.value) - offset)
+    return type(operator) is cst.Equal, (last_name(counter), last_name(count), int(right.value) - offset)
 
 
 def _which(counter: str, count: str, residue: int) -> str:
@@ -1211,11 +1211,11 @@ def _which(counter: str, count: str, residue: int) -> str:
 
 def _counter_and_offset(node: cst.BaseExpression) -> tuple[str | None, int]:
     """``batch_idx`` → (batch_idx, 0); ``batch_idx + 1`` → (batch_idx, 1); ``step - 1`` → (step, -1)."""
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Subtract)):
-        sign = 1 if isinstance(node.operator, cst.Add) else -1
-        if isinstance(node.right, cst.Integer):
+    if type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Subtract):
+        sign = 1 if type(node.operator) is cst.Add else -1
+        if type(node.right) is cst.Integer:
             return dotted_name(node.left), sign * int(node.right.value)
-        if isinstance(node.left, cst.Integer) and sign == 1:
+        if type(node.left) is cst.Integer and sign == 1:
             return dotted_name(node.right), int(node.left.value)
         return None, 0
     return dotted_name(node), 0
@@ -1225,7 +1225,7 @@ def _stepping_residue(step: Event, loop: Frame) -> _Residue | None:
     """The residue every step of this optimizer runs on, from the innermost branch around it inside the loop whose test
     is a modular comparison (alone, or one term of an ``and``/``or``); None when there is none."""
     for frame in reversed(frames_inside(step, loop)):
-        if frame.kind is not FrameKind.BRANCH or not isinstance(frame.node, cst.If) or frame.branch not in ("if", "else"):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch not in ("if", "else"):
             continue
         for term in _terms(frame.node.test):
             read = _modular(term)
@@ -1240,7 +1240,7 @@ def _stepping_residue(step: Event, loop: Frame) -> _Residue | None:
 
 def _terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
     """The terms of a chain of one boolean operator (``a or b or c``), or the test itself."""
-    if isinstance(test, cst.BooleanOperation):
+    if type(test) is cst.BooleanOperation:
         return _terms(test.left) + _terms(test.right)
     return [test]
 
@@ -1252,13 +1252,13 @@ def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[boo
     or a ``with model.no_sync():`` in a branch of ``if test:`` inside the loop.
     """
     node, parents = choice.node, model.parents or {}
-    if isinstance(node, cst.Assign):
+    if type(node) is cst.Assign:
         node = node.value
     while node is not None and not isinstance(node, (cst.IfExp, cst.BaseSmallStatement, cst.BaseCompoundStatement)):
         node = parents.get(node)
-    if isinstance(node, cst.Assign):
+    if type(node) is cst.Assign:
         node = node.value
-    if isinstance(node, cst.IfExp):
+    if type(node) is cst.IfExp:
         read = _modular(node.test)
         if read is None:
             return None
@@ -1268,7 +1268,7 @@ def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[boo
             return None
         return (read[0], read[1]) if in_body else (not read[0], read[1])
     for frame in reversed(frames_inside(choice, loop)):
-        if frame.kind is FrameKind.BRANCH and isinstance(frame.node, cst.If) and frame.branch in ("if", "else"):
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and frame.branch in ("if", "else"):
             read = _modular(frame.node.test)
             if read is None:
                 return None
@@ -1277,19 +1277,19 @@ def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[boo
 
 
 def _mentions_no_sync(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Attribute) and node.attr.value in ("no_sync", "no_backward_sync")
+    return type(node) is cst.Attribute and node.attr.value in ("no_sync", "no_backward_sync")
 
 
 def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: Frame) -> bool:
     """Whether a backward of the loop runs inside the chosen context: in a ``with`` of the loop whose item is the
     no_sync choice itself, or calls the name the choice is assigned to (``with my_context():``)."""
     assigned = None
-    if isinstance(choice.node, cst.Assign) and len(choice.node.targets) == 1:
+    if type(choice.node) is cst.Assign and len(choice.node.targets) == 1:
         assigned = dotted_name(choice.node.targets[0].target)
     blocks = [
         node for node in walk(loop.node) if type(node) is cst.With and any(
             lies_in(model, choice.node, item)
-            or (assigned is not None and isinstance(item.item, cst.Call) and dotted_name(item.item.func) == assigned)
+            or (assigned is not None and type(item.item) is cst.Call and dotted_name(item.item.func) == assigned)
             for item in node.items
         )
     ]

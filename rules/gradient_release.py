@@ -38,7 +38,7 @@ _ACCUMULATES = tuple((RELEASE, BACKWARD, token) for token in (STEP, _CLEAR_CALL,
 def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
     """How a message names a set-up: what it is and where."""
     line = model.line(setup.node)
-    callee = callee_name(setup.node) if isinstance(setup.node, cst.Call) else None
+    callee = callee_name(setup.node) if type(setup.node) is cst.Call else None
     if setup.style == "optimi":
         return f"optimi's gradient release (`{callee}`) at line {line}"
     if setup.style == "hook":
@@ -51,7 +51,7 @@ def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
 
 
 def _function_of(root: Root) -> cst.FunctionDef | None:
-    return root.node if isinstance(root.node, cst.FunctionDef) else None
+    return root.node if type(root.node) is cst.FunctionDef else None
 
 
 def _branches(event: Event) -> tuple[Branch, ...]:
@@ -60,7 +60,7 @@ def _branches(event: Event) -> tuple[Branch, ...]:
 
 
 def _branches_of(frames: tuple[Frame, ...]) -> tuple[Branch, ...]:
-    return tuple((f.node.test, f.branch) for f in frames if f.kind is FrameKind.BRANCH and isinstance(f.node, cst.If) and f.branch in ("if", "else"))
+    return tuple((f.node.test, f.branch) for f in frames if f.kind is FrameKind.BRANCH and type(f.node) is cst.If and f.branch in ("if", "else"))
 
 
 def released_roots(model: LoopModel) -> Iterator[tuple[Root, list[ReleaseSetup]]]:
@@ -347,10 +347,10 @@ def _clips_another_model(clip: Event, setups: list[ReleaseSetup]) -> bool:
 def _clipped_model(clip: Event) -> str | None:
     """``model`` for ``clip_grad_norm_(model.parameters(), ...)``."""
     node = clip.node
-    if not isinstance(node, cst.Call) or not node.args:
+    if type(node) is not cst.Call or not node.args:
         return None
     for sub in walk(node.args[0].value):
-        if isinstance(sub, cst.Call) and callee_name(sub) in ("parameters", "named_parameters"):
+        if type(sub) is cst.Call and callee_name(sub) in ("parameters", "named_parameters"):
             return dotted_name(receiver(sub))
     return None
 

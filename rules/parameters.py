@@ -101,7 +101,7 @@ class OptimizerOverFrozenParams(Rule):
                     if freeze is None or not any(same_object(optimizer, s) for s in stepped):
                         continue
                     if local is None:
-                        local = {n.name.value for n in _statements(model.module) if isinstance(n, (cst.FunctionDef, cst.ClassDef))}
+                        local = {n.name.value for n in _statements(model.module) if type(n) in (cst.FunctionDef, cst.ClassDef)}
                     if not _handed_away(source.split(".", 1)[0], block[position + 1 :], local):
                         yield Report(
                             call,
@@ -124,9 +124,9 @@ def _handed_away(model_name: str, later: Sequence[cst.CSTNode], local: set[str])
     """Whether code after the optimizer hands the model to code this module does not show, or calls an unknown method of it."""
     for statement in later:
         for node in walk(statement, into_lambdas=True):
-            if not isinstance(node, cst.Call):
+            if type(node) is not cst.Call:
                 continue
-            if isinstance(node.func, cst.Attribute) and dotted_name(node.func.value) is not None:
+            if type(node.func) is cst.Attribute and dotted_name(node.func.value) is not None:
                 if dotted_name(node.func.value).split(".", 1)[0] == model_name and node.func.attr.value not in _KEEPS_FROZEN:
                     return True
             passes_model = any((dotted_name(arg.value) or "").split(".", 1)[0] == model_name for arg in node.args)
@@ -151,7 +151,7 @@ def _blocks(module: cst.Module) -> Iterator[Sequence[cst.CSTNode]]:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.IndentedBlock):
+        if type(node) is cst.IndentedBlock:
             yield node.body
         if type(node) not in TRIVIA and not isinstance(node, cst.BaseExpression):
             stack.extend(children(node))
@@ -162,14 +162,14 @@ def _unfreezes_anything(module: cst.Module) -> bool:
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
-        if isinstance(node, cst.Assign) and any(_is_requires_grad(t.target) for t in node.targets):
+        if type(node) is cst.Assign and any(_is_requires_grad(t.target) for t in node.targets):
             if bool_literal(node.value) is not False:
                 return True
-        elif isinstance(node, cst.AugAssign) and _is_requires_grad(node.target):
+        elif type(node) is cst.AugAssign and _is_requires_grad(node.target):
             return True
-        elif isinstance(node, cst.Call) and callee_name(node) == "requires_grad_" and not _freezes(node):
+        elif type(node) is cst.Call and callee_name(node) == "requires_grad_" and not _freezes(node):
             return True
-        elif isinstance(node, cst.Call) and _UNFREEZING.search(callee_name(node) or ""):
+        elif type(node) is cst.Call and _UNFREEZING.search(callee_name(node) or ""):
             return True
         if type(node) not in TRIVIA:
             stack.extend(children(node))
@@ -177,7 +177,7 @@ def _unfreezes_anything(module: cst.Module) -> bool:
 
 
 def _is_requires_grad(target: cst.BaseExpression) -> bool:
-    return isinstance(target, cst.Attribute) and target.attr.value == "requires_grad"
+    return type(target) is cst.Attribute and target.attr.value == "requires_grad"
 
 
 def _freezes(call: cst.Call) -> bool:
@@ -189,25 +189,25 @@ def _freezes(call: cst.Call) -> bool:
 
 def _frozen_by(statement: cst.CSTNode) -> str | None:
     """The model a statement freezes whole: ``model.requires_grad_(False)``, or a loop over ``model.parameters()`` that only freezes."""
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+    if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
         small = statement.body[0]
-        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        if type(small) is cst.Expr and type(small.value) is cst.Call:
             call = small.value
             if callee_name(call) == "requires_grad_" and _freezes(call) and receiver(call) is not None:
                 return dotted_name(receiver(call))
         return None
-    if not isinstance(statement, cst.For) or statement.orelse is not None:
+    if type(statement) is not cst.For or statement.orelse is not None:
         return None
     owner = _parameters_owner(statement.iter)
     if owner is None:
         return None
     bound = statement.target
-    if isinstance(bound, cst.Tuple) and statement.iter.func.attr.value == "named_parameters" and len(bound.elements) == 2:
+    if type(bound) is cst.Tuple and statement.iter.func.attr.value == "named_parameters" and len(bound.elements) == 2:
         bound = bound.elements[1].value
     variable = dotted_name(bound)
-    if isinstance(statement.body, cst.IndentedBlock):  # one statement per line
+    if type(statement.body) is cst.IndentedBlock:  # one statement per line
         lines = statement.body.body
-        if not all(isinstance(line, cst.SimpleStatementLine) for line in lines):
+        if not all(type(line) is cst.SimpleStatementLine for line in lines):
             return None
         smalls = [small for line in lines for small in line.body]
     else:  # ``for p in model.parameters(): p.requires_grad = False``
@@ -219,10 +219,10 @@ def _frozen_by(statement: cst.CSTNode) -> str | None:
 
 def _freezes_variable(small: cst.BaseSmallStatement, variable: str) -> bool:
     """``p.requires_grad = False`` or ``p.requires_grad_(False)`` for the loop's variable ``p``."""
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+    if type(small) is cst.Assign and len(small.targets) == 1:
         target = small.targets[0].target
         return _is_requires_grad(target) and dotted_name(target.value) == variable and bool_literal(small.value) is False
-    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+    if type(small) is cst.Expr and type(small.value) is cst.Call:
         call = small.value
         return callee_name(call) == "requires_grad_" and _freezes(call) and dotted_name(receiver(call)) == variable
     return False
@@ -230,7 +230,7 @@ def _freezes_variable(small: cst.BaseSmallStatement, variable: str) -> bool:
 
 def _parameters_owner(node: cst.BaseExpression) -> str | None:
     """``model`` for ``model.parameters()`` / ``model.named_parameters()`` with no arguments."""
-    if isinstance(node, cst.Call) and not node.args and callee_name(node) in ("parameters", "named_parameters"):
+    if type(node) is cst.Call and not node.args and callee_name(node) in ("parameters", "named_parameters"):
         owner = receiver(node)
         return dotted_name(owner) if owner is not None else None
     return None
@@ -238,10 +238,10 @@ def _parameters_owner(node: cst.BaseExpression) -> str | None:
 
 def _optimizer_built(model: LoopModel, statement: cst.CSTNode) -> tuple[str, cst.Call, str] | None:
     """``(optimizer, constructor call, model)`` for ``opt = Optim(model.parameters(), ...)``."""
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+    if not (type(statement) is cst.SimpleStatementLine and len(statement.body) == 1):
         return None
     small = statement.body[0]
-    if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.value, cst.Call)):
+    if not (type(small) is cst.Assign and len(small.targets) == 1 and type(small.value) is cst.Call):
         return None
     name = dotted_name(small.targets[0].target)
     if name is None or model.info(name).kind is not ObjKind.OPTIMIZER:
@@ -249,7 +249,7 @@ def _optimizer_built(model: LoopModel, statement: cst.CSTNode) -> tuple[str, cst
     call = small.value
     args = positional_args(call)
     params = keyword_arg(call, "params") or (args[0] if args else None)
-    if params is None or not isinstance(params.value, cst.Call) or callee_name(params.value) != "parameters":
+    if params is None or type(params.value) is not cst.Call or callee_name(params.value) != "parameters":
         return None
     source = _parameters_owner(params.value)
     return (name, call, source) if source is not None else None
@@ -277,15 +277,15 @@ def _forget_touched(frozen: dict[str, cst.CSTNode], statement: cst.CSTNode) -> N
 
 def _only_moves(statement: cst.CSTNode) -> bool:
     """``model.to(device)``, ``model.train()``, ``model = model.cuda()``: a line that keeps the model's parameters."""
-    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+    if not (type(statement) is cst.SimpleStatementLine and len(statement.body) == 1):
         return False
     small = statement.body[0]
-    if isinstance(small, cst.Expr):
+    if type(small) is cst.Expr:
         value = small.value
-    elif isinstance(small, cst.Assign) and len(small.targets) == 1:
+    elif type(small) is cst.Assign and len(small.targets) == 1:
         value = small.value
-        if not isinstance(value, cst.Call) or dotted_name(small.targets[0].target) != dotted_name(receiver(value)):
+        if type(value) is not cst.Call or dotted_name(small.targets[0].target) != dotted_name(receiver(value)):
             return False
     else:
         return False
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and callee_name(value) in _HARMLESS_METHODS
+    return type(value) is cst.Call and type(value.func) is cst.Attribute and callee_name(value) in _HARMLESS_METHODS

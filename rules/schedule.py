@@ -180,10 +180,10 @@ def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]
 
 def _accumulating_accelerator(frame: Frame) -> str | None:
     """``accelerator`` for the frame of ``with self.accelerator.accumulate(model):``."""
-    if frame.kind is not FrameKind.WITH or frame.context != "accumulate" or not isinstance(frame.node, cst.With):
+    if frame.kind is not FrameKind.WITH or frame.context != "accumulate" or type(frame.node) is not cst.With:
         return None
     for item in frame.node.items:
         call = item.item
-        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == "accumulate":
+        if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "accumulate":
             return terminal(call.func.value)
     return None

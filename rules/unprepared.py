@@ -28,9 +28,9 @@ PREPARE_CALLS = frozenset({"prepare", "prepare_scheduler"})
 
 def terminal(node: cst.BaseExpression) -> str | None:
     """The last name of ``x`` or ``a.b.x``."""
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         return node.attr.value
     return None
 
@@ -78,7 +78,7 @@ class ModuleFacts:
 
     def _read_import(self, node: cst.ImportFrom) -> None:
         module = _dotted(node.module) if node.module else ""
-        if isinstance(node.names, cst.ImportStar):
+        if type(node.names) is cst.ImportStar:
             return
         for alias in node.names:
             name = terminal(alias.name)
@@ -107,9 +107,9 @@ class ModuleFacts:
             self._assign(node.target, None)
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, (cst.Tuple, cst.List)):
+        if type(target) in (cst.Tuple, cst.List):
             # ``opt, sched = setup(...)``: fine only from a helper of this module, whose body is read here too
-            helper = value.func.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) else None
+            helper = value.func.value if type(value) is cst.Call and type(value.func) is cst.Name else None
             for element in target.elements:
                 name = terminal(element.value)
                 if name:
@@ -126,12 +126,12 @@ class ModuleFacts:
             self.assigned_otherwise.add(name)
 
     def _builds_scheduler(self, value: cst.BaseExpression) -> bool:
-        if not isinstance(value, cst.Call):
+        if type(value) is not cst.Call:
             return False
         func = value.func
-        if isinstance(func, cst.Name):
+        if type(func) is cst.Name:
             return func.value in self.factories
-        if isinstance(func, cst.Attribute):
+        if type(func) is cst.Attribute:
             return func.attr.value in TORCH_SCHEDULERS and _dotted(func.value).endswith("lr_scheduler")
         return False
 
@@ -163,7 +163,7 @@ def certainly_unprepared(index: ModuleIndex, scheduler: str, optimizer: str, acc
         names: set[str] = set()
         for arg in call.args:
             names |= _names_in(arg.value)
-        if scheduler in names and not (isinstance(call.func, cst.Name) and call.func.value in facts.classes):
+        if scheduler in names and not (type(call.func) is cst.Name and call.func.value in facts.classes):
             return False  # handed to a function that might prepare it
         if optimizer in names and accelerator in names:
             optimizer_prepared = True
@@ -193,22 +193,22 @@ def _names_in(node: cst.BaseExpression) -> set[str]:
 
     ``x.get_last_lr()`` or ``f"{x}"`` use ``x`` without handing it over.
     """
-    if isinstance(node, (cst.Name, cst.Attribute)):
+    if type(node) in (cst.Name, cst.Attribute):
         return {terminal(node)}
-    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+    if type(node) in (cst.Tuple, cst.List, cst.Set):
         return set().union(*(_names_in(e.value) for e in node.elements))
-    if isinstance(node, cst.Dict):
+    if type(node) is cst.Dict:
         return set().union(*(_names_in(e.value) for e in node.elements))
-    if isinstance(node, cst.IfExp):
+    if type(node) is cst.IfExp:
         return _names_in(node.body) | _names_in(node.orelse)
-    if isinstance(node, cst.BooleanOperation):
+    if type(node) is cst.BooleanOperation:
         return _names_in(node.left) | _names_in(node.right)
     return set()
 
 
 def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Name):
+    if type(node) is cst.Name:
         return node.value
-    if isinstance(node, cst.Attribute):
+    if type(node) is cst.Attribute:
         return f"{_dotted(node.value)}.{node.attr.value}"
     return ""

@@ -15,12 +15,12 @@ def drop_division(model: LoopModel, division: cst.CSTNode) -> Fix:
 
     def build() -> list[Edit] | None:
         statement = statement_of(model.module, division)
-        if isinstance(division, cst.AugAssign):
+        if type(division) is cst.AugAssign:
             return [Remove(division)] if statement is division else None
-        if not isinstance(division, cst.BinaryOperation) or not isinstance(division.operator, cst.Divide):
+        if type(division) is not cst.BinaryOperation or type(division.operator) is not cst.Divide:
             return None
         if (
-            isinstance(statement, cst.Assign)
+            type(statement) is cst.Assign
             and statement.value is division
             and len(statement.targets) == 1
             and dotted_name(statement.targets[0].target) is not None

@@ -37,7 +37,7 @@ def step_through_scaler(model: LoopModel, step: Event, backward: Event) -> Fix:
     def build() -> list[Edit] | None:
         call = step.node
         scaler = scaler_of_backward(model.module, backward)
-        if step.call_chain != backward.call_chain or scaler is None or not isinstance(call, cst.Call) or call.args:
+        if step.call_chain != backward.call_chain or scaler is None or type(call) is not cst.Call or call.args:
             return None
         if receiver(call) is None:
             return None
@@ -91,9 +91,9 @@ def move_update_after_step(model: LoopModel, update: Event, step: Event) -> Fix:
             return None
         unit = statement_of(model.module, update.node)
         anchor = statement_of(model.module, step.node)
-        if not (isinstance(unit, cst.Expr) and unit.value is update.node):
+        if not (type(unit) is cst.Expr and unit.value is update.node):
             return None
-        if not (isinstance(anchor, cst.Expr) and anchor.value is step.node):
+        if not (type(anchor) is cst.Expr and anchor.value is step.node):
             return None
         return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
 
@@ -103,8 +103,8 @@ def move_update_after_step(model: LoopModel, update: Event, step: Event) -> Fix:
 def scaler_of_backward(module: cst.Module, backward: Event) -> str | None:
     """The scaler as written in ``scaler.scale(loss).backward()``."""
     call = backward.node
-    scale = receiver(call) if isinstance(call, cst.Call) else None
-    if isinstance(scale, cst.Call) and method_name(scale) == "scale" and receiver(scale) is not None:
+    scale = receiver(call) if type(call) is cst.Call else None
+    if type(scale) is cst.Call and method_name(scale) == "scale" and receiver(scale) is not None:
         return code(module, receiver(scale))
     return None
 
@@ -112,7 +112,7 @@ def scaler_of_backward(module: cst.Module, backward: Event) -> str | None:
 def _scaler_used_by(module: cst.Module, user: Event) -> str | None:
     """The scaler as written at ``scaler.step(opt)``, ``scaler.unscale_(opt)`` or ``scaler.update()``."""
     call = user.node
-    if user.kind in (EventKind.STEP, EventKind.UNSCALE, EventKind.SCALER_UPDATE) and isinstance(call, cst.Call):
+    if user.kind in (EventKind.STEP, EventKind.UNSCALE, EventKind.SCALER_UPDATE) and type(call) is cst.Call:
         scaler = receiver(call)
         if scaler is not None and (user.kind is not EventKind.STEP or positional_args(call)):
             return code(module, scaler)

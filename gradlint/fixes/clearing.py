@@ -59,7 +59,7 @@ def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNod
             return None  # the loop does more (copies gradients before freeing them): moving it moves that too
     else:
         unit = statement_of(module, zero.node)
-        if not (isinstance(unit, cst.Expr) and unit.value is zero.node):
+        if not (type(unit) is cst.Expr and unit.value is zero.node):
             return None
     if any(f.kind is FrameKind.BRANCH for f in extra):
         return None
@@ -70,31 +70,31 @@ def _only_clears(loop: cst.For) -> bool:
     """Whether every simple statement of a parameter loop touches ``.grad`` itself (``p.grad = None``,
     ``p.grad.zero_()``, ``p.grad.detach_()``), so moving the loop moves nothing else."""
     for node in walk(loop.body):
-        if isinstance(node, cst.Assign):
+        if type(node) is cst.Assign:
             if not all(_is_grad_attribute(t.target) for t in node.targets) or not _clearing_value(node.value):
                 return False
-        elif isinstance(node, cst.Expr):
+        elif type(node) is cst.Expr:
             call = node.value
-            if not (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and _mentions_grad(call.func.value)):
+            if not (type(call) is cst.Call and type(call.func) is cst.Attribute and _mentions_grad(call.func.value)):
                 return False
-        elif isinstance(node, (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Del)):
+        elif type(node) in (cst.AugAssign, cst.AnnAssign, cst.Return, cst.Del):
             return False
     return True
 
 
 def _clearing_value(value: cst.BaseExpression) -> bool:
     """``None`` or a fresh zero tensor: what a clear stores into ``.grad`` (a copied gradient is no clear)."""
-    if isinstance(value, cst.Name):
+    if type(value) is cst.Name:
         return value.value == "None"
-    return isinstance(value, cst.Call) and callee_name(value) in ("zeros_like", "zeros")
+    return type(value) is cst.Call and callee_name(value) in ("zeros_like", "zeros")
 
 
 def _is_grad_attribute(node: cst.BaseExpression) -> bool:
-    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+    return type(node) is cst.Attribute and node.attr.value == "grad"
 
 
 def _mentions_grad(node: cst.BaseExpression) -> bool:
-    return any(isinstance(n, cst.Attribute) and n.attr.value == "grad" for n in walk(node))
+    return any(type(n) is cst.Attribute and n.attr.value == "grad" for n in walk(node))
 
 
 def _shared_prefix(a: tuple[Frame, ...], b: tuple[Frame, ...]) -> int:
@@ -110,7 +110,7 @@ def _parameter_loop(frames: list[Frame]) -> Frame | None:
     """The outermost of the trailing loops over parameters (``for p in model.parameters()``, ``param_groups``)."""
     found = None
     for frame in reversed(frames):
-        if frame.kind is not FrameKind.LOOP or not isinstance(frame.node, cst.For) or not _over_parameters(frame.node):
+        if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For or not _over_parameters(frame.node):
             break
         found = frame
     return found
@@ -118,11 +118,11 @@ def _parameter_loop(frames: list[Frame]) -> Frame | None:
 
 def _over_parameters(loop: cst.For) -> bool:
     for node in walk(loop.iter):
-        if isinstance(node, cst.Call) and callee_name(node) in ("parameters", "named_parameters"):
+        if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
             return True
-        if isinstance(node, cst.Attribute) and node.attr.value == "param_groups":
+        if type(node) is cst.Attribute and node.attr.value == "param_groups":
             return True
-        if isinstance(node, cst.SimpleString) and node.evaluated_value == "params":
+        if type(node) is cst.SimpleString and node.evaluated_value == "params":
             return True
     return False
 
@@ -142,9 +142,9 @@ def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
         statement = statement_of(module, backward.node)
         if statement is None:
             return None
-        if isinstance(loss, cst.Name) and model.index.divides_by_assignment:
+        if type(loss) is cst.Name and model.index.divides_by_assignment:
             return [Insert(statement, parse_statements(f"{loss.value} = {loss.value} / {_atom(module, count)}\n"), before=True)]
-        in_receiver = receiver(backward.node) is loss if isinstance(backward.node, cst.Call) else False
+        in_receiver = receiver(backward.node) is loss if type(backward.node) is cst.Call else False
         if in_receiver and tensor_backward_receiver(backward.node) is None:
             return None  # torch.autograd.backward(loss): the receiver is a module, not the loss
         divisor = count.deep_clone()
@@ -184,7 +184,7 @@ def free_gradients(model: LoopModel, zero: Event) -> Fix:
 
     def build() -> list[Edit] | None:
         call = zero.node
-        if not isinstance(call, cst.Call):
+        if type(call) is not cst.Call:
             return None
         arg = keyword_arg(call, "set_to_none") or next(iter(positional_args(call)), None)
         if arg is None:
@@ -196,8 +196,8 @@ def free_gradients(model: LoopModel, zero: Event) -> Fix:
 
 def _replace_zeroing_loop(model: LoopModel, zero: Event) -> list[Edit] | None:
     """``for p in model.parameters(): p.grad.zero_()`` → ``model.zero_grad(set_to_none=True)``."""
-    loop = next((f.node for f in reversed(zero.frames) if f.kind is FrameKind.LOOP and isinstance(f.node, cst.For)), None)
-    if loop is None or not isinstance(loop.iter, cst.Call) or callee_name(loop.iter) not in ("parameters", "named_parameters"):
+    loop = next((f.node for f in reversed(zero.frames) if f.kind is FrameKind.LOOP and type(f.node) is cst.For), None)
+    if loop is None or type(loop.iter) is not cst.Call or callee_name(loop.iter) not in ("parameters", "named_parameters"):
         return None
     owner = receiver(loop.iter)
     if owner is None or loop.iter.args or loop.orelse is not None or not _only_clears_gradients(loop.body):
@@ -213,14 +213,14 @@ def _replace_zeroing_loop(model: LoopModel, zero: Event) -> list[Edit] | None:
 
 def _only_clears_gradients(block: cst.BaseSuite) -> bool:
     """Whether a loop body does nothing but clear ``p.grad`` (guarded by ``if p.grad is not None``)."""
-    statements = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    statements = block.body if type(block) is cst.IndentedBlock else [block]
     for statement in statements:
-        if isinstance(statement, cst.If):
+        if type(statement) is cst.If:
             if statement.orelse is not None or ".grad" not in cst.Module([]).code_for_node(statement.test):
                 return False
             if not _only_clears_gradients(statement.body):
                 return False
-        elif isinstance(statement, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
+        elif type(statement) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
             if not all(_clears_gradient(small) for small in statement.body):
                 return False
         else:
@@ -229,16 +229,16 @@ def _only_clears_gradients(block: cst.BaseSuite) -> bool:
 
 
 def _clears_gradient(small: cst.BaseSmallStatement) -> bool:
-    if isinstance(small, cst.Pass):
+    if type(small) is cst.Pass:
         return True
-    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+    if type(small) is cst.Expr and type(small.value) is cst.Call:
         return callee_name(small.value) in ("zero_", "fill_", "mul_", "detach_", "requires_grad_") and _is_grad(receiver(small.value))
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+    if type(small) is cst.Assign and len(small.targets) == 1:
         return _is_grad(small.targets[0].target)
     return False
 
 
 def _is_grad(node: cst.CSTNode | None) -> bool:
-    if isinstance(node, cst.Attribute) and node.attr.value == "data":
+    if type(node) is cst.Attribute and node.attr.value == "data":
         node = node.value
-    return isinstance(node, cst.Attribute) and node.attr.value == "grad"
+    return type(node) is cst.Attribute and node.attr.value == "grad"

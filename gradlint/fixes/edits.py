@@ -143,13 +143,13 @@ class _EditTransformer(cst.CSTTransformer):
     def on_leave(self, original_node, updated_node):
         for make in self.replace.get(original_node, ()):
             updated_node = make(updated_node)
-        if isinstance(original_node, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
-            if len(original_node.body) > 1 or isinstance(original_node, cst.SimpleStatementSuite):
+        if type(original_node) in (cst.SimpleStatementLine, cst.SimpleStatementSuite):
+            if len(original_node.body) > 1 or type(original_node) is cst.SimpleStatementSuite:
                 if any(s in self.touched for s in original_node.body):
                     updated_node = self._small_statements(original_node, updated_node)
-        elif isinstance(original_node, (cst.Module, cst.IndentedBlock)):
+        elif type(original_node) in (cst.Module, cst.IndentedBlock):
             updated_node = self._block(original_node, updated_node)
-            if isinstance(original_node, cst.Module) and self.imports:
+            if type(original_node) is cst.Module and self.imports:
                 updated_node = _add_imports(updated_node, self.imports)
         return updated_node
 
@@ -162,7 +162,7 @@ class _EditTransformer(cst.CSTTransformer):
                 body.append(new)
             body.extend(self._flatten(self.after.get(old, ())))
         if not body:
-            if isinstance(original, cst.SimpleStatementSuite):
+            if type(original) is cst.SimpleStatementSuite:
                 body = [cst.Pass()]
             else:
                 return updated  # the whole line goes: the enclosing block drops it
@@ -177,19 +177,19 @@ class _EditTransformer(cst.CSTTransformer):
     def _flatten(statements: Iterable[cst.BaseStatement]) -> list[cst.BaseSmallStatement]:
         small: list[cst.BaseSmallStatement] = []
         for statement in statements:
-            if not isinstance(statement, cst.SimpleStatementLine):
+            if type(statement) is not cst.SimpleStatementLine:
                 raise CannotApply("a compound statement cannot be inserted into a one-line statement")
             small.extend(statement.body)
         return small
 
     def _key(self, statement: cst.BaseStatement) -> cst.CSTNode:
         """A line of one small statement is edited through that statement."""
-        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
             return statement.body[0]
         return statement
 
     def _gone(self, statement: cst.BaseStatement) -> bool:
-        if isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is cst.SimpleStatementLine:
             return all(s in self.removed for s in statement.body)
         return statement in self.removed
 
@@ -210,12 +210,12 @@ class _EditTransformer(cst.CSTTransformer):
                 continue
             if carried_blank and not any(line.comment is None for line in new.leading_lines):
                 new = new.with_changes(leading_lines=[*carried_blank, *new.leading_lines])
-            elif removed_first and not body and isinstance(original, cst.IndentedBlock):
+            elif removed_first and not body and type(original) is cst.IndentedBlock:
                 new = new.with_changes(leading_lines=[line for line in new.leading_lines if line.comment is not None])
             carried_blank, removed_first = [], False
             body.append(new)
             body.extend(self.after.get(key, ()))
-        if not body and isinstance(original, cst.IndentedBlock):
+        if not body and type(original) is cst.IndentedBlock:
             body = [cst.SimpleStatementLine(body=[cst.Pass()])]
         return updated.with_changes(body=body)
 
@@ -227,7 +227,7 @@ def _add_imports(module: cst.Module, imports: list[AddImport]) -> cst.Module:
     for index, statement in enumerate(body):
         if _is_docstring(statement) and index == 0:
             insert_at = 1
-        elif isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom)) for s in statement.body):
+        elif type(statement) is cst.SimpleStatementLine and all(type(s) in (cst.Import, cst.ImportFrom) for s in statement.body):
             insert_at = index + 1
         else:
             break
@@ -248,10 +248,10 @@ def _add_imports(module: cst.Module, imports: list[AddImport]) -> cst.Module:
 
 def _is_docstring(statement: cst.BaseStatement) -> bool:
     return (
-        isinstance(statement, cst.SimpleStatementLine)
+        type(statement) is cst.SimpleStatementLine
         and len(statement.body) == 1
-        and isinstance(statement.body[0], cst.Expr)
-        and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        and type(statement.body[0]) is cst.Expr
+        and type(statement.body[0].value) in (cst.SimpleString, cst.ConcatenatedString)
     )
 
 
@@ -259,12 +259,12 @@ def _imported_names(module: cst.Module) -> set[tuple[str, str | None]]:
     """``(module, name)`` for every top-level ``from module import name``, ``(module, None)`` for ``import module``."""
     found: set[tuple[str, str | None]] = set()
     for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
+        if type(statement) is not cst.SimpleStatementLine:
             continue
         for small in statement.body:
-            if isinstance(small, cst.Import):
+            if type(small) is cst.Import:
                 found.update((module.code_for_node(a.name), None) for a in small.names if a.asname is None)
-            if isinstance(small, cst.ImportFrom) and small.module is not None and not isinstance(small.names, cst.ImportStar):
+            if type(small) is cst.ImportFrom and small.module is not None and type(small.names) is not cst.ImportStar:
                 source = module.code_for_node(small.module)
                 for alias in small.names:
                     if alias.asname is None:

@@ -101,7 +101,7 @@ def gradient_release(model: LoopModel, step: Event, zeros: Sequence[Event], cons
         if not _is_torch_optimizer(module, construction, name):
             return None
         assignment = statement_of(module, construction)
-        if not isinstance(assignment, cst.Assign) or assignment.value is not construction:
+        if type(assignment) is not cst.Assign or assignment.value is not construction:
             return None
         args = _optimi_arguments(module, construction, EQUIVALENTS[name])
         owner = _parameter_owner(construction)
@@ -180,7 +180,7 @@ def _optimi_arguments(module: cst.Module, call: cst.Call, equivalent: _Equivalen
 
 def _with_commas(kept: list[cst.Arg], extra: list[cst.Arg], trailing) -> list[cst.Arg]:
     """Join arguments the way the original call did: its separator between them, its trailing comma last."""
-    separator = next((a.comma for a in kept[:-1] if isinstance(a.comma, cst.Comma)), None)
+    separator = next((a.comma for a in kept[:-1] if type(a.comma) is cst.Comma), None)
     separator = separator or cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     args = kept + extra
     return [a.with_changes(comma=separator if i < len(args) - 1 else trailing) for i, a in enumerate(args)]
@@ -190,7 +190,7 @@ def _parameter_owner(call: cst.Call) -> cst.BaseExpression | None:
     """``model`` when the optimizer is built from exactly ``model.parameters()``."""
     params = keyword_arg(call, "params") or (call.args[0] if call.args and call.args[0].keyword is None else None)
     value = params.value if params is not None else None
-    if isinstance(value, cst.Call) and method_name(value) == "parameters" and not value.args:
+    if type(value) is cst.Call and method_name(value) == "parameters" and not value.args:
         return receiver(value)
     return None
 
@@ -200,10 +200,10 @@ def _loop_removals(module: cst.Module, step: Event, zeros: Sequence[Event]) -> l
     removals: list[Edit] = []
     for event in (step, *zeros):
         call = event.node
-        if event.kind is EventKind.ZERO and (event.manual or not isinstance(call, cst.Call)):
+        if event.kind is EventKind.ZERO and (event.manual or type(call) is not cst.Call):
             continue  # a hand-written clear is harmless with gradient release: leave it
         statement = statement_of(module, call)
-        if not isinstance(statement, cst.Expr) or statement.value is not call:
+        if type(statement) is not cst.Expr or statement.value is not call:
             return None  # the call's result is used: the loop needs a human
         removals.append(Remove(statement))
     return removals

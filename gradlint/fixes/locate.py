@@ -51,7 +51,7 @@ def alone_on_line(module: cst.Module, statement: Statement) -> bool:
     if isinstance(statement, cst.BaseCompoundStatement):
         return True
     line = line_of(module, statement)
-    return isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+    return type(line) is cst.SimpleStatementLine and len(line.body) == 1
 
 
 def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
@@ -61,14 +61,14 @@ def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
     if line is not statement:
         body = list(line.body)
         yield from body[body.index(statement) + 1 :]
-        if isinstance(line, cst.SimpleStatementSuite):
+        if type(line) is cst.SimpleStatementSuite:
             return
     block = table.get(line)
-    if not isinstance(block, (cst.Module, cst.IndentedBlock)):
+    if type(block) not in (cst.Module, cst.IndentedBlock):
         return
     siblings = list(block.body)
     for later in siblings[siblings.index(line) + 1 :]:
-        if isinstance(later, cst.SimpleStatementLine):
+        if type(later) is cst.SimpleStatementLine:
             yield from later.body
         else:
             yield later
@@ -84,7 +84,7 @@ def movable(module: cst.Module, statement: Statement) -> cst.BaseStatement:
 def optimizer_of_step(module: cst.Module, step: Event) -> str | None:
     """The optimizer as written at a step: ``opt`` in ``opt.step()`` and in ``scaler.step(opt)``."""
     call = step.node
-    if not isinstance(call, cst.Call):
+    if type(call) is not cst.Call:
         return None
     if step.via_scaler is not None or method_name(call) != "step":
         args = positional_args(call)
@@ -95,7 +95,7 @@ def optimizer_of_step(module: cst.Module, step: Event) -> str | None:
 
 def scaler_of_step(module: cst.Module, step: Event) -> str | None:
     """The scaler as written at ``scaler.step(opt)``."""
-    if step.via_scaler is None or not isinstance(step.node, cst.Call) or receiver(step.node) is None:
+    if step.via_scaler is None or type(step.node) is not cst.Call or receiver(step.node) is None:
         return None
     return code(module, receiver(step.node))
 
@@ -120,7 +120,7 @@ def code(module: cst.Module, node: cst.CSTNode) -> str:
 
 def tensor_backward_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
     """``loss`` in ``loss.backward()``; None for ``torch.autograd.backward(loss)`` and anything else."""
-    if not isinstance(call, cst.Call) or method_name(call) != "backward":
+    if type(call) is not cst.Call or method_name(call) != "backward":
         return None
     recv = receiver(call)
     name = dotted_name(recv) if recv is not None else None
@@ -131,7 +131,7 @@ def tensor_backward_receiver(call: cst.CSTNode) -> cst.BaseExpression | None:
 
 def is_call_to(statement: Statement, method: str, receiver_code: str, module: cst.Module) -> bool:
     """Whether a small statement is just ``<receiver_code>.<method>(...)``."""
-    if not isinstance(statement, cst.Expr) or not isinstance(statement.value, cst.Call):
+    if type(statement) is not cst.Expr or type(statement.value) is not cst.Call:
         return False
     call = statement.value
     recv = receiver(call)

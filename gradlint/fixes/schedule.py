@@ -23,7 +23,7 @@ def move_scheduler_step(model: LoopModel, sched: Event, step: Event) -> Fix:
             return None
         unit = statement_of(model.module, sched.node)
         anchor = after_step(model.module, step)
-        if not (isinstance(unit, cst.Expr) and unit.value is sched.node) or anchor is None:
+        if not (type(unit) is cst.Expr and unit.value is sched.node) or anchor is None:
             return None
         return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
 
