@@ -581,12 +581,14 @@ class EventBuilder:
         upstream = bool(args) and method == "backward"
         return {"scaled": scaled, "loss": loss, "upstream": upstream, "normalised": loss is not None and self._normalised(loss, scope)}
 
-    def _normalised(self, loss: cst.BaseExpression, scope: _Scope) -> bool:
+    def _normalised(self, loss: cst.BaseExpression, scope: _Scope, through: frozenset[str] = frozenset()) -> bool:
         """Whether the loss handed to backward was divided (or scaled down) on its way there.
 
         Dividing by the world size alone is no division by the number of
         micro-batches (DDP averages over ranks; the micro-batches are still summed),
         nor is dividing by a running micro-batch counter (1, 2, ... until the step).
+        ``through`` holds the names already followed into ``scale_loss(name)``:
+        ``loss = self.scale_loss(loss)`` must not be followed forever.
         """
         running = self._running_counters(scope.function)
         if scales_down(loss) and not _by_no_count(loss, running):
@@ -597,9 +599,9 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
-            if type(value) is cst.Call and callee_name(value) == "scale_loss" and positional_args(value):
+            if type(value) is cst.Call and callee_name(value) == "scale_loss" and positional_args(value) and name not in through:
                 # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
-                if self._normalised(positional_args(value)[0].value, scope):
+                if self._normalised(positional_args(value)[0].value, scope, through | {name}):
                     return True
             if type(value) is cst.Call:
                 helper = self.index.resolve_function(value, scope.function)
