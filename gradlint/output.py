@@ -36,7 +36,9 @@ def format_errors(results: Sequence[FileResult]) -> str:
 
 
 def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' if count != 1 else ''}"
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {noun}{'es' if noun.endswith(('x', 's', 'sh', 'ch')) else 's'}"
 
 
 def unsafe_hint(findings: Sequence[Finding]) -> str:

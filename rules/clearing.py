@@ -722,7 +722,12 @@ class UnscaledAccumulatedLoss(Rule):
       reports that loop, naming the undivided loss in its message;
     - the backward sits in the branch of ``if accumulation_steps > 1:`` that
       does not accumulate (a setting, not a guard: the branches never
-      alternate).
+      alternate);
+    - the backward is another optimizer's own: that optimizer is cleared
+      before it and steps right after it on every path it runs (a GAN's
+      ``opt_d.zero_grad(); d_loss.backward(); opt_d.step()`` on every batch
+      beside a generator that accumulates:
+      ``fixtures/gan/gan_generator_accumulates_discriminator_every_batch.py``).
 
     **Bad**::
 
@@ -772,6 +777,8 @@ class UnscaledAccumulatedLoss(Rule):
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
                     if _divided_for_step(backward) or _thrown_away(model, root, backward, step, loop):
+                        continue
+                    if _another_optimizers_micro_batch(root, backward, step, loop):
                         continue
                     division = _by_running_counter(model, backward)
                     if division is not None:  # the line to change is the division, and every backward of it is one finding
@@ -839,6 +846,41 @@ def _thrown_away(model: LoopModel, root, backward: Event, step: Event, loop) -> 
         if later.kind is EventKind.ZERO and clears(model, later, step.target) and all(backward.inside(f) for f in frames_inside(later, loop)):
             return True
     return False
+
+
+def _another_optimizers_micro_batch(root, backward: Event, step: Event, loop) -> bool:
+    """Whether this backward is another optimizer's own, cleared before it and stepped right after it.
+
+    ``opt_d.zero_grad(); d_loss.backward(); opt_d.step()`` on every batch,
+    beside a generator that accumulates for ``opt_g``: the discriminator's
+    backward is no micro-batch of the generator's accumulation. The clear and
+    the step of the other optimizer must run whenever the backward does, and
+    no other backward may come between the backward and that step.
+    """
+    events = root.events_in(loop)
+    start = next(i for i, e in enumerate(events) if e is backward)
+
+    def always(event: Event) -> bool:  # runs whenever the backward does
+        return not exclusive(event, backward) and all(backward.inside(f) for f in frames_inside(event, loop))
+
+    other = None
+    for later in events[start + 1 :]:
+        if exclusive(later, backward):
+            continue
+        if later.kind is EventKind.BACKWARD:
+            return False
+        if later.kind is EventKind.STEP:
+            if later.target is None or same_object(later.target, step.target) or not always(later):
+                return False
+            other = later
+            break
+    if other is None:
+        return False
+    return any(
+        earlier.kind is EventKind.ZERO and earlier.target_kind is ObjKind.OPTIMIZER
+        and same_object(earlier.target, other.target) and always(earlier)
+        for earlier in events[:start]
+    )
 
 
 def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) -> bool:

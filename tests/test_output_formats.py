@@ -160,3 +160,14 @@ def test_statistics_count_per_code(tree, fmt):
     assert len(counts) >= 2
     if fmt == "json":  # the machine-readable output stays parseable
         assert json.loads(result.stdout)
+
+
+def test_the_summary_spells_plural_fixes():
+    import dataclasses
+
+    from gradlint.findings import Finding, FixKind, Severity
+    from gradlint.output import unsafe_hint
+
+    finding = Finding("t.py", 1, 1, 1, 2, "GL004", "unscaled-accumulated-loss", "m", Severity.WARNING, FixKind.UNSAFE)
+    assert unsafe_hint([finding]) == " 1 fix available with `--unsafe-fixes`."
+    assert unsafe_hint([finding, dataclasses.replace(finding, line=2)]) == " 2 fixes available with `--unsafe-fixes`."
