@@ -836,16 +836,24 @@ def _thrown_away(model: LoopModel, root, backward: Event, step: Event, loop) -> 
     nothing. The clear must run whenever the backward does (no branch of its
     own around it) and come before the optimizer's next step.
     """
-    events = root.events_in(loop)
-    start = next(i for i, e in enumerate(events) if e is backward)
-    for later in events[start + 1 :]:
-        if exclusive(later, backward):
-            continue
+    for later in _after_on_its_path(root, backward, loop):
         if later.kind is EventKind.STEP and same_object(later.target, step.target):
             return False
-        if later.kind is EventKind.ZERO and clears(model, later, step.target) and all(backward.inside(f) for f in frames_inside(later, loop)):
+        if later.kind is EventKind.ZERO and clears(model, later, step.target) and _runs_whenever(later, backward, loop):
             return True
     return False
+
+
+def _after_on_its_path(root, event: Event, loop) -> Iterator[Event]:
+    """The events of ``loop`` after ``event``, in order, that can run in the same pass (not in another branch)."""
+    events = root.events_in(loop)
+    start = next(i for i, e in enumerate(events) if e is event)
+    return (later for later in events[start + 1 :] if not exclusive(later, event))
+
+
+def _runs_whenever(event: Event, other: Event, loop) -> bool:
+    """Whether ``event`` runs whenever ``other`` does: no branch or loop of its own in ``loop`` that ``other`` is outside."""
+    return all(other.inside(f) for f in frames_inside(event, loop))
 
 
 def _another_optimizers_micro_batch(root, backward: Event, step: Event, loop) -> bool:
@@ -857,29 +865,15 @@ def _another_optimizers_micro_batch(root, backward: Event, step: Event, loop) ->
     the step of the other optimizer must run whenever the backward does, and
     no other backward may come between the backward and that step.
     """
-    events = root.events_in(loop)
-    start = next(i for i, e in enumerate(events) if e is backward)
-
-    def always(event: Event) -> bool:  # runs whenever the backward does
-        return not exclusive(event, backward) and all(backward.inside(f) for f in frames_inside(event, loop))
-
-    other = None
-    for later in events[start + 1 :]:
-        if exclusive(later, backward):
-            continue
-        if later.kind is EventKind.BACKWARD:
-            return False
-        if later.kind is EventKind.STEP:
-            if later.target is None or same_object(later.target, step.target) or not always(later):
-                return False
-            other = later
-            break
-    if other is None:
+    other = next((e for e in _after_on_its_path(root, backward, loop) if e.kind in (EventKind.BACKWARD, EventKind.STEP)), None)
+    if other is None or other.kind is not EventKind.STEP or other.target is None or same_object(other.target, step.target):
+        return False
+    if not _runs_whenever(other, backward, loop):
         return False
     return any(
-        earlier.kind is EventKind.ZERO and earlier.target_kind is ObjKind.OPTIMIZER
-        and same_object(earlier.target, other.target) and always(earlier)
-        for earlier in events[:start]
+        earlier.kind is EventKind.ZERO and earlier.target_kind is ObjKind.OPTIMIZER and same_object(earlier.target, other.target)
+        and root.order(earlier) < root.order(backward) and not exclusive(earlier, backward) and _runs_whenever(earlier, backward, loop)
+        for earlier in root.events_in(loop)
     )
 
 

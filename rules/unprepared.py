@@ -51,6 +51,7 @@ class ModuleFacts:
         self.prepared: set[str] = set()  # names handed to prepare()
         self.prepare_unclear = False  # a prepare() call with *args or **kwargs
         self.unpacked: list[tuple[str, str | None]] = []  # (name, helper function) of ``a, b = helper(...)``
+        self._assignments: list[cst.Assign | cst.AnnAssign | cst.AugAssign] = []  # judged once the imports are read
 
     def read(self, nodes: Iterable[cst.CSTNode]) -> ModuleFacts:
         """Note what each node says; the node types that say nothing are skipped on one dictionary lookup.
@@ -58,16 +59,13 @@ class ModuleFacts:
         Assignments are judged last, once every import has named the module's scheduler factories.
         """
         readers = _READERS
-        assignments = []
         for node in nodes:
             reader = readers.get(type(node))
             if reader is not None:
-                if reader is _ASSIGNMENT:
-                    assignments.append(node)
-                else:
-                    reader(self, node)
-        for node in assignments:
+                reader(self, node)
+        for node in self._assignments:
             self._read_assignment(node)
+        self._assignments.clear()
         return self
 
     def _read_class(self, node: cst.ClassDef) -> None:
@@ -95,6 +93,9 @@ class ModuleFacts:
                 if arg.star:
                     self.prepare_unclear = True
                 self.prepared |= _names_in(arg.value)
+
+    def _defer_assignment(self, node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> None:
+        self._assignments.append(node)
 
     def _read_assignment(self, node: cst.Assign | cst.AnnAssign | cst.AugAssign) -> None:
         if type(node) is cst.Assign:
@@ -136,15 +137,14 @@ class ModuleFacts:
         return False
 
 
-_ASSIGNMENT = ModuleFacts._read_assignment
 _READERS = {
     cst.ClassDef: ModuleFacts._read_class,
     cst.FunctionDef: ModuleFacts._read_function,
     cst.ImportFrom: ModuleFacts._read_import,
     cst.Call: ModuleFacts._read_call,
-    cst.Assign: _ASSIGNMENT,
-    cst.AnnAssign: _ASSIGNMENT,
-    cst.AugAssign: _ASSIGNMENT,
+    cst.Assign: ModuleFacts._defer_assignment,
+    cst.AnnAssign: ModuleFacts._defer_assignment,
+    cst.AugAssign: ModuleFacts._defer_assignment,
 }
 
 
