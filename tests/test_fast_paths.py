@@ -153,6 +153,28 @@ def test_the_collector_is_paused_while_checking_and_restored_after(monkeypatch):
         gc.enable()
 
 
+def test_nodes_go_unchecked_only_while_parsing_text_python_reads(monkeypatch):
+    from gradlint import linter
+    from gradlint.source import SourceError
+
+    checked = []
+    real_validate = cst.Name._validate
+
+    def validate_counted(node):
+        checked.append(node.value)
+        return real_validate(node)
+
+    monkeypatch.setattr(cst.Name, "_validate", validate_counted)
+    module = linter.parse("import torch\nfor batch in data:\n    loss.backward()\n")
+    assert module.code.startswith("import torch") and checked == []  # the parser's own nodes: not checked
+    cst.Name("built_by_hand")
+    assert checked == ["built_by_hand"]  # restored once the parse is over
+    with pytest.raises(cst.CSTValidationError):
+        cst.Name("")
+    with pytest.raises(SourceError, match="cannot parse"):  # Python refuses it: LibCST's check decides, as before
+        linter.parse('x = b"bytes" "text"\n')
+
+
 @pytest.mark.parametrize(
     ("source", "asked", "expected"),
     [
