@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import nodes_by_type
+from gradlint.python_nodes import child_nodes, nodes_by_type, walk
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -240,7 +240,7 @@ def _wraps_optimizer(cls: ast.ClassDef) -> bool:
 
 
 def _delegates(method: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
-    for node in ast.walk(method):
+    for node in walk(method):
         if isinstance(node, ast.Call):
             called, receiver = _callee(node.func)
             if called == name and receiver is not None and receiver.startswith("self.") and kind_from_name(receiver) is ObjKind.OPTIMIZER:
@@ -337,11 +337,11 @@ def _near_lines(tree: ast.Module, lines: list[int], functions: list) -> Iterator
         for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
             inner.extend(part.body)
         nested = set(map(id, inner))
-        walk = [statement]
-        while walk:
-            node = walk.pop()
+        pending = [statement]
+        while pending:
+            node = pending.pop()
             yield node
-            walk.extend(child for child in ast.iter_child_nodes(node) if id(child) not in nested)
+            pending.extend(child for child in child_nodes(node) if id(child) not in nested)
         stack.extend(reversed(inner))
 
 
@@ -524,7 +524,7 @@ def _may_clear(function) -> bool:
     hands a parameter or ``self`` on to other code, which the scan does not follow.
     """
     reachable = _parameters(function) | {"self", "cls"}
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.Call):
             name, receiver = _callee(node.func)
             if name is None or _CLEARING_NAME.search(name):
@@ -557,7 +557,7 @@ def _plain_calls(scope: ast.AST) -> set[str]:
             name, _ = _callee(node.func)
             if name is not None:
                 names.add(name)
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(child_nodes(node))
     return names
 
 
@@ -596,7 +596,7 @@ def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], b
                     called.add(name)
         elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
             work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(child_nodes(node))
     return called, work
 
 

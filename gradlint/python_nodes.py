@@ -1,8 +1,11 @@
-"""The nodes of Python's own tree of a file, by type, read in one walk shared by the prefilter and the project index.
+"""Reading Python's own tree of a file: its nodes by type, and each node's children.
 
-Both ask the whole tree for its calls and imports (the project index also for
-its functions and assignments). One breadth-first walk, in the order
-``ast.walk`` yields nodes, files them by type for the tree read last.
+The prefilter and the project index both ask the whole tree for its calls
+and imports (the project index also for its functions and assignments). One
+breadth-first walk, in the order ``ast.walk`` yields nodes, files them by
+type for the tree read last. Walks of parts of a tree take a node's children
+from :func:`child_nodes`, a list built without ``ast.iter_child_nodes``'
+two generators and without the leaves no check reads.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from collections import deque
 
 # The tree read last and its nodes by type: one file is read at a time, by the prefilter then the project index.
 _last: tuple[ast.AST, dict[type, list[ast.AST]]] | None = None
+# Fields whose nodes are leaves no check reads: an expression's load or store context, an operator.
+_LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
+_CODE_FIELDS: dict[type, tuple[str, ...]] = {}  # each node type's fields less those
 
 
 def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
-    """Every node of ``tree`` (itself included) filed by exact type, each list in ``ast.walk``'s order."""
+    """Every node of ``tree`` (itself included) filed by exact type, each list in ``ast.walk``'s order; contexts
+    and operators are left out (:data:`_LEAF_FIELDS`)."""
     global _last
     last = _last  # one read: another thread may replace it meanwhile
     if last is not None and last[0] is tree:
@@ -23,6 +30,7 @@ def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
     table: dict[type, list[ast.AST]] = {}
     pending = deque([tree])
     take, extend, node_type = pending.popleft, pending.extend, ast.AST
+    code_fields = _CODE_FIELDS
     while pending:
         node = take()
         kind = type(node)
@@ -31,7 +39,7 @@ def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
             table[kind] = [node]
         else:
             found.append(node)
-        for name in node._fields:
+        for name in code_fields.get(kind) or _code_fields(kind):
             value = getattr(node, name, None)
             if type(value) is list:
                 extend([item for item in value if isinstance(item, node_type)])
@@ -39,3 +47,30 @@ def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
                 pending.append(value)
     _last = (tree, table)
     return table
+
+
+def _code_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node type that may hold code, noted in :data:`_CODE_FIELDS`."""
+    fields = _CODE_FIELDS[kind] = tuple(name for name in kind._fields if name not in _LEAF_FIELDS)
+    return fields
+
+
+def child_nodes(node: ast.AST) -> list[ast.AST]:
+    """The children of ``node`` in ``ast.iter_child_nodes``' order, less contexts and operators (:data:`_LEAF_FIELDS`)."""
+    kind = type(node)
+    children: list[ast.AST] = []
+    for name in _CODE_FIELDS.get(kind) or _code_fields(kind):
+        value = getattr(node, name, None)
+        if type(value) is list:
+            children.extend([item for item in value if isinstance(item, ast.AST)])
+        elif isinstance(value, ast.AST):
+            children.append(value)
+    return children
+
+
+def walk(node: ast.AST) -> list[ast.AST]:
+    """``node`` and every node below it, less contexts and operators: ``ast.walk`` as a list, for a part of a tree."""
+    found = [node]
+    for item in found:  # the list grows as it is read: breadth first, as ast.walk
+        found.extend(child_nodes(item))
+    return found
