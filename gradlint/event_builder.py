@@ -13,11 +13,13 @@ from gradlint.model import GRAD_DIVIDE, HANDOFF, NO_SYNC, Event, Frame, FrameKin
 from gradlint.module_index import ModuleIndex, Unpacked
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import (
+    SCALING_CALLS,
     bool_literal,
     callee_name,
     calls_in_evaluation_order,
     contains_division,
     dotted_name,
+    is_grad,
     tracked_name,
     keyword_arg,
     method_name,
@@ -284,13 +286,13 @@ class EventBuilder:
                 out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
             elif self._may_hold_no_sync and _holds_no_sync(small.value):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
                 out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
-        elif type(small) is cst.AugAssign and _is_grad(small.target):
+        elif type(small) is cst.AugAssign and is_grad(small.target):
             if type(small.operator) in (cst.DivideAssign, cst.MultiplyAssign):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
 
     def _grad_assignment(self, target: cst.BaseExpression, value: cst.BaseExpression, small: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
         """``p.grad = None`` clears and frees; ``p.grad = 0 * p.grad`` clears and keeps the buffer."""
-        if not _is_grad(target):
+        if not is_grad(target):
             return
         if type(value) is cst.Name and value.value == "None":
             set_to_none = True
@@ -384,7 +386,7 @@ class EventBuilder:
                 return
             emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
             return
-        if method in ("zero_", "fill_", "mul_") and _is_grad(recv):
+        if method in ("zero_", "fill_", "mul_") and is_grad(recv):
             if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value):
                 emit(GRAD_DIVIDE)  # p.grad.mul_(1 / n)
                 return
@@ -392,7 +394,7 @@ class EventBuilder:
                 owner, kind = self._grad_owner(recv, scope)
                 emit(EventKind.ZERO, target=owner, target_kind=kind, set_to_none=False, manual=True)
             return
-        if method in ("div_",) and _is_grad(recv):
+        if method in ("div_",) and is_grad(recv):
             emit(GRAD_DIVIDE)
             return
         if _scales_gradients(call, method):
@@ -865,7 +867,7 @@ def _by_no_count(expr: cst.BaseExpression, running: frozenset[str] = frozenset()
             divisions += 1
         elif type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply:
             return False  # ``loss * scale / world_size``: the factor may divide by the micro-batches
-        elif type(node) is cst.Call and callee_name(node) in ("div", "div_", "true_divide", "divide", "mul", "mul_"):
+        elif type(node) is cst.Call and callee_name(node) in SCALING_CALLS:
             return False
     return divisions > 0
 
@@ -1033,13 +1035,6 @@ def _scales_gradients(call: cst.Call, method: str | None) -> bool:
     return any(contains_division(arg.value) for arg in call.args)
 
 
-def _is_grad(node: cst.BaseExpression | None) -> bool:
-    """``p.grad`` or ``p.grad.data``."""
-    if type(node) is cst.Attribute and node.attr.value == "data":
-        node = node.value
-    return type(node) is cst.Attribute and node.attr.value == "grad"
-
-
 def _switches_off_grad_sync(assign: cst.Assign) -> bool:
     """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
     target = assign.targets[-1].target
@@ -1084,7 +1079,7 @@ def _is_zeroing_value(value: cst.BaseExpression) -> bool:
         return any(number(side) == 0 for side in (value.left, value.right))
     if type(value) is cst.Call and callee_name(value) == "zeros_like":
         args = positional_args(value)
-        return bool(args) and _is_grad(args[0].value)
+        return bool(args) and is_grad(args[0].value)
     return False
 
 

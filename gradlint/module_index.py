@@ -20,6 +20,7 @@ from gradlint.syntax import (
     callee_name,
     children,
     dotted_name,
+    is_grad,
     tracked_name,
     number,
     positional_args,
@@ -202,14 +203,14 @@ class ModuleIndex:
         elif kind is cst.Assign:
             for target in node.targets:
                 self._assign(target.target, node.value, function)
-                if _is_grad(target.target) and _allocates(node.value):
+                if is_grad(target.target) and _allocates(node.value):
                     self.grads_used_as_buffers = True
             if len(node.targets) == 1:
                 self._note_single_assignment(node)
         elif kind is cst.AnnAssign and node.value is not None:
             self._assign(node.target, node.value, function)
         elif kind is cst.AugAssign:
-            if type(node.operator) is cst.AddAssign and _is_grad(node.target):
+            if type(node.operator) is cst.AddAssign and is_grad(node.target):
                 self.grads_used_as_buffers = True
             if type(node.operator) is cst.DivideAssign:
                 self.divides_by_assignment = True
@@ -223,7 +224,7 @@ class ModuleIndex:
         elif kind is cst.Call:
             # ``loss.mul_(mb_size / batch_size)`` / ``loss.div_(n)``: the loss normalised in place
             func = node.func
-            if type(func) is cst.Attribute and func.attr.value in ("add_", "copy_") and _is_grad(func.value):
+            if type(func) is cst.Attribute and func.attr.value in ("add_", "copy_") and is_grad(func.value):
                 self.grads_used_as_buffers = True
             if type(func) is cst.Attribute and func.attr.value in ("mul_", "div_") and type(func.value) is cst.Name and node.args:
                 if func.attr.value == "div_" or scales_down(node.args[0].value) or _is_fraction(node.args[0].value):
@@ -415,18 +416,11 @@ def _element(value: cst.BaseExpression) -> cst.BaseExpression | None:
     return None
 
 
-def _is_grad(node: cst.BaseExpression) -> bool:
-    """``p.grad`` or ``p.grad.data``."""
-    if type(node) is cst.Attribute and node.attr.value == "data":
-        node = node.value
-    return type(node) is cst.Attribute and node.attr.value == "grad"
-
-
 def _allocates(value: cst.BaseExpression) -> bool:
     """``torch.zeros_like(p)``, ``torch.empty_like(p)``, ``torch.zeros(shape)``: a fresh buffer, not built from a gradient."""
     if type(value) is not cst.Call or callee_name(value) not in ("zeros_like", "empty_like", "zeros", "empty"):
         return False
-    return not any(_is_grad(n) for arg in value.args for n in walk(arg.value) if type(n) is cst.Attribute)
+    return not any(is_grad(n) for arg in value.args for n in walk(arg.value) if type(n) is cst.Attribute)
 
 
 def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:

@@ -194,12 +194,7 @@ class _Scan:
                     self.wraps_optimizer.add(statement.name)
             elif kind in _LOOPS:
                 loops.append(statement)
-            inner: list[ast.stmt] = []
-            for field in ("body", "orelse", "finalbody"):
-                inner.extend(getattr(statement, field, None) or ())
-            for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
-                inner.extend(part.body)
-            stack.extend(reversed(inner))
+            stack.extend(reversed(_statements_inside(statement)))
         for loop in reversed(loops):  # inner loops first: an enclosing loop reads their summaries
             self._loop(loop)
         return FileCalls(
@@ -331,11 +326,7 @@ def _near_lines(tree: ast.Module, lines: list[int], functions: list) -> Iterator
         if first == len(lines) or lines[first] > statement.end_lineno:
             stack.extend(reversed(_nested_definitions(statement)))
             continue
-        inner: list[ast.stmt] = []
-        for field in ("body", "orelse", "finalbody"):
-            inner.extend(getattr(statement, field, None) or ())
-        for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
-            inner.extend(part.body)
+        inner = _statements_inside(statement)
         nested = set(map(id, inner))
         pending = [statement]
         while pending:
@@ -348,21 +339,24 @@ def _near_lines(tree: ast.Module, lines: list[int], functions: list) -> Iterator
 def _nested_definitions(statement: ast.stmt) -> list[ast.stmt]:
     """The function and class definitions among the statements inside ``statement``, not inside those definitions."""
     found = []
-    stack: list[ast.stmt] = []
-    for field in ("body", "orelse", "finalbody"):
-        stack.extend(getattr(statement, field, None) or ())
-    for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
-        stack.extend(part.body)
+    stack = _statements_inside(statement)
     while stack:
         statement = stack.pop()
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append(statement)
             continue
-        for field in ("body", "orelse", "finalbody"):
-            stack.extend(getattr(statement, field, None) or ())
-        for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
-            stack.extend(part.body)
+        stack.extend(_statements_inside(statement))
     return found
+
+
+def _statements_inside(statement: ast.AST) -> list[ast.stmt]:
+    """The statements of a statement's own blocks, in source order: body, ``else``, ``finally``, handlers or cases."""
+    inner: list[ast.stmt] = []
+    for field in ("body", "orelse", "finalbody"):
+        inner.extend(getattr(statement, field, None) or ())
+    for part in getattr(statement, "handlers", None) or getattr(statement, "cases", None) or ():
+        inner.extend(part.body)
+    return inner
 
 
 # What a file must spell to wrap a model for data parallelism, and how each spelling is named.

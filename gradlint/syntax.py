@@ -94,6 +94,13 @@ def positional_args(call: cst.Call) -> list[cst.Arg]:
     return [a for a in call.args if a.keyword is None and not a.star]
 
 
+def is_grad(node: cst.CSTNode | None) -> bool:
+    """``p.grad`` or ``p.grad.data``."""
+    if type(node) is cst.Attribute and node.attr.value == "data":
+        node = node.value
+    return type(node) is cst.Attribute and node.attr.value == "grad"
+
+
 def bool_literal(node: cst.BaseExpression) -> bool | None:
     """True/False for the literal names, None for anything else."""
     if type(node) is cst.Name and node.value in ("True", "False"):
@@ -189,8 +196,9 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
     return result
 
 
+# Calls that divide their receiver or first argument, and those that divide or multiply it.
 _DIVIDING_CALLS = frozenset({"div", "div_", "true_divide", "divide"})
-_MULTIPLYING_CALLS = frozenset({"mul", "mul_"})
+SCALING_CALLS = _DIVIDING_CALLS | {"mul", "mul_"}
 
 
 def contains_division(node: cst.CSTNode) -> bool:
@@ -226,8 +234,7 @@ def scales_down(node: cst.CSTNode) -> bool:
                     elif side_kind is not cst.Imaginary and _is_factor(side):
                         return True
         elif kind is cst.Call:
-            name = callee_name(sub)
-            if name in _DIVIDING_CALLS or name in _MULTIPLYING_CALLS:
+            if callee_name(sub) in SCALING_CALLS:
                 return True
     return False
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from gradlint.module_index import ModuleIndex
+from gradlint.per_module import PerModule
 from gradlint.syntax import every_node
 
 TORCH_SCHEDULERS = frozenset({
@@ -175,17 +176,13 @@ def prepared_in(function: cst.FunctionDef, name: str) -> bool:
     return name in ModuleFacts().read(every_node(function)).prepared
 
 
-# The facts of the module read last: GL301 asks once per scheduler step, about one module at a time.
-_last_read: tuple[ModuleIndex, ModuleFacts] | None = None
+# GL301 asks once per scheduler step, about one module at a time.
+_facts_of: PerModule[ModuleFacts] = PerModule()
 
 
 def _facts(index: ModuleIndex) -> ModuleFacts:
     """The facts of the module ``index`` was built from, read from its parent map (which holds every node but the module)."""
-    global _last_read
-    last = _last_read  # one read: another thread may replace it meanwhile
-    if last is None or last[0] is not index:
-        last = _last_read = (index, ModuleFacts().read(index.parents))
-    return last[1]
+    return _facts_of.get(index.module, None, lambda: ModuleFacts().read(index.parents))
 
 
 def _names_in(node: cst.BaseExpression) -> set[str]:

@@ -8,7 +8,7 @@ from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_state
 from gradlint.fixes.locate import after_step, code, movable, optimizer_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, Frame, FrameKind, LoopModel
 from gradlint.queries import Accumulation
-from gradlint.syntax import callee_name, keyword_arg, positional_args, receiver, walk
+from gradlint.syntax import callee_name, is_grad, keyword_arg, positional_args, receiver, walk
 
 
 def add_zero_grad(model: LoopModel, step: Event) -> Fix:
@@ -232,13 +232,7 @@ def _clears_gradient(small: cst.BaseSmallStatement) -> bool:
     if type(small) is cst.Pass:
         return True
     if type(small) is cst.Expr and type(small.value) is cst.Call:
-        return callee_name(small.value) in ("zero_", "fill_", "mul_", "detach_", "requires_grad_") and _is_grad(receiver(small.value))
+        return callee_name(small.value) in ("zero_", "fill_", "mul_", "detach_", "requires_grad_") and is_grad(receiver(small.value))
     if type(small) is cst.Assign and len(small.targets) == 1:
-        return _is_grad(small.targets[0].target)
+        return is_grad(small.targets[0].target)
     return False
-
-
-def _is_grad(node: cst.CSTNode | None) -> bool:
-    if type(node) is cst.Attribute and node.attr.value == "data":
-        node = node.value
-    return type(node) is cst.Attribute and node.attr.value == "grad"
