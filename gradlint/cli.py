@@ -3,6 +3,12 @@
 ``gradlint PATH...`` (or ``gradlint check PATH...``) lints; ``gradlint rule
 GL003`` and ``gradlint rules`` document the rules. Exit status: 0 clean,
 1 findings, 2 when something could not be checked or the arguments are wrong.
+
+Start-up is kept short: this module imports no rule, no LibCST and no torch.
+The rules are known here by their catalogue entries (codes, names, prefilter
+tokens); the runner imports the rules and the parser when a file passes the
+prefilter, and ``--fix``, ``--diff``, stdin, SARIF and ``gradlint rule``
+import what they need when they run (``tests/test_startup.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +19,8 @@ from pathlib import Path
 
 import click
 
-from gradlint import __version__
+from gradlint import __version__, catalogue
 from gradlint.config import Config, ConfigError, find_pyproject, load_config, validate_codes
-from gradlint.fixer import fix_paths, unified_diff
 from gradlint.cache import CACHE_DIR_NAME, Cache
 from gradlint.output import (
     all_findings,
@@ -33,7 +38,6 @@ from gradlint.baseline import FileLines
 from gradlint.ruledoc import find_rule, render_markdown, render_text
 from gradlint.runner import run
 from gradlint.stdin import STDIN, check_stdin, encode_like
-from gradlint.rules import ALL_RULES, RULES_BY_CODE
 from gradlint.runtime.commands import measure_command, run_command
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -57,7 +61,7 @@ def main() -> None:
 def _codes(values: tuple[str, ...], option: str) -> list[str]:
     codes = [c for value in values for c in value.split(",")]
     try:
-        return validate_codes(codes, RULES_BY_CODE, option)
+        return validate_codes(codes, catalogue.RULES_BY_CODE, option)
     except ConfigError as error:
         raise click.BadParameter(str(error).split(": ", 1)[-1], param_hint=option) from error
 
@@ -123,8 +127,12 @@ def check(
     if stdin:
         results, fixed, lines = _check_stdin(stdin_filename or STDIN, config, fix, diff, unsafe_fixes, prefilter, quiet)
     elif diff:
+        from gradlint.fixer import fix_paths
+
         _show_diff(fix_paths(paths or (".",), config, unsafe=unsafe_fixes, write=False, prefilter=prefilter, jobs=jobs), unsafe_fixes, quiet)
     elif fix:
+        from gradlint.fixer import fix_paths
+
         outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=prefilter, jobs=jobs)
         results = [o.result for o in outcomes]
         fixed = sum(o.fixed for o in outcomes)
@@ -176,6 +184,8 @@ def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, 
     if output_format == "json":
         click.echo(format_json(findings), nl=False, err=to_stderr)
     elif output_format == "sarif":
+        from gradlint.rules import ALL_RULES  # every rule's documentation goes into the log
+
         click.echo(format_sarif(findings, results, ALL_RULES, Path.cwd()), nl=False, err=to_stderr)
     elif output_format == "github":
         click.echo(format_github(findings), nl=False, err=to_stderr)
@@ -206,6 +216,8 @@ def _write_baseline(path: str, results, config: Config, lines: FileLines, quiet:
 
 def _show_diff(outcomes, unsafe: bool, quiet: bool) -> None:
     """``--diff``: print what fixing would change, write nothing, and exit (1 when there is a change)."""
+    from gradlint.fixer import unified_diff
+
     for outcome in outcomes:
         click.echo(unified_diff(outcome), nl=False)
     errors = format_errors([o.result for o in outcomes])
@@ -226,7 +238,7 @@ def _effective_config(select, ignore, config_path, isolated, start: Path | None 
             config = Config()
         else:
             pyproject = Path(config_path) if config_path else find_pyproject(start or Path.cwd())
-            config = load_config(pyproject, RULES_BY_CODE)
+            config = load_config(pyproject, catalogue.RULES_BY_CODE)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     if select:
@@ -248,6 +260,8 @@ def _effective_config(select, ignore, config_path, isolated, start: Path | None 
 )
 def rule_command(rule: str | None, show_all: bool, output_format: str) -> None:
     """Explain RULE, given by code or name (GL003, zero-grad-in-accumulation)."""
+    from gradlint.rules import ALL_RULES  # the documentation is the rule classes' docstrings
+
     if show_all == (rule is not None):
         raise click.UsageError("name one rule, or give --all")
     if show_all:
@@ -264,7 +278,7 @@ def rule_command(rule: str | None, show_all: bool, output_format: str) -> None:
 @main.command("rules")
 def rules_command() -> None:
     """List every rule: code, name, severity, fix and what it flags."""
-    for rule in ALL_RULES:
+    for rule in catalogue.ALL_RULES:
         fix = rule.fix.value if rule.fix else "-"
         default = "" if rule.enabled_by_default else " (off unless selected)"
         click.echo(f"{rule.code}  {rule.name:<40} {rule.severity.value:<8} fix: {fix:<7} {rule.summary}{default}")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from gradlint import __version__
 from gradlint.findings import FileResult, Finding, FixKind, Severity
-from gradlint.rule import Rule
 from gradlint.ruledoc import render_markdown, render_text
+
+if TYPE_CHECKING:
+    from gradlint.rule import Rule
 
 
 def all_findings(results: Sequence[FileResult]) -> list[Finding]:
@@ -122,6 +124,8 @@ _SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.I
 
 def docs_url() -> str | None:
     """Where the rule documentation lives: the package's ``Documentation`` (or ``Homepage``) project URL, if it has one."""
+    from importlib import metadata  # only here: reading the package's metadata is not free
+
     try:
         urls = metadata.metadata("gradlint").get_all("Project-URL") or []
     except metadata.PackageNotFoundError:
