@@ -78,6 +78,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     help="json: a list of findings; sarif: SARIF 2.1.0 for code scanning; github: GitHub Actions annotations.",
 )
 @click.option("--statistics", is_flag=True, help="Also print how many findings each rule code has.")
+@click.option("--show-links", is_flag=True, help="Text output: after each finding, the address of its rule's page.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), metavar="N", help="Check files in N processes (default: one per core).")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache.")
 @click.option(
@@ -106,7 +107,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     "--write-baseline", type=click.Path(dir_okay=False), metavar="FILE", help="Record today's findings in FILE (for --baseline) and exit."
 )
 def check(
-    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, quiet, config_path, isolated, force_exclude,
+    paths, select, ignore, output_format, statistics, show_links, jobs, no_cache, cache_dir, exit_zero, quiet, config_path, isolated, force_exclude,
     stdin_filename, no_prefilter, fix, unsafe_fixes, diff, baseline_path, write_baseline,
 ) -> None:
     """Lint PATHS (files or folders; default: the current folder; `-`: stdin)."""
@@ -144,7 +145,7 @@ def check(
     hidden = None
     if known is not None:
         results, hidden = baseline.only_new(results, known, config, lines)
-    _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix)
+    _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix, links=show_links)
     if any(r.error for r in results):
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if all_findings(results) and not exit_zero else EXIT_CLEAN)
@@ -175,8 +176,10 @@ def _load_baseline(path: str):
         raise click.UsageError(str(error)) from error
 
 
-def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool) -> None:
-    """Print the errors (stderr), the findings in ``output_format`` and, for text, the summary line."""
+def _report(
+    results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool, links: bool = False
+) -> None:
+    """Print the errors (stderr), the findings in ``output_format`` (text: with ``links``, each rule's page) and, for text, the summary line."""
     findings = all_findings(results)
     errors = format_errors(results)
     if errors:
@@ -190,7 +193,7 @@ def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, 
     elif output_format == "github":
         click.echo(format_github(findings), nl=False, err=to_stderr)
     else:
-        click.echo(format_text(findings), nl=False, err=to_stderr)
+        click.echo(format_text(findings, links=links), nl=False, err=to_stderr)
     if statistics:  # beside a machine-readable format, on stderr
         click.echo(format_statistics(findings), nl=False, err=to_stderr or output_format != "text")
     if output_format == "text" and not quiet:
