@@ -234,6 +234,9 @@ def _check_all(
             trees[index] = None  # freed as soon as used
         return results
     trees.clear()
+    # Loaded here, once: forked workers then start with LibCST and the rules instead of each importing them.
+    import gradlint.linter  # noqa: F401
+    import gradlint.rules  # noqa: F401
     # Largest first, so that no worker is left with a big file at the end.
     order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i][1]))
     results: list[FileResult | None] = [None] * len(tasks)
