@@ -25,7 +25,7 @@ Times are CPU seconds of this process (``time.process_time``), the best of
 ``--repeat`` runs for the shipped code. ``--download`` adds the original
 corpus run: the sources of a few real packages downloaded as wheels, compared
 with ruff and TorchFix installed into a temporary folder. Nothing here is
-asserted: the numbers go in the README.
+asserted: the numbers go in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ clock cannot hide a change.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -43,10 +44,10 @@ _CACHEDIR_TAG = "Signature: 8a477f597d28d172789f06886806bc55\n# This file marks 
 def code_fingerprint() -> str:
     """A hash of the gradlint version and of its own installed source files (names, sizes, times)."""
     import gradlint
-    import gradlint.rules
 
+    rules = importlib.util.find_spec("gradlint.rules")  # found, not imported: the rules load only when a file is parsed
     digest = hashlib.blake2b(__version__.encode(), digest_size=16)
-    for folder in sorted({Path(gradlint.__file__).parent, Path(gradlint.rules.__file__).parent}):
+    for folder in sorted({Path(gradlint.__file__).parent, Path(rules.origin).parent}):
         for top, dirs, files in os.walk(folder):
             dirs.sort()
             for name in sorted(files):

@@ -3,6 +3,12 @@
 ``gradlint PATH...`` (or ``gradlint check PATH...``) lints; ``gradlint rule
 GL003`` and ``gradlint rules`` document the rules. Exit status: 0 clean,
 1 findings, 2 when something could not be checked or the arguments are wrong.
+
+Start-up is kept short: this module imports no rule, no LibCST and no torch.
+The rules are known here by their catalogue entries (codes, names, prefilter
+tokens); the runner imports the rules and the parser when a file passes the
+prefilter, and ``--fix``, ``--diff``, stdin, SARIF and ``gradlint rule``
+import what they need when they run (``tests/test_startup.py``).
 """
 
 from __future__ import annotations
@@ -13,9 +19,8 @@ from pathlib import Path
 
 import click
 
-from gradlint import __version__
+from gradlint import __version__, catalogue
 from gradlint.config import Config, ConfigError, find_pyproject, load_config, validate_codes
-from gradlint.fixer import fix_paths, unified_diff
 from gradlint.cache import CACHE_DIR_NAME, Cache
 from gradlint.output import (
     all_findings,
@@ -33,7 +38,6 @@ from gradlint.baseline import FileLines
 from gradlint.ruledoc import find_rule, render_markdown, render_text
 from gradlint.runner import run
 from gradlint.stdin import STDIN, check_stdin, encode_like
-from gradlint.rules import ALL_RULES, RULES_BY_CODE
 from gradlint.runtime.commands import measure_command, run_command
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
@@ -57,7 +61,7 @@ def main() -> None:
 def _codes(values: tuple[str, ...], option: str) -> list[str]:
     codes = [c for value in values for c in value.split(",")]
     try:
-        return validate_codes(codes, RULES_BY_CODE, option)
+        return validate_codes(codes, catalogue.RULES_BY_CODE, option)
     except ConfigError as error:
         raise click.BadParameter(str(error).split(": ", 1)[-1], param_hint=option) from error
 
@@ -74,6 +78,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     help="json: a list of findings; sarif: SARIF 2.1.0 for code scanning; github: GitHub Actions annotations.",
 )
 @click.option("--statistics", is_flag=True, help="Also print how many findings each rule code has.")
+@click.option("--show-links", is_flag=True, help="Text output: after each finding, the address of its rule's page.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), metavar="N", help="Check files in N processes (default: one per core).")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the result cache.")
 @click.option(
@@ -102,7 +107,7 @@ def _codes(values: tuple[str, ...], option: str) -> list[str]:
     "--write-baseline", type=click.Path(dir_okay=False), metavar="FILE", help="Record today's findings in FILE (for --baseline) and exit."
 )
 def check(
-    paths, select, ignore, output_format, statistics, jobs, no_cache, cache_dir, exit_zero, quiet, config_path, isolated, force_exclude,
+    paths, select, ignore, output_format, statistics, show_links, jobs, no_cache, cache_dir, exit_zero, quiet, config_path, isolated, force_exclude,
     stdin_filename, no_prefilter, fix, unsafe_fixes, diff, baseline_path, write_baseline,
 ) -> None:
     """Lint PATHS (files or folders; default: the current folder; `-`: stdin)."""
@@ -123,8 +128,12 @@ def check(
     if stdin:
         results, fixed, lines = _check_stdin(stdin_filename or STDIN, config, fix, diff, unsafe_fixes, prefilter, quiet)
     elif diff:
+        from gradlint.fixer import fix_paths
+
         _show_diff(fix_paths(paths or (".",), config, unsafe=unsafe_fixes, write=False, prefilter=prefilter, jobs=jobs), unsafe_fixes, quiet)
     elif fix:
+        from gradlint.fixer import fix_paths
+
         outcomes = fix_paths(paths or (".",), config, unsafe=unsafe_fixes, prefilter=prefilter, jobs=jobs)
         results = [o.result for o in outcomes]
         fixed = sum(o.fixed for o in outcomes)
@@ -136,7 +145,7 @@ def check(
     hidden = None
     if known is not None:
         results, hidden = baseline.only_new(results, known, config, lines)
-    _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix)
+    _report(results, output_format, statistics, fixed, unsafe_fixes, hidden, quiet, to_stderr=stdin and fix, links=show_links)
     if any(r.error for r in results):
         sys.exit(EXIT_ERROR)
     sys.exit(EXIT_FINDINGS if all_findings(results) and not exit_zero else EXIT_CLEAN)
@@ -167,8 +176,10 @@ def _load_baseline(path: str):
         raise click.UsageError(str(error)) from error
 
 
-def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool) -> None:
-    """Print the errors (stderr), the findings in ``output_format`` and, for text, the summary line."""
+def _report(
+    results, output_format: str, statistics: bool, fixed, unsafe: bool, hidden, quiet: bool, *, to_stderr: bool, links: bool = False
+) -> None:
+    """Print the errors (stderr), the findings in ``output_format`` (text: with ``links``, each rule's page) and, for text, the summary line."""
     findings = all_findings(results)
     errors = format_errors(results)
     if errors:
@@ -176,11 +187,13 @@ def _report(results, output_format: str, statistics: bool, fixed, unsafe: bool, 
     if output_format == "json":
         click.echo(format_json(findings), nl=False, err=to_stderr)
     elif output_format == "sarif":
+        from gradlint.rules import ALL_RULES  # every rule's documentation goes into the log
+
         click.echo(format_sarif(findings, results, ALL_RULES, Path.cwd()), nl=False, err=to_stderr)
     elif output_format == "github":
         click.echo(format_github(findings), nl=False, err=to_stderr)
     else:
-        click.echo(format_text(findings), nl=False, err=to_stderr)
+        click.echo(format_text(findings, links=links), nl=False, err=to_stderr)
     if statistics:  # beside a machine-readable format, on stderr
         click.echo(format_statistics(findings), nl=False, err=to_stderr or output_format != "text")
     if output_format == "text" and not quiet:
@@ -206,6 +219,8 @@ def _write_baseline(path: str, results, config: Config, lines: FileLines, quiet:
 
 def _show_diff(outcomes, unsafe: bool, quiet: bool) -> None:
     """``--diff``: print what fixing would change, write nothing, and exit (1 when there is a change)."""
+    from gradlint.fixer import unified_diff
+
     for outcome in outcomes:
         click.echo(unified_diff(outcome), nl=False)
     errors = format_errors([o.result for o in outcomes])
@@ -226,7 +241,7 @@ def _effective_config(select, ignore, config_path, isolated, start: Path | None 
             config = Config()
         else:
             pyproject = Path(config_path) if config_path else find_pyproject(start or Path.cwd())
-            config = load_config(pyproject, RULES_BY_CODE)
+            config = load_config(pyproject, catalogue.RULES_BY_CODE)
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     if select:
@@ -248,6 +263,8 @@ def _effective_config(select, ignore, config_path, isolated, start: Path | None 
 )
 def rule_command(rule: str | None, show_all: bool, output_format: str) -> None:
     """Explain RULE, given by code or name (GL003, zero-grad-in-accumulation)."""
+    from gradlint.rules import ALL_RULES  # the documentation is the rule classes' docstrings
+
     if show_all == (rule is not None):
         raise click.UsageError("name one rule, or give --all")
     if show_all:
@@ -264,7 +281,7 @@ def rule_command(rule: str | None, show_all: bool, output_format: str) -> None:
 @main.command("rules")
 def rules_command() -> None:
     """List every rule: code, name, severity, fix and what it flags."""
-    for rule in ALL_RULES:
+    for rule in catalogue.ALL_RULES:
         fix = rule.fix.value if rule.fix else "-"
         default = "" if rule.enabled_by_default else " (off unless selected)"
         click.echo(f"{rule.code}  {rule.name:<40} {rule.severity.value:<8} fix: {fix:<7} {rule.summary}{default}")

@@ -26,7 +26,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from gradlint.rule import Rule
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradlint.rule import Rule
 
 DEFAULT_EXCLUDE = (
     ".git",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import gc
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -13,6 +12,7 @@ from libcst._nodes.base import CSTNode
 
 from gradlint.config import Config
 from gradlint.findings import FileResult, Finding
+from gradlint.gc_pause import cyclic_gc_paused
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
@@ -129,25 +129,6 @@ def _node_validation_skipped() -> Iterator[None]:
 
 def _unchecked(node: CSTNode) -> None:
     """What a node runs when built while :func:`_node_validation_skipped` holds: nothing."""
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Hold Python's cyclic garbage collector off while one file is parsed and checked; restored on the way out.
-
-    Parsing allocates hundreds of thousands of LibCST nodes, and every few
-    hundred allocations the collector would traverse the young ones again, and
-    every so often the whole growing heap: about a fifth of a file's time. The
-    tree holds no reference cycles, so reference counting frees it; cycles made
-    meanwhile are collected once the collector runs again.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def parse_and_check(

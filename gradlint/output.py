@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from gradlint import __version__
 from gradlint.findings import FileResult, Finding, FixKind, Severity
-from gradlint.rule import Rule
 from gradlint.ruledoc import render_markdown, render_text
+
+if TYPE_CHECKING:
+    from gradlint.rule import Rule
 
 
 def all_findings(results: Sequence[FileResult]) -> list[Finding]:
@@ -20,14 +22,21 @@ def all_findings(results: Sequence[FileResult]) -> list[Finding]:
     return sorted(f for r in results for f in r.findings)
 
 
-def format_text(findings: Sequence[Finding]) -> str:
-    """``path:line:col: CODE message``, one per line."""
-    return "".join(f"{f.path}:{f.line}:{f.column}: {f.code} {f.message}\n" for f in findings)
+def format_text(findings: Sequence[Finding], *, links: bool = False) -> str:
+    """``path:line:col: CODE message``, one per line; with ``links``, each followed by where its rule is documented."""
+    if not links:
+        return "".join(f"{f.path}:{f.line}:{f.column}: {f.code} {f.message}\n" for f in findings)
+    base = docs_url()
+    return "".join(
+        f"{f.path}:{f.line}:{f.column}: {f.code} {f.message}\n    see {rule_url(f.code, base) or f'`gradlint rule {f.code}`'}\n"
+        for f in findings
+    )
 
 
 def format_json(findings: Sequence[Finding]) -> str:
-    """A JSON list of finding objects (see :meth:`Finding.to_dict`)."""
-    return json.dumps([f.to_dict() for f in findings], indent=2) + "\n"
+    """A JSON list of finding objects (see :meth:`Finding.to_dict`), each with the ``url`` of its rule's page (or null)."""
+    base = docs_url()
+    return json.dumps([{**f.to_dict(), "url": rule_url(f.code, base)} for f in findings], indent=2) + "\n"
 
 
 def format_errors(results: Sequence[FileResult]) -> str:
@@ -121,13 +130,25 @@ _SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.I
 
 
 def docs_url() -> str | None:
-    """Where the rule documentation lives: the package's ``Documentation`` (or ``Homepage``) project URL, if it has one."""
+    """Where the documentation site lives: the package's ``Documentation`` project URL (pyproject.toml), if it has one."""
+    from importlib import metadata  # only here: reading the package's metadata is not free
+
     try:
         urls = metadata.metadata("gradlint").get_all("Project-URL") or []
     except metadata.PackageNotFoundError:
         return None
     by_label = dict(tuple(part.strip() for part in url.split(",", 1)) for url in urls if "," in url)
-    return by_label.get("Documentation") or by_label.get("Homepage")
+    return by_label.get("Documentation")
+
+
+def rule_url(code: str, base: str | None) -> str | None:
+    """The address of rule ``code``'s page on the documentation site at ``base`` (``BASE/rules/GL003/``), or None without one.
+
+    The site is built by mkdocs from ``docs/``: ``docs/rules/GL003.md`` is
+    served as ``rules/GL003/``, below the site's own address whether or not
+    ``base`` ends with a slash.
+    """
+    return f"{base.rstrip('/')}/rules/{code}/" if base else None
 
 
 def format_sarif(findings: Sequence[Finding], results: Sequence[FileResult], rules: Sequence[type[Rule]], root: Path) -> str:
@@ -151,7 +172,7 @@ def format_sarif(findings: Sequence[Finding], results: Sequence[FileResult], rul
             "properties": {"tags": ["pytorch", "training-loop"], "fix": rule.fix.value if rule.fix else "none"},
         }
         if base:
-            entry["helpUri"] = f"{base}#{rule.code.lower()}"
+            entry["helpUri"] = rule_url(rule.code, base)
         sarif_rules.append(entry)
     sarif_results = []
     for f in findings:

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import nodes_by_type
-from gradlint.rule import CallNeed, Need, Rule
+from gradlint.tokens import CallNeed, Need
+
+if TYPE_CHECKING:
+    from gradlint.rule import Rule
 
 
 def needed_tokens(rules: Iterable[type[Rule]]) -> tuple[Need, ...]:

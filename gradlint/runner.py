@@ -16,15 +16,15 @@ from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from gradlint import catalogue
 from gradlint.cache import Cache
 from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
-from gradlint.linter import cyclic_gc_paused, parse_and_check
+from gradlint.gc_pause import cyclic_gc_paused
 from gradlint.prefilter import called_names, rules_that_might_fire
 from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.project_index import FileCalls, ProjectIndex, join_scope, python_tree, scan_calls
-from gradlint.rules import RULES_BY_CODE, ALL_RULES
 from gradlint.source import SourceError, decode, read_bytes
 
 
@@ -83,7 +83,7 @@ def run(
         if isinstance(item, Unreadable):
             results.append(FileResult(item.path, error=item.reason))
             continue
-        rules = config.rules_for(item, ALL_RULES)
+        rules = config.rules_for(item, catalogue.ALL_RULES)  # their traits and tokens: no rule is imported yet
         codes = tuple(rule.code for rule in rules)
         cache_codes = (*codes, COMPILED) if item in named else codes  # a named file's answer includes its compile
         stat = _stat(item) if cache is not None else None
@@ -206,7 +206,11 @@ def check_text(
     """Parse and check one file's text with the rules named by ``codes``.
 
     ``context`` as for :func:`build_model`; ``python_tree``, Python's tree of ``text`` if parsed already.
+    LibCST and the rules are imported here, by the first file that needs them.
     """
+    from gradlint.linter import parse_and_check
+    from gradlint.rules import RULES_BY_CODE
+
     return parse_and_check(text, path, [RULES_BY_CODE[code] for code in codes], context, python_tree)
 
 
@@ -230,6 +234,9 @@ def _check_all(
             trees[index] = None  # freed as soon as used
         return results
     trees.clear()
+    # Loaded here, once: forked workers then start with LibCST and the rules instead of each importing them.
+    import gradlint.linter  # noqa: F401
+    import gradlint.rules  # noqa: F401
     # Largest first, so that no worker is left with a big file at the end.
     order = sorted(range(len(tasks)), key=lambda i: -len(tasks[i][1]))
     results: list[FileResult | None] = [None] * len(tasks)

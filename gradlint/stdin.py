@@ -9,13 +9,15 @@ against that name. Nothing is written: a fix comes back as text.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gradlint.config import Config
 from gradlint.findings import FileResult
-from gradlint.fixer import FixOutcome, fix_text
-from gradlint.linter import lint_text
 from gradlint.named import syntax_error
 from gradlint.source import SourceError, decode
+
+if TYPE_CHECKING:
+    from gradlint.fixer import FixOutcome
 
 STDIN = "-"
 
@@ -26,6 +28,9 @@ def check_stdin(data: bytes, path: str, config: Config, *, fix: bool, unsafe: bo
     Like a file named on the command line, the text is always compiled: a
     syntax error is reported even when no rule could fire on it.
     """
+    from gradlint.fixer import FixOutcome, fix_text
+    from gradlint.linter import lint_text
+
     if config.force_exclude and path != STDIN and config.is_excluded(Path(path)):
         return None
     try:

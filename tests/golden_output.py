@@ -33,9 +33,15 @@ def _gradlint(*args: str) -> str:
 
 
 def current_output() -> dict[str, object]:
-    """The findings as JSON and the fixes as a diff, as gradlint prints them now."""
+    """The findings as JSON and the fixes as a diff, as gradlint prints them now.
+
+    A finding's ``url`` is left out: it is the rule's page under the installed
+    package's Documentation URL, the same for every finding of a code
+    (``tests/test_output_formats.py`` checks it).
+    """
+    findings = [{key: value for key, value in f.items() if key != "url"} for f in json.loads(_gradlint("--output-format", "json"))]
     return {
-        "findings": json.loads(_gradlint("--output-format", "json")),
+        "findings": findings,
         "diff": _gradlint("--diff", "--unsafe-fixes").splitlines(),
     }
 

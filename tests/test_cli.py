@@ -15,7 +15,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from gradlint import __version__
+from gradlint import __version__, output
 from gradlint.cli import main
 
 BUGGY = textwrap.dedent(
@@ -87,6 +87,7 @@ def test_json_output_has_every_field(tree):
         "message": finding["message"],
         "severity": "error",
         "fix": "safe",
+        "url": output.rule_url("GL001", output.docs_url()),
     }
     assert "`optimizer`" in finding["message"]
 

@@ -101,11 +101,63 @@ def test_sarif_validates_and_carries_every_finding(tree):
 
 
 def test_sarif_help_uris_when_the_package_names_its_documentation(tree, monkeypatch):
-    monkeypatch.setattr(output, "docs_url", lambda: "https://example.org/gradlint/rules")
+    monkeypatch.setattr(output, "docs_url", lambda: "https://example.org/gradlint")
     log = json.loads(cli(tree, ".", "--output-format", "sarif").stdout)
     assert not list(validator().iter_errors(log))
     rules = log["runs"][0]["tool"]["driver"]["rules"]
-    assert [r["helpUri"] for r in rules] == [f"https://example.org/gradlint/rules#{rule.code.lower()}" for rule in ALL_RULES]
+    assert [r["helpUri"] for r in rules] == [f"https://example.org/gradlint/rules/{rule.code}/" for rule in ALL_RULES]
+
+
+def test_sarif_has_no_help_uris_without_a_documentation_url(tree, monkeypatch):
+    monkeypatch.setattr(output, "docs_url", lambda: None)
+    log = json.loads(cli(tree, ".", "--output-format", "sarif").stdout)
+    assert not list(validator().iter_errors(log))
+    assert not any("helpUri" in r for r in log["runs"][0]["tool"]["driver"]["rules"])
+
+
+@pytest.mark.parametrize("base", ["https://example.org/docs", "https://example.org/docs/"])
+def test_rule_url_is_the_rule_page_below_the_site_with_or_without_a_slash(base):
+    assert output.rule_url("GL003", base) == "https://example.org/docs/rules/GL003/"
+    assert output.rule_url("GL003", None) is None
+
+
+def test_every_rule_url_names_a_page_of_the_site():
+    """``BASE/rules/GL003/`` is where mkdocs serves ``docs/rules/GL003.md``."""
+    root = Path(__file__).resolve().parent.parent
+    for rule in ALL_RULES:
+        path = output.rule_url(rule.code, "https://site").removeprefix("https://site/").rstrip("/")
+        assert (root / "docs" / f"{path}.md").is_file(), path
+
+
+def test_the_documentation_url_is_the_one_pyproject_names():
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    assert output.docs_url() == pyproject["project"]["urls"]["Documentation"]
+
+
+def test_json_findings_carry_the_url_of_their_rule_page(tree, monkeypatch):
+    monkeypatch.setattr(output, "docs_url", lambda: "https://example.org/gradlint/")
+    findings = json_findings(tree)
+    assert findings
+    assert [f["url"] for f in findings] == [f"https://example.org/gradlint/rules/{f['code']}/" for f in findings]
+    monkeypatch.setattr(output, "docs_url", lambda: None)
+    assert {f["url"] for f in json_findings(tree)} == {None}
+
+
+def test_show_links_follows_each_text_finding_with_its_rule_page(tree, monkeypatch):
+    monkeypatch.setattr(output, "docs_url", lambda: "https://example.org/gradlint/")
+    plain = cli(tree, ".").stdout.splitlines()
+    linked = cli(tree, ".", "--show-links").stdout.splitlines()
+    findings = json_findings(tree)
+    # Each finding line as before, then its link; the summary line unchanged.
+    expected = []
+    for line, finding in zip(plain, findings):
+        expected += [line, f"    see https://example.org/gradlint/rules/{finding['code']}/"]
+    assert linked == expected + plain[len(findings):]
+    monkeypatch.setattr(output, "docs_url", lambda: None)
+    unlinked = cli(tree, ".", "--show-links").stdout.splitlines()
+    assert unlinked[1] == f"    see `gradlint rule {findings[0]['code']}`"
 
 
 def test_sarif_reports_unreadable_files_as_notifications(tree):

@@ -12,23 +12,39 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def table_rows() -> dict[str, list[str]]:
-    """The rows of the rule table (the "Rules" section; other tables, such as real-world precision, list codes too)."""
+    """The rows of the rule table (the "Rules" section; other tables list codes too), by the code its first cell links."""
     rows = {}
     section = README.split("\n## Rules\n", 1)[1].split("\n## ", 1)[0]
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if cells and re.fullmatch(r"GL\d{3}", cells[0]):
-            rows[cells[0]] = cells
+        linked = re.fullmatch(r"\[(GL\d{3})\]\(docs/rules/(GL\d{3})\.md\)", cells[0]) if cells else None
+        if linked:
+            assert linked.group(1) == linked.group(2), f"{cells[0]} links another rule's page"
+            rows[linked.group(1)] = cells
     return rows
 
 
-def test_rule_table_lists_every_rule_with_its_name_and_fix_kind():
+def test_rule_table_lists_every_rule_with_its_name_and_fix_kind_and_links_its_page():
     rows = table_rows()
     assert sorted(rows) == sorted(rule.code for rule in ALL_RULES)
     for rule in ALL_RULES:
         code, name, _, fix = rows[rule.code]
         assert name == rule.name
         assert fix == (rule.fix.value if rule.fix else "none")
+        assert (ROOT / "docs" / "rules" / f"{rule.code}.md").is_file()
+
+
+def test_readme_stays_short_and_every_link_into_the_repository_resolves():
+    assert len(README.splitlines()) <= 300
+    for target in re.findall(r"\]\(((?:docs/)[^)#]+)(?:#[^)]*)?\)", README):
+        assert (ROOT / target).is_file(), target
+
+
+def test_the_pictured_plot_is_committed_and_small():
+    picture = ROOT / "docs" / "images" / "measure-plot.png"
+    assert "](docs/images/measure-plot.png)" in README
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert picture.stat().st_size < 100_000
 
 
 def test_ci_runs_the_readme_test_command_verbatim():
