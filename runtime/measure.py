@@ -372,8 +372,9 @@ def format_table(results: list[ModeResult], fake: bool = False, release_refused:
     lines.extend(_allocator_lines(results))
     survivors = [r for r in results if r.survived]
     if survivors:
-        lines.append("outlived its run (held by something other than the script's objects, e.g. a module's cache; "
-                     "gone with the run's process, not counted in the next mode): "
+        lines.append("outlived its run (still alive once the script's objects were let go: a module's cache, a "
+                     "reference cycle through tensor hooks that gc does not break; gone with the run's process, not "
+                     "counted in the next mode): "
                      + ", ".join(f"{r.mode} {human_bytes(r.survived)}" for r in survivors))
     unsized = sorted({op for r in results for op in r.unsized_ops})
     if unsized:
