@@ -96,6 +96,7 @@ class GradientRelease:
         self._stepped: collections.Counter[int] = collections.Counter()
         self._seen: set[int] = set()  # parameters whose gradient came in since the loop's last step
         self._step_calls = 0
+        self._fused_groups: dict[tuple[int, int], bool] = {}
         self._group_index: dict[int, int] = {}
         self._groups_key: tuple[int, int] | None = None
         self._handles = []
@@ -127,7 +128,13 @@ class GradientRelease:
     def _uses_fused(self, group: dict[str, Any]) -> bool:
         if group.get("fused"):
             return True
-        return self.fused and not group.get("differentiable") and fused_supports(type(self.optimizer), group["params"])
+        if not self.fused or group.get("differentiable"):
+            return False
+        key = (id(group), len(group["params"]))  # asked at every step: the answer is kept per group
+        known = self._fused_groups.get(key)
+        if known is None:
+            known = self._fused_groups[key] = fused_supports(type(self.optimizer), group["params"])
+        return known
 
     def _hook_new_parameters(self) -> None:
         """Hook every parameter of the groups that requires grad and is not hooked yet."""
@@ -218,8 +225,10 @@ class GradientRelease:
                 live[k] = v
         for p in params:
             p.grad = None
-            self._stepped[id(p)] += 1
-            self._had_grad[p] = True
+        if bucket.sub is not sub or len(params) == 1:  # the hooks' buckets are counted through _seen
+            for p in params:
+                self._stepped[id(p)] += 1
+                self._had_grad[p] = True
         bucket.ready = 0
 
     # ------------------------------------------------------------------ at the loop's step()
@@ -261,10 +270,14 @@ class GradientRelease:
             for p in group["params"]:
                 if p.grad is not None:
                     self._step(self._solo_bucket(p))
-                elif self.keep_zeros and p in self._had_grad and not self._stepped[id(p)]:
+                elif self.keep_zeros and self._had_gradient(p) and not self._stepped[id(p)] and id(p) not in self._seen:
                     p.grad = torch.zeros_like(p)
                     self._step(self._solo_bucket(p))
         self._hook_new_parameters()
+
+    def _had_gradient(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` was ever stepped: alone (noted), or in a bucket (made from parameters that were)."""
+        return p in self._had_grad or id(p) in self._bucket_of
 
     def _on_user_step(self) -> None:
         self._catch_up()
