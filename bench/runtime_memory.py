@@ -64,7 +64,6 @@ from run_llm_shaped import LanguageModel  # noqa: E402
 
 from gradlint.runtime.measure import (  # noqa: E402
     AS_WRITTEN,
-    FUSED,
     RELEASE,
     format_table,
     human_bytes,
@@ -503,8 +502,9 @@ def gpu_section(args: argparse.Namespace) -> None:
             for r in results:
                 net = (r.allocator_peak or 0) - r.allocator.get("workspaces", 0)
                 t = r.median_step_time
-                print(f"     {r.mode:<18} tensor {human_bytes(r.memory.peak):>10}  allocator {human_bytes(r.allocator_peak or 0):>10}"
-                      f"  workspaces {human_bytes(r.allocator.get('workspaces', 0)):>10}  ratio {net / r.memory.peak:.4f}"
+                print(f"     {r.mode:<18} tensor {human_bytes(r.memory.peak):>10}  "
+                      f"allocator {human_bytes(r.allocator_peak or 0):>10}  "
+                      f"workspaces {human_bytes(r.allocator.get('workspaces', 0)):>10}  ratio {net / r.memory.peak:.4f}"
                       f"  step {t * 1000:.1f} ms ({t / base.median_step_time:.2f}x as written)")
             fake = measure_mode(script, AS_WRITTEN, [], args.steps, fake=True)
             real = base.allocator_peak - base.allocator.get("workspaces", 0)

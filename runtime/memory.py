@@ -296,25 +296,36 @@ class TensorMemoryMeter(TorchDispatchMode):
 
 
 class CudaAllocator:
-    """The CUDA caching allocator's counters for one device, as :class:`PhaseMeter` reads them."""
+    """The CUDA caching allocator's counters for one device, as :class:`PhaseMeter` reads them.
+
+    Until the script has initialised CUDA there is nothing to read, and
+    reading would create a CUDA context a CPU script never asked for: the
+    counters are 0 and nothing is synchronised.
+    """
 
     def __init__(self, device: torch.device | int | None = None) -> None:
         self.device = device
 
+    @staticmethod
+    def in_use() -> bool:
+        return torch.cuda.is_initialized()
+
     def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
+        if self.in_use():
+            torch.cuda.synchronize(self.device)
 
     def allocated(self) -> int:
-        return torch.cuda.memory_allocated(self.device)
+        return torch.cuda.memory_allocated(self.device) if self.in_use() else 0
 
     def reserved(self) -> int:
-        return torch.cuda.memory_reserved(self.device)
+        return torch.cuda.memory_reserved(self.device) if self.in_use() else 0
 
     def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.device)
+        return torch.cuda.max_memory_allocated(self.device) if self.in_use() else 0
 
     def reset_peak(self) -> None:
-        torch.cuda.reset_peak_memory_stats(self.device)
+        if self.in_use():
+            torch.cuda.reset_peak_memory_stats(self.device)
 
 
 class MeterAllocator:

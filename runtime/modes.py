@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import gc
 import random
-import sys
 import time
 from typing import Any, Callable
 
@@ -29,8 +28,8 @@ from gradlint.runtime import launch
 from gradlint.runtime._patching import Patcher
 from gradlint.runtime.kernels import FUSED_OPTIMIZERS, fused_candidate, fused_supports, kernel_of, params_of
 from gradlint.runtime.launch import run_script
-from gradlint.runtime.memory import MemoryReport, PhaseMeter, TensorMemoryMeter
-from gradlint.runtime.release import GradientRelease, ReleaseUnsupported
+from gradlint.runtime.memory import MemoryReport, TensorMemoryMeter
+from gradlint.runtime.release import GradientRelease
 from gradlint.runtime.tracer import StopTraining, in_backward
 
 AS_WRITTEN = "as written"
@@ -306,7 +305,7 @@ def run_in_child(spec: RunSpec, post: Callable[[Any], None]) -> RunResult:
     del optimizers, params, run, outcome
     gc.collect()
     result.survived = meter.current
-    if cuda is not None:
+    if cuda is not None and torch.cuda.is_initialized():  # a CPU script on a GPU machine has no CUDA figures
         result.allocator = {"peak": cuda.peak, "phases": cuda.phases, "baseline": cuda.baseline}
         result.allocator.update(_allocator_after_run(cuda.baseline))
     return result

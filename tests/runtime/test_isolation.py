@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from child_functions import exit_hard, kill_self, post_and_return
