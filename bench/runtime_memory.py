@@ -1,6 +1,6 @@
 """The runtime's figures, each next to an independent check, in one run.
 
-    python bench/runtime_memory.py [--batches 1 32] [--time-steps 12]
+    python bench/runtime_memory.py [--batches 1 32] [--time-steps 12] [--only memory tracer fake release gpu]
 
 1. Memory of a transformer-like stack (4 pre-norm blocks, width 256, vocab
    4096, seq 64, fp32 AdamW) as written, with set_to_none=True and with
@@ -12,6 +12,17 @@
 2. The tracer's own overhead (what `gradlint run` adds) on a small MLP, and
    whether training is bitwise identical with and without it.
 3. `--fake` against real runs, per model kind.
+4. Gradient release speed on the CPU: gradlint's release (fused kernel, in
+   buckets) against the loop as written (default kernel and fused=True) and
+   the per-parameter recipes of other tools (torch-optimi's gradient_release,
+   PyTorch's tutorial recipe with the default and the fused kernel), all in
+   one process, in rotated rounds; with each one's peak and its largest
+   parameter difference from fused=True as written.
+5. On a GPU only (skipped without CUDA): the PyTorch optimizer-in-backward
+   tutorial loop (ViT-L/16 from torchvision, Adam, batch 1) and a GPT-2 from
+   transformers (bf16 autocast, AdamW), each through `measure` (every mode:
+   tensor peak, CUDA allocator peak net of cuBLAS workspaces, step-time
+   ratios), `measure --fake` against the allocator, and section 4's recipes.
 
 The analytic model (P parameter bytes, G = P gradients, S = 2P + 4 bytes per
 tensor of AdamW state, T = 2 x the largest parameter for AdamW's per-tensor
@@ -30,12 +41,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import itertools
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +65,7 @@ from run_llm_shaped import LanguageModel  # noqa: E402
 from gradlint.runtime.measure import (  # noqa: E402
     AS_WRITTEN,
     RELEASE,
+    format_table,
     human_bytes,
     max_param_difference,
     measure_mode,
@@ -210,6 +225,300 @@ def fake_section() -> None:
               f"{fake.memory.peak / real.memory.peak - 1:+7.2%}  named as not sized by fake: {named}")
 
 
+# ---------------------------------------------------------------------- 4. gradient release speed
+REFERENCE = "as written, fused=True"
+OURS = "gradlint GradientRelease (fused, buckets)"
+
+
+def _recipes() -> dict[str, Callable]:
+    """Each recipe: ``set_up(model, make) -> step(loss_of)``, one training step per call of ``step``.
+
+    ``make(params, **options)`` builds the bench's optimizer class. The peers
+    are the recipes of the table that started this work: torch-optimi's
+    gradient_release, and PyTorch's tutorial recipe (one optimizer per
+    parameter, stepped and cleared from its post-accumulate-grad hook) with
+    the default and the fused kernel.
+    """
+    from gradlint.runtime.release import GradientRelease
+
+    def plain(**options: Any) -> Callable:
+        def set_up(model: nn.Module, make: Callable) -> Callable:
+            opt = make(list(model.parameters()), **options)
+
+            def step(loss_of: Callable) -> None:
+                opt.zero_grad()
+                loss_of(model).backward()
+                opt.step()
+
+            return step
+        return set_up
+
+    def released(**options: Any) -> Callable:
+        def set_up(model: nn.Module, make: Callable) -> Callable:
+            opt = make(list(model.parameters()))
+            GradientRelease(opt, **options)
+
+            def step(loss_of: Callable) -> None:
+                loss_of(model).backward()
+                opt.step()
+
+            return step
+        return set_up
+
+    def per_parameter(**options: Any) -> Callable:
+        def set_up(model: nn.Module, make: Callable) -> Callable:
+            optimizers = {p: make([p], **options) for p in model.parameters()}
+
+            def hook(p: torch.Tensor) -> None:
+                optimizers[p].step()
+                optimizers[p].zero_grad()
+
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(hook)
+
+            def step(loss_of: Callable) -> None:
+                loss_of(model).backward()
+
+            return step
+        return set_up
+
+    def optimi_release(model: nn.Module, make: Callable) -> Callable:
+        import optimi
+
+        opt = getattr(optimi, make.name)(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                                         gradient_release=True)
+        optimi.prepare_for_gradient_release(model, opt)
+
+        def step(loss_of: Callable) -> None:
+            loss_of(model).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
+
+    recipes = {
+        "as written (default kernel)": plain(),
+        REFERENCE: plain(fused=True),
+        OURS: released(),
+        "gradlint GradientRelease, one bucket per parameter": released(bucket_bytes=1),
+        "per-parameter hooks, default kernel": per_parameter(),
+        "per-parameter hooks, fused=True": per_parameter(fused=True),
+    }
+    if importlib.util.find_spec("optimi") is not None:
+        recipes["torch-optimi gradient_release=True"] = optimi_release
+    return recipes
+
+
+def _maker(name: str) -> Callable:
+    cls = getattr(torch.optim, name)
+
+    def make(params: Any, **options: Any) -> torch.optim.Optimizer:
+        return cls(params, lr=1e-3, **options)
+
+    make.name = name  # type: ignore[attr-defined]
+    return make
+
+
+def compare_release(build: Callable[[], nn.Module], loss_of: Callable, optimizer: str, device: str,
+                    steps: int, rounds: int) -> list[tuple[str, float, int, float]]:
+    """``(recipe, median step seconds, peak bytes, max |dparam| against fused=True as written)`` for every recipe.
+
+    All in this process: recipes run in rounds, each round in a rotated order,
+    so every recipe sees the same load; a recipe's time is the median over
+    rounds of its median step (the first two intervals of a run left out).
+    The peak is that of a separate short run: the tensor meter's on the CPU,
+    the allocator's on CUDA.
+    """
+    make = _maker(optimizer)
+    recipes = _recipes()
+    names = list(recipes)
+    medians: dict[str, list[float]] = {name: [] for name in names}
+    finals: dict[str, list[torch.Tensor]] = {}
+
+    def run(name: str, n: int, keep: bool = True) -> list[float]:
+        torch.manual_seed(0)
+        model = build()
+        step = recipes[name](model, make)
+        torch.manual_seed(1)
+        times = []
+        for _ in range(n):
+            step(loss_of)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter())
+        if keep:
+            finals[name] = [p.detach().to("cpu", copy=True) for p in model.parameters()]
+        return [b - a for a, b in zip(times, times[1:])][2:]
+
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            medians[name].append(statistics.median(run(name, steps)))
+    peaks = {name: _peak_of(lambda name=name: run(name, 3, keep=False), device) for name in names}
+    out = []
+    for name in names:
+        diff = max(float((a.double() - b.double()).abs().max()) for a, b in zip(finals[name], finals[REFERENCE]))
+        out.append((name, statistics.median(medians[name]), peaks[name], diff))
+    return out
+
+
+def _peak_of(run: Callable[[], Any], device: str) -> int:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        run()
+        return torch.cuda.max_memory_allocated() - base
+    meter = TensorMemoryMeter()
+    with meter:
+        run()
+    return meter.peak
+
+
+def print_release_table(rows: list[tuple[str, float, int, float]]) -> None:
+    times = {name: t for name, t, _, _ in rows}
+    base = times["as written (default kernel)"]
+    print(f"   {'recipe':<52} {'step':>10} {'/ as written':>12} {'peak':>11} {'max |dparam| vs fused=True':>27}")
+    for name, t, peak, diff in rows:
+        print(f"   {name:<52} {t * 1000:>8.2f}ms {t / base:>11.2f}x {human_bytes(peak):>11} {diff:>27.3g}")
+    peers = [t for name, t in times.items() if name.startswith(("per-parameter", "torch-optimi"))]
+    print(f"   gradlint release: {times[OURS] / base:.2f}x as written (goal on a GPU: <= 1.20), "
+          f"{times[OURS] / min(peers):.2f}x the fastest per-parameter peer (goal: <= 1.00)")
+
+
+def _lm_task(vocab: int, width: int, blocks: int, heads: int, seq: int, batch: int, device: str) -> tuple:
+    def build() -> nn.Module:
+        return LanguageModel(vocab, width, blocks, hidden_of(width), heads).to(device)
+
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(2)).to(device)
+
+    def loss_of(model: nn.Module) -> torch.Tensor:
+        logits = model(tokens[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    return build, loss_of
+
+
+def release_section(args: argparse.Namespace, steps: int = 30, rounds: int = 5) -> None:
+    print(f"\n4. gradient release speed, CPU: the stack of section 1 ({args.blocks} blocks, width {args.width}, vocab "
+          f"{args.vocab}, seq {args.seq}) at batch 1, AdamW; {steps} steps per run, {rounds} rounds in rotated order, "
+          f"1 thread, load average {os.getloadavg()[0]:.1f}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        build, loss_of = _lm_task(args.vocab, args.width, args.blocks, args.heads, args.seq, 1, "cpu")
+        print_release_table(compare_release(build, loss_of, "AdamW", "cpu", steps, rounds))
+    finally:
+        torch.set_num_threads(threads)
+    print(f"   load average after {os.getloadavg()[0]:.1f}")
+
+
+# ---------------------------------------------------------------------- 5. on a GPU
+VIT_TUTORIAL = """\
+import torch
+import torchvision
+
+model = torchvision.models.vit_l_16(weights=None).cuda()
+optimizer = torch.optim.Adam(model.parameters())
+for step in range(100):
+    fake_image = torch.rand(1, 3, 224, 224).cuda()
+    loss = model.forward(fake_image)
+    loss.sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+GPT2_BF16 = """\
+import torch
+import transformers
+
+device = "cuda"
+model = transformers.GPT2LMHeadModel(transformers.GPT2Config()).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+for step in range(100):
+    ids = torch.randint(0, 50257, (4, 257), device=device)
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(ids[:, :-1], labels=ids[:, 1:]).loss
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _gpu_models() -> dict[str, tuple[str, str, Callable, Callable, str]]:
+    """name -> (needed module, script, build, loss_of, optimizer) for the models whose library is installed."""
+    models = {}
+    if importlib.util.find_spec("torchvision") is not None:
+        def build_vit() -> nn.Module:
+            import torchvision
+
+            return torchvision.models.vit_l_16(weights=None).cuda()
+
+        image = torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+
+        def vit_loss(model: nn.Module) -> torch.Tensor:
+            return model(image.cuda()).sum()
+
+        models["ViT-L/16, Adam, batch 1 (the PyTorch tutorial)"] = ("torchvision", VIT_TUTORIAL, build_vit, vit_loss, "Adam")
+    if importlib.util.find_spec("transformers") is not None:
+        def build_gpt2() -> nn.Module:
+            import transformers
+
+            return transformers.GPT2LMHeadModel(transformers.GPT2Config()).cuda()
+
+        ids = torch.randint(0, 50257, (4, 257), generator=torch.Generator().manual_seed(2))
+
+        def gpt2_loss(model: nn.Module) -> torch.Tensor:
+            batch = ids.cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return model(batch[:, :-1], labels=batch[:, 1:]).loss
+
+        models["GPT-2 124M, AdamW, bf16 autocast, batch 4 x 256"] = ("transformers", GPT2_BF16, build_gpt2, gpt2_loss,
+                                                                     "AdamW")
+    return models
+
+
+def gpu_section(args: argparse.Namespace) -> None:
+    if not torch.cuda.is_available():
+        print("\n5. GPU: skipped, no CUDA device is visible")
+        return
+    print(f"\n5. GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    models = _gpu_models()
+    if not models:
+        print("   skipped: neither torchvision nor transformers is installed")
+    with tempfile.TemporaryDirectory() as folder:
+        for i, (name, (_, text, build, loss_of, optimizer)) in enumerate(models.items()):
+            if args.gpu_models and not any(key in name for key in args.gpu_models):
+                continue
+            script = os.path.join(folder, f"model{i}.py")
+            with open(script, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            started = time.perf_counter()
+            print(f"\n   {name}: gradlint measure --steps {args.steps} --time-steps {args.time_steps}")
+            results, refused = measure_script(script, [], args.steps, time_steps=args.time_steps)
+            print("   " + format_table(results, release_refused=refused).replace("\n", "\n   "))
+            base = results[0]
+            print("   allocator against the tensor meter, per mode (allocator peak - cuBLAS workspaces) / tensor peak:")
+            for r in results:
+                net = (r.allocator_peak or 0) - r.allocator.get("workspaces", 0)
+                t = r.median_step_time
+                print(f"     {r.mode:<18} tensor {human_bytes(r.memory.peak):>10}  "
+                      f"allocator {human_bytes(r.allocator_peak or 0):>10}  "
+                      f"workspaces {human_bytes(r.allocator.get('workspaces', 0)):>10}  ratio {net / r.memory.peak:.4f}"
+                      f"  step {t * 1000:.1f} ms ({t / base.median_step_time:.2f}x as written)")
+            fake = measure_mode(script, AS_WRITTEN, [], args.steps, fake=True)
+            real = base.allocator_peak - base.allocator.get("workspaces", 0)
+            print(f"   --fake ({fake.device_story}): {human_bytes(fake.memory.peak)} against the allocator's "
+                  f"{human_bytes(real)} net of workspaces: {fake.memory.peak / real - 1:+.2%} (goal: within 2%)")
+            print(f"   release recipes ({args.gpu_steps} steps per run, {args.gpu_rounds} rounds), {optimizer}:")
+            print_release_table(compare_release(build, loss_of, optimizer, "cuda", args.gpu_steps, args.gpu_rounds))
+            print(f"   ({time.perf_counter() - started:.0f} s)")
+            sys.stdout.flush()
+
+
+SECTIONS = ("memory", "tracer", "fake", "release", "gpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=4)
@@ -220,13 +529,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--time-steps", type=int, default=12)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--gpu-models", nargs="*", default=[], help="run only the GPU models whose name holds one of these")
+    parser.add_argument("--gpu-steps", type=int, default=20)
+    parser.add_argument("--gpu-rounds", type=int, default=3)
     args = parser.parse_args()
     started = time.perf_counter()
     print(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, torch {torch.__version__}, "
           f"Python {platform.python_version()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    memory_section(args)
-    tracer_section()
-    fake_section()
+    sections = {"memory": lambda: memory_section(args), "tracer": tracer_section, "fake": fake_section,
+                "release": lambda: release_section(args), "gpu": lambda: gpu_section(args)}
+    for name in args.only:
+        sections[name]()
+        sys.stdout.flush()
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
 
 

@@ -163,10 +163,13 @@ def _merged_verdicts(reports: list[dict[str, Any]], world: int) -> str:
 def measure_command(
     script: str, steps: int, plot_path: str | None, fake: bool, time_steps: int, cuda_snapshot: bool
 ) -> None:
-    """Measure SCRIPT as written, with set_to_none=True and with fused gradient release.
+    """Measure SCRIPT as written, with set_to_none=True, with gradient release and with fused=True.
 
-    Prints peak memory with its split, median step time and the largest
-    parameter difference from the as-written run. Arguments after ``--`` go
+    Each run is a process of its own. Prints peak memory with its split,
+    median step time and the largest parameter difference from the
+    as-written run, judged in words. Gradient release is the script's GL204
+    rewrite where --fix can write one; fused=True is measured where an
+    optimizer has a fused kernel it does not use. Arguments after ``--`` go
     to the script. Exit 2 when a mode could not be measured. Under torchrun
     every rank measures and rank 0 prints its table with every rank's peaks.
     """

@@ -6,6 +6,22 @@ while nothing is allocated. Values do not exist: ``item()``, ``float()`` and
 ``int()`` on a fake tensor whose value is unknown return 0 (a script that logs its loss keeps
 running; a script whose control flow depends on tensor values is not
 supported).
+
+Every fake tensor follows one device story, chosen once per run:
+
+- ``cuda`` where a GPU is visible: fake tensors keep their CUDA device, and
+  what the real run would choose from the device (CUDA's autocast lists,
+  attention kernels) is chosen from it;
+- ``cpu`` everywhere else (a torch built without CUDA, or with CUDA but no
+  visible GPU): every CUDA device a call names becomes the CPU, and
+  ``autocast("cuda")`` becomes ``autocast("cpu")``. Fake CUDA tensors cannot
+  carry a training step there: a CPU-only build refuses device moves to CUDA
+  even on fake tensors ("not linked with support for cuda devices"), and
+  without a GPU the kernels that read the device's properties cannot run.
+
+In both, a module converted with ``to``, ``cuda``, ``half`` or ``bfloat16``
+moves each parameter object itself, so parameters and inputs never end up on
+two devices.
 """
 
 from __future__ import annotations
@@ -55,11 +71,16 @@ def _module_apply(original: Any) -> Any:
                 applied = fn(param)
             if applied is not param:
                 param.data = applied
+                # ``.data`` swaps the tensor's metadata but not the device a FakeTensor reports
+                if isinstance(applied, FakeTensor) and isinstance(param, FakeTensor):
+                    param.fake_device = applied.fake_device
             if param.grad is not None:
                 with torch.no_grad():
                     grad = fn(param.grad)
                 if grad is not param.grad:
                     param.grad = grad.requires_grad_(param.grad.requires_grad)
+                    if isinstance(grad, FakeTensor) and isinstance(param.grad, FakeTensor):
+                        param.grad.fake_device = grad.fake_device
         for key, buf in module._buffers.items():
             if buf is not None:
                 module._buffers[key] = fn(buf)
@@ -74,13 +95,25 @@ def _is_cuda(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == "cuda"
 
 
-class CudaAsCpu(TorchFunctionMode):
-    """Every CUDA device a torch call names becomes the CPU, in a torch built without CUDA.
+CUDA, CPU = "cuda", "cpu"
+STORIES = {
+    CUDA: "fake CUDA tensors on the visible GPU (its autocast lists and kernel choices)",
+    CPU: "CUDA devices mapped to the CPU (no GPU visible): CPU kernel choices and CPU autocast lists",
+}
 
-    Fake CUDA tensors can be created there, but autograd on them aborts the
-    process (it asks the missing CUDA runtime for a stream). The estimate is
-    of bytes, which do not depend on the device, so ``device="cuda"``,
-    ``.to("cuda")`` and ``.cuda()`` simply stay on the CPU.
+
+def device_story() -> str:
+    """``cuda`` where a GPU is visible, else ``cpu``: see the module's docstring."""
+    return CUDA if torch.cuda.is_available() else CPU
+
+
+class CudaAsCpu(TorchFunctionMode):
+    """Every CUDA device a torch call names becomes the CPU: the ``cpu`` device story.
+
+    Factory functions (``device="cuda"``, also through ``torch.device("cuda")``
+    as a default device), ``.to("cuda")`` in any spelling and ``.cuda()``
+    stay on the CPU, so every tensor of the run is a CPU tensor. The estimate
+    is of bytes, which do not depend on the device.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -121,25 +154,46 @@ _FAKE_CUDA = {
 }
 
 
+class _FakeMode(FakeTensorMode):
+    """``FakeTensorMode`` that decides once, before ``torch.cuda`` is patched to report a GPU, whether one exists.
+
+    torch reads ``torch.cuda.is_available()`` at every entry and device move
+    to decide whether it may initialise the device (``avoid_device_init``);
+    the patched answer would make it try on a machine without a GPU.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._no_device = super().avoid_device_init
+
+    @property
+    def avoid_device_init(self) -> bool:  # type: ignore[override]
+        return self._no_device
+
+
 @contextlib.contextmanager
-def fake_tensors() -> Iterator[FakeTensorMode]:
+def fake_tensors(story: str | None = None) -> Iterator[FakeTensorMode]:
     """Enter ``FakeTensorMode`` with value reads (``item``, ``float``, ``int``) answered by 0.
 
     Module and tensor conversions (``to``, ``cuda``, ``half``, ``bfloat16``)
     work on fake tensors, and a CUDA device is reported available, so the
-    lines every large-model script has run as they would on a GPU.
+    lines every large-model script has run as they would on a GPU. ``story``:
+    ``cuda`` or ``cpu`` (default: :func:`device_story`); the mode yielded
+    names it in ``device_story``.
     """
+    story = story or device_story()
+    mode = _FakeMode(allow_non_fake_inputs=True)
+    mode.device_story = STORIES[story]  # type: ignore[attr-defined]
     patcher = Patcher()
     for name in ("item", "__float__", "__int__"):
         patcher.set(torch.Tensor, name, _placeholder(getattr(torch.Tensor, name)))
     patcher.set(torch.nn.Module, "_apply", _module_apply(torch.nn.Module._apply))
-    cuda_as_cpu = not torch.backends.cuda.is_built()
-    if cuda_as_cpu:
+    if story == CPU:
         patcher.set(torch.autocast, "__init__", _cpu_autocast(torch.autocast.__init__))
     for name, answer in _FAKE_CUDA.items():
         patcher.set(torch.cuda, name, answer)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, (CudaAsCpu() if cuda_as_cpu else contextlib.nullcontext()):
+        with mode, (CudaAsCpu() if story == CPU else contextlib.nullcontext()):
             yield mode
     finally:
         patcher.restore()

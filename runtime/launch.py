@@ -43,14 +43,23 @@ def _one_line(exc: BaseException, script: str) -> str:
     return f"{text} (at {os.path.basename(where.filename)}:{where.lineno})" if where else text
 
 
-def _run_as_main(path: str, watch_lines: Iterable[int], reached: Callable[[int], None]) -> None:
-    """``runpy.run_path(path, run_name="__main__")``, with marker calls in front of ``watch_lines``."""
+def _run_as_main(
+    path: str, watch_lines: Iterable[int], reached: Callable[[int], None], source: str | None = None
+) -> None:
+    """``runpy.run_path(path, run_name="__main__")``, with marker calls in front of ``watch_lines``.
+
+    ``source``: text run in place of the file's, under the file's name.
+    """
     lines = list(watch_lines)
-    if not lines:
+    if not lines and source is None:
         runpy.run_path(path, run_name="__main__")
         return
-    with io.open_code(path) as handle:
-        code = compile_watching(handle.read(), path, lines)
+    if source is None:
+        with io.open_code(path) as handle:
+            text: bytes | str = handle.read()
+    else:
+        text = source
+    code = compile_watching(text, path, lines) if lines else compile(text, path, "exec", dont_inherit=True)
     # the same steps as run_path for a plain file, with our code object
     runpy._run_module_code(code, {MARKER: reached}, "__main__", pkg_name="", script_name=path)  # type: ignore[attr-defined]
 
@@ -60,13 +69,15 @@ def run_script(
     args: Sequence[str] = (),
     watch_lines: Iterable[int] = (),
     reached: Callable[[int], None] = lambda line: None,
+    source: str | None = None,
 ) -> Outcome:
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` and the script's folder on ``sys.path``.
 
     :class:`StopTraining` ends the run as ``stopped``; ``sys.exit`` as ``exited``;
     any other exception as ``raised``, summed up in one line. ``sys.argv``
     and ``sys.path`` are restored afterwards. ``reached(line)`` is called when
-    the statement holding one of ``watch_lines`` is about to run.
+    the statement holding one of ``watch_lines`` is about to run. ``source``:
+    text to run instead of the file's (a rewrite of it), under the file's name.
     """
     path = os.path.abspath(path)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
@@ -75,7 +86,7 @@ def run_script(
     had_process_group = _process_group_initialized()
     outcome = Outcome(RAISED, "not run")
     try:
-        _run_as_main(path, watch_lines, reached)
+        _run_as_main(path, watch_lines, reached, source)
         outcome = Outcome(FINISHED)
     except StopTraining as stop:
         outcome = Outcome(STOPPED, str(stop))
@@ -122,10 +133,28 @@ def _close_process_group(synchronise: bool) -> None:
 _groups_closed = 0
 
 
+def groups_closed() -> int:
+    """How many default process groups runs in this process have closed (see :func:`_name_next_default_group`)."""
+    return _groups_closed
+
+
+def set_groups_closed(count: int) -> None:
+    """Carry the count over from the runs of another process: the next group is named after it."""
+    import torch.distributed as dist
+
+    global _groups_closed
+    _groups_closed = count
+    if count and dist.is_available():
+        import torch.distributed.distributed_c10d as c10d
+
+        c10d._world.group_count = count
+
+
 def _name_next_default_group() -> None:
     """Give the default group the script creates in its next run here its own keys in the launch's store.
 
-    ``gradlint measure`` runs a script once per mode in one process, and under
+    ``gradlint measure`` runs a script once per mode, each run in a process of
+    its own that is handed the count (:func:`set_groups_closed`), and under
     torchrun every run initialises its group in the same store. The default
     group is named after a counter that ``destroy_process_group`` resets to 0,
     so a new group would read the keys the previous one left: gloo connected

@@ -1,51 +1,57 @@
-"""``gradlint measure``: run a loop as written, with ``set_to_none=True`` and with gradient release.
+"""``gradlint measure``: run a loop as written, with ``set_to_none=True``, with gradient release and fused.
 
-Each mode runs the user's script from the top under a :class:`TensorMemoryMeter`
-(or the CUDA allocator's peak on a GPU), stops it after the same number of
-optimizer steps, and keeps the peak with its split, the time between
-consecutive ``step()`` calls, the parameters at the end and the memory curve of
-the last step. The RNGs are seeded identically before every mode, so the
-parameter difference between modes measures the modes, not the data.
+Each mode runs the user's script from the top (:mod:`~gradlint.runtime.modes`)
+under a :class:`TensorMemoryMeter` (and the CUDA allocator, per phase, on a
+GPU), stops it after the same number of optimizer steps, and keeps the peak
+with its split, the parameters at the end and the memory curve of the last
+step; a second run of the mode, without any meter, times it. Every run is a
+process of its own (:mod:`~gradlint.runtime.isolation`): each starts from the
+same allocator baseline, with nothing of an earlier run alive, and what
+survives a run is reported as such.
+
+The gradient release mode measures what ``gradlint check --fix`` would give:
+the script's GL204 rewrite (torch-optimi) run as written, where the rewrite
+applies and torch-optimi is installed; elsewhere gradlint's own
+:class:`~gradlint.runtime.release.GradientRelease`, and the table says which.
+On CUDA, unless the script made its algorithms deterministic, the as-written
+mode runs a second time to measure the run-to-run noise that parameter
+differences are judged against.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-import random
+import os
 import statistics
-import sys
-import time
+import tempfile
 from typing import Any, Callable, Sequence
 
 import torch
 
-from gradlint.runtime._patching import Patcher
-from gradlint.runtime.launch import Outcome, run_script
-from gradlint.runtime.memory import CATEGORIES, UNSIZED_BY_FAKE, CudaPhaseMeter, MemoryReport, TensorMemoryMeter
-from gradlint.runtime.release import GradientRelease, ReleaseUnsupported
-from gradlint.runtime.tracer import StopTraining, in_backward
+from gradlint.runtime.isolation import ChildDied, call_in_child
+from gradlint.runtime.launch import Outcome
+from gradlint.runtime.memory import CATEGORIES, UNSIZED_BY_FAKE, MemoryReport
+from gradlint.runtime.modes import (
+    AS_WRITTEN,
+    FUSED,
+    MODES,
+    RELEASE,
+    SET_TO_NONE,
+    MeasureError,
+    RunResult,
+    RunSpec,
+    run_in_child,
+)
 
-AS_WRITTEN = "as written"
-SET_TO_NONE = "set_to_none=True"
-RELEASE = "gradient release"
-MODES = (AS_WRITTEN, SET_TO_NONE, RELEASE)
-SEED = 0
+__all__ = ["AS_WRITTEN", "FUSED", "MODES", "RELEASE", "SET_TO_NONE", "MeasureError", "ModeResult", "measure_mode",
+           "measure_script", "max_param_difference", "format_table", "plot"]
+
 RELEASED_AS_WRITTEN = (
     "the script already releases gradients as written (its optimizers step inside backward); "
     "'as written' is the gradient release measurement"
 )
-
-
-class MeasureError(Exception):
-    """A mode could not be measured (the script failed or never stepped)."""
-
-    def __init__(self, message: str, cause: BaseException | None = None, detail: str = "", traceback: str = "") -> None:
-        super().__init__(message)
-        self.cause = cause
-        self.detail = detail or message
-        self.traceback = traceback
+OWN_RELEASE = "gradlint GradientRelease"
+REWRITE_RELEASE = "GL204 rewrite (torch-optimi)"
 
 
 @dataclasses.dataclass
@@ -64,158 +70,47 @@ class ModeResult:
     phases: list[tuple[str, float, float]] = dataclasses.field(default_factory=list)
     cuda_phases: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     unsized_ops: dict[str, int] = dataclasses.field(default_factory=dict)  # fake only: ops the estimate undercounts
+    survived: int = 0  # tensor bytes the run made that outlived its objects
+    allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # CUDA: baseline, survived, workspaces
+    kernels: list[str] = dataclasses.field(default_factory=list)
+    fused_candidates: list[str] = dataclasses.field(default_factory=list)
+    release_kernels: list[str] = dataclasses.field(default_factory=list)
+    variant: str = ""  # gradient release: OWN_RELEASE or REWRITE_RELEASE, and why
+    param_devices: list[str] = dataclasses.field(default_factory=list)
+    deterministic: bool = False
+    device_story: str = ""
+    noise: float | None = None  # as written: max |Δparam| between two as-written runs (CUDA)
 
     @property
     def median_step_time(self) -> float | None:
         return statistics.median(self.step_times) if self.step_times else None
 
 
-def _seed() -> None:
-    torch.manual_seed(SEED)
-    random.seed(SEED)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(SEED)
-
-
-class _ModeRun:
-    """The patches that turn the user's script into one mode of the measurement."""
-
-    def __init__(
-        self, mode: str, steps: int, meter: TensorMemoryMeter | None, on_step: Callable[[int], None] = lambda n: None
-    ) -> None:
-        self.mode, self.steps, self.meter, self.on_step = mode, steps, meter, on_step
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.releases: list[GradientRelease] = []
-        self.times: list[float] = []
-        self.count = 0
-        self.params: list[torch.Tensor] | None = None
-        self.sinks: list[Any] = [meter] if meter is not None else []  # meters told about phases
-        self.release_loop = False  # the script steps inside backward (gradient release as written)
-        self._stepped_in_backward = False
-        self.patcher = Patcher()
-
-    def _user_step(self) -> None:
-        self.count += 1
-        self.times.append(time.perf_counter())
-        if self.meter is not None:
-            self.meter.mark(f"step {self.count}")
-        self.on_step(self.count)
-        if self.count >= self.steps:
-            raise StopTraining(f"stopped after {self.count} optimizer steps")
-
-    def _post_step_hook(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not any(opt is o for o in self.optimizers):
-            return
-        if in_backward():
-            # stepped from a hook inside backward (gradient release as written):
-            # the backward is the loop step, counted when it returns
-            self.release_loop = True
-            self._stepped_in_backward = True
-        else:
-            self._user_step()
-
-    def _wrap_backward(self, original: Callable) -> Callable:
-        run = self
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if in_backward():
-                return original(*args, **kwargs)
-            run._stepped_in_backward = False
-            for sink in run.sinks:
-                sink.begin("backward")
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                for sink in run.sinks:
-                    sink.end("backward")
-            if run._stepped_in_backward:
-                run._stepped_in_backward = False
-                run._user_step()
-            return result
-
-        return backward
-
-    def _wrap_init(self, original: Callable) -> Callable:
-        run = self
-
-        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
-            original(opt, *args, **kwargs)
-            run.optimizers.append(opt)
-            if run.meter is not None:
-                run.meter.watch_optimizer(opt)
-            if run.mode == RELEASE and not opt.defaults.get("gradient_release"):  # torch-optimi releases itself
-                release = GradientRelease(opt)
-                release.step_callbacks.append(run._user_step)
-                run.releases.append(release)
-
-        return __init__
-
-    def _wrap_zero_grad(self, original: Callable) -> Callable:
-        """Mark the clear on the memory timeline; in the set_to_none mode, force ``set_to_none=True``."""
-        run = self
-
-        def zero_grad(obj: Any, set_to_none: bool = True) -> None:
-            for sink in run.sinks:
-                sink.begin("clear")
-            try:
-                return original(obj, set_to_none=True if run.mode == SET_TO_NONE else set_to_none)
-            finally:
-                for sink in run.sinks:
-                    sink.end("clear")
-
-        return zero_grad
-
-    def __enter__(self) -> "_ModeRun":
-        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
-
-        p = self.patcher
-        p.set(Optimizer, "__init__", self._wrap_init(Optimizer.__init__))
-        p.keep(register_optimizer_step_post_hook(self._post_step_hook))
-        p.set(torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward))
-        p.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
-        p.set(Optimizer, "zero_grad", self._wrap_zero_grad(Optimizer.zero_grad))
-        p.set(torch.nn.Module, "zero_grad", self._wrap_zero_grad(torch.nn.Module.zero_grad))
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for release in self.releases:
-            release.remove()
-        self.patcher.restore()
-
-    def final_params(self) -> list[torch.Tensor]:
-        return [p.detach().clone() for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
-
-
-def _run_mode(path: str, mode: str, args: Sequence[str], steps: int, meter: TensorMemoryMeter | None,
-              fake: bool = False, on_step: Callable[[int], None] = lambda n: None,
-              snapshot: str | None = None) -> tuple[_ModeRun, Outcome, Any]:
-    from gradlint.runtime.fake import fake_tensors
-
-    gc.collect()
-    _seed()
-    outer = fake_tensors() if fake else contextlib.nullcontext()
-    cuda = None if fake or meter is None or not torch.cuda.is_available() else CudaPhaseMeter(snapshot=snapshot)
-    with outer:
-        run = _ModeRun(mode, steps, meter, on_step)
-        if cuda is not None:
-            run.sinks.append(cuda)
-        with run, (cuda or contextlib.nullcontext()), (meter or contextlib.nullcontext()):
-            outcome = run_script(path, args)
-        run.params = None if fake else run.final_params()
-    if not outcome.ok:
-        from gradlint.runtime.run import user_traceback
-
-        trace = user_traceback(outcome.exc, path) if outcome.exc else ""
-        raise MeasureError(f"{mode}: the script {outcome.how}: {outcome.detail}", outcome.exc, outcome.detail, trace)
-    if run.count == 0:
-        raise MeasureError(f"{mode}: no optimizer step ran: the script has no training loop gradlint can follow")
-    return run, outcome, cuda
-
-
 def step_intervals(times: Sequence[float], warmup: int = 1) -> list[float]:
     """Seconds between consecutive loop steps, without the first ``warmup`` intervals (lazy state, caches)."""
     return [b - a for a, b in zip(times, times[1:])][warmup:]
+
+
+def _in_child(spec: RunSpec, on_step: Callable[[int], None]) -> RunResult:
+    from gradlint.runtime import launch
+
+    def on_message(message: tuple[str, int]) -> None:
+        kind, value = message
+        if kind == "step":
+            on_step(value)
+        else:  # "groups closed"
+            launch.set_groups_closed(value)
+
+    spec.groups_closed = launch.groups_closed()
+    try:
+        return call_in_child(run_in_child, spec, on_message=on_message)
+    except ChildDied as died:
+        raise MeasureError(f"{spec.mode}: {died}") from None
+
+
+def _load_params(path: str) -> list[torch.Tensor]:
+    """The parameters a child wrote, mapped from the file rather than read (a large model's stay on disk)."""
+    return torch.load(path, mmap=True, weights_only=True)
 
 
 def measure_mode(
@@ -227,38 +122,80 @@ def measure_mode(
     on_step: Callable[[int], None] = lambda n: None,
     time_steps: int = 12,
     snapshot: str | None = None,
+    source: str | None = None,
+    release_fused: bool = True,
 ) -> ModeResult:
     """Run the script in ``mode``: once under the memory meter for ``steps`` steps, once without it to time.
 
-    The meter intercepts every op and would inflate step times (about 2x), so
-    times come from a second run of ``time_steps`` steps with no meter at all,
-    on the same seed; the first interval is dropped as warm-up. On fake tensors
-    nothing is timed. ``time_steps`` below 3 skips the timing run. On CUDA,
-    ``snapshot`` names the file for the allocator's memory history.
+    Each run is a fresh process. The meter intercepts every op and would
+    inflate step times (about 2x), so times come from a second run of
+    ``time_steps`` steps with no meter at all, on the same seed; the first
+    interval is dropped as warm-up. On fake tensors nothing is timed.
+    ``time_steps`` below 3 skips the timing run. On CUDA, ``snapshot`` names
+    the file for the allocator's memory history. ``source``: text to run
+    instead of the file's (the GL204 rewrite).
     """
-    meter = TensorMemoryMeter(timeline=True, flag_unsized=fake)
-    run, outcome, cuda = _run_mode(path, mode, args, steps, meter, fake, on_step, snapshot)
+    path = os.path.abspath(path)
+    with tempfile.TemporaryDirectory(prefix="gradlint-measure-") as folder:
+        params_file = None if fake else os.path.join(folder, "params.pt")
+        spec = RunSpec(path, mode, tuple(args), steps, True, fake, snapshot, params_file, source=source,
+                       release_fused=release_fused)
+        metered = _in_child(spec, on_step)
+        params = _load_params(params_file) if params_file else None
     times: list[float] = []
     if not fake and time_steps >= 3:
-        timed, _, _ = _run_mode(path, mode, args, time_steps, None)
+        timed = _in_child(dataclasses.replace(spec, steps=time_steps, metered=False, snapshot=None, params_file=None),
+                          lambda n: None)
         times = step_intervals(timed.times)
+    allocator = metered.allocator
     return ModeResult(
         mode,
-        run.count,
-        meter.report(),
+        metered.count,
+        metered.memory,
         times,
-        run.params,
-        _last_step_curve(meter),
-        outcome,
-        cuda.peak if cuda else None,
-        run.release_loop,
-        _last_step_phases(meter),
-        cuda.phases if cuda else {},
-        dict(meter.unsized or {}),
+        params,
+        _last_step_curve(metered),
+        Outcome(metered.how),
+        allocator.get("peak"),
+        metered.release_as_written,
+        _last_step_phases(metered),
+        allocator.get("phases", {}),
+        metered.unsized_ops,
+        metered.survived or 0,
+        {k: v for k, v in allocator.items() if k not in ("peak", "phases")},
+        metered.kernels,
+        metered.fused_candidates,
+        metered.release_kernels,
+        param_devices=metered.param_devices,
+        deterministic=metered.deterministic,
+        device_story=metered.device_story,
     )
 
 
-def _last_step_window(meter: TensorMemoryMeter) -> tuple[float, float] | None:
+def gl204_rewrite(path: str) -> tuple[str | None, str]:
+    """The text ``gradlint check --fix --select GL204 --unsafe-fixes`` would write, or ``None`` and why not."""
+    try:
+        from gradlint.config import Config
+        from gradlint.fixer import fix_text
+    except ImportError:
+        return None, "the static linter is not installed"
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    outcome = fix_text(text, path, Config(select=("GL204",)), unsafe=True)
+    if outcome.changed:
+        return outcome.text, ""
+    if any(f.code == "GL204" for f in outcome.result.findings):
+        return None, "GL204 flags the loop but cannot rewrite it (its optimizer or its shape is not one the fix handles)"
+    return None, "GL204 does not flag this loop, so --fix offers no rewrite"
+
+
+def _optimi_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("optimi") is not None
+
+
+def _last_step_window(meter: RunResult) -> tuple[float, float] | None:
     """Start and end (perf_counter seconds) of the last complete step: between two step marks.
 
     The very last step is cut short (the run is stopped inside its step hook,
@@ -280,7 +217,7 @@ def _last_step_window(meter: TensorMemoryMeter) -> tuple[float, float] | None:
     return start, end
 
 
-def _last_step_curve(meter: TensorMemoryMeter) -> list[tuple[float, int]]:
+def _last_step_curve(meter: RunResult) -> list[tuple[float, int]]:
     """``(seconds since the step began, live bytes)`` over the last measured step."""
     window = _last_step_window(meter)
     if window is None:
@@ -289,7 +226,7 @@ def _last_step_curve(meter: TensorMemoryMeter) -> list[tuple[float, int]]:
     return [(t - start, live) for _, t, live in meter.timeline or [] if start <= t <= end]
 
 
-def _last_step_phases(meter: TensorMemoryMeter) -> list[tuple[str, float, float]]:
+def _last_step_phases(meter: RunResult) -> list[tuple[str, float, float]]:
     """The phases (backward, step, clear) of the last measured step, in seconds since it began."""
     window = _last_step_window(meter)
     if window is None:
@@ -307,35 +244,77 @@ def measure_script(
     progress: Callable[[str], None] = lambda s: None,
     time_steps: int = 12,
     snapshot_prefix: str | None = None,
+    noise: bool | None = None,
 ) -> tuple[list[ModeResult], str | None]:
-    """All three modes, in order; see :func:`measure_mode`.
+    """Every mode, in order; see :func:`measure_mode`.
 
     Returns the results and, when the loop cannot run with gradient release
     (a GradScaler, clipping, accumulation), the reason instead of that mode.
+    The fused optimizer mode runs when an optimizer of the script has a fused
+    kernel it does not use. ``noise``: rerun the as-written mode to measure
+    run-to-run noise (``None``: where runs can differ, see :func:`noise_floor_needed`).
     """
-    results: list[ModeResult] = []
-    for i, mode in enumerate(MODES, 1):
-        label = f"mode {i}/{len(MODES)} ({mode})"
-        if mode == RELEASE and results[0].release_as_written:
-            return results, RELEASED_AS_WRITTEN
+    total = len(MODES)
+
+    def run(mode: str, number: int, **extra: Any) -> ModeResult:
+        label = f"mode {number}/{total} ({mode})"
         progress(f"{label}: starting")
+        name = mode.replace(" ", "-").replace("=", "-")
+        return measure_mode(
+            path, mode, args, steps, fake,
+            on_step=lambda n: progress(f"{label}: step {n}/{steps}"),
+            time_steps=time_steps,
+            snapshot=f"{snapshot_prefix}.{name}.pickle" if snapshot_prefix else None,
+            **extra,
+        )
+
+    base = run(AS_WRITTEN, 1)
+    results = [base]
+    if not fake and (noise or (noise is None and noise_floor_needed(base))):
+        progress("as written, again: run-to-run noise")
+        again = measure_mode(path, AS_WRITTEN, args, steps, time_steps=0)
+        base.noise = max_param_difference(base, again)
+    results.append(run(SET_TO_NONE, 2))
+    refused = None
+    if base.release_as_written:
+        refused = RELEASED_AS_WRITTEN
+    else:
         try:
-            results.append(
-                measure_mode(
-                    path, mode, args, steps, fake,
-                    on_step=lambda n, label=label: progress(f"{label}: step {n}/{steps}"),
-                    time_steps=time_steps,
-                    snapshot=f"{snapshot_prefix}.{mode.replace(' ', '-').replace('=', '-')}.pickle" if snapshot_prefix else None,
-                )
-            )
+            results.append(_measure_release(path, run))
         except MeasureError as err:
-            if mode == RELEASE and isinstance(err.cause, ReleaseUnsupported):
-                return results, str(err.cause)
-            if mode == RELEASE and err.cause is not None:
+            if err.cause == "ReleaseUnsupported":
+                refused = err.reason
+            elif err.cause is not None:
                 # ran as written, fails once gradients are freed after backward: it reads them
-                return results, f"the script fails under gradient release, which frees each gradient during backward: {err.detail}"
-            raise
-    return results, None
+                refused = f"the script fails under gradient release, which frees each gradient during backward: {err.detail}"
+            else:
+                raise
+    if base.fused_candidates:
+        results.append(run(FUSED, 4))
+    return results, refused
+
+
+def noise_floor_needed(base: ModeResult) -> bool:
+    """Whether two runs of the same script can differ: parameters on CUDA, algorithms not made deterministic."""
+    return base.params is not None and "cuda" in base.param_devices and not base.deterministic
+
+
+def _measure_release(path: str, run: Callable[..., ModeResult]) -> ModeResult:
+    """The release mode on the GL204 rewrite where ``--fix`` can write one, on gradlint's own release elsewhere."""
+    source, why = gl204_rewrite(path)
+    if source is not None and not _optimi_installed():
+        source, why = None, "the GL204 rewrite uses torch-optimi, which is not installed (pip install torch-optimi)"
+    if source is not None:
+        try:
+            result = run(RELEASE, 3, source=source)
+        except MeasureError as err:
+            why = f"the GL204 rewrite failed when run ({err.detail})"
+        else:
+            result.variant = REWRITE_RELEASE
+            return result
+    result = run(RELEASE, 3)
+    result.variant = f"{OWN_RELEASE}: {why}"
+    return result
 
 
 def max_param_difference(a: ModeResult, b: ModeResult) -> float | None:
@@ -358,7 +337,7 @@ def human_bytes(n: float) -> str:
 
 
 def format_table(results: list[ModeResult], fake: bool = False, release_refused: str | None = None) -> str:
-    """The table ``gradlint measure`` prints, with a plain verdict on gradient release."""
+    """The table ``gradlint measure`` prints, with plain verdicts on gradient release, fused and the differences."""
     short = {"optimizer state": "opt state"}
     headers = ["mode", "peak", *[short.get(c, c) for c in CATEGORIES], "step time", "max |Δparam|"]
     cuda = any(r.allocator_peak is not None for r in results)
@@ -383,28 +362,100 @@ def format_table(results: list[ModeResult], fake: bool = False, release_refused:
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
-    lines.append(f"peak split at the moment of the peak; {base.steps} optimizer steps per mode"
+    lines.append(f"peak split at the moment of the peak; {base.steps} optimizer steps per mode, each run in a "
+                 f"process of its own"
                  + ("; fake tensors: nothing was allocated, no times or values" if fake
                     else f"; step time is the median between loop steps of a separate run without the meter "
                          f"({len(base.step_times)} intervals)"))
-    for r in results:
-        if r.cuda_phases:
-            per_phase = ", ".join(
-                f"{phase} {human_bytes(v['allocated'])}/{human_bytes(v['reserved'])}/{human_bytes(v['peak'])}"
-                for phase, v in r.cuda_phases.items()
-            )
-            lines.append(f"CUDA allocator, {r.mode} (allocated/reserved/peak at the end of each phase): {per_phase}")
+    if fake and base.device_story:
+        lines.append(f"fake tensors: {base.device_story}")
+    lines.extend(_allocator_lines(results))
+    survivors = [r for r in results if r.survived]
+    if survivors:
+        lines.append("outlived its run (still alive once the script's objects were let go: a module's cache, a "
+                     "reference cycle through tensor hooks that gc does not break; gone with the run's process, not "
+                     "counted in the next mode): "
+                     + ", ".join(f"{r.mode} {human_bytes(r.survived)}" for r in survivors))
     unsized = sorted({op for r in results for op in r.unsized_ops})
     if unsized:
         lines.append(
             "the fake estimate is LOW: it cannot size what these ops allocate in a real run: "
             + "; ".join(f"{op.removeprefix('aten.')} ({UNSIZED_BY_FAKE[op]})" for op in unsized)
         )
+    if not fake:
+        lines.extend(difference_lines(results))
+    by_mode = {r.mode: r for r in results}
+    if RELEASE in by_mode and by_mode[RELEASE].variant:
+        variant = by_mode[RELEASE].variant
+        lines.append("gradient release measured on " + (
+            "the script's GL204 rewrite, as `gradlint check --select GL204 --unsafe-fixes --fix` writes it"
+            if variant == REWRITE_RELEASE else f"{variant}"))
     if release_refused:
         lines.append(f"gradient release: not applicable to this loop: {release_refused}")
     else:
         lines.append(release_verdict(results))
-    return "\n".join(lines)
+    lines.append(fused_verdict(results))
+    return "\n".join(line for line in lines if line)
+
+
+def _allocator_lines(results: list[ModeResult]) -> list[str]:
+    lines = []
+    for r in results:
+        if not r.cuda_phases:
+            continue
+        per_phase = ", ".join(
+            f"{phase} {human_bytes(v['allocated'])}/{human_bytes(v['reserved'])}/{human_bytes(v['peak'])}"
+            for phase, v in r.cuda_phases.items()
+        )
+        lines.append(f"CUDA allocator, {r.mode} (allocated/reserved/peak of each phase, from the run's baseline of "
+                     f"{human_bytes(r.allocator.get('baseline', 0))}): {per_phase}")
+        workspaces, survived = r.allocator.get("workspaces", 0), r.allocator.get("survived", 0)
+        if workspaces or survived:
+            lines.append(f"  {r.mode}: cuBLAS workspaces {human_bytes(workspaces)} (in the allocator peak, not tensors); "
+                         f"still allocated after the run's objects were gone: {human_bytes(survived)}")
+    return lines
+
+
+NOISE_FACTOR = 4  # a difference up to this many times the measured run-to-run noise is of its order
+
+
+def judge_difference(diff: float | None, noise: float | None) -> str:
+    """A difference from the as-written run in words, against the run-to-run noise where it was measured."""
+    if diff is None:
+        return "not compared"
+    if diff != diff:
+        return "not comparable (the modes stepped different parameters)"
+    if diff == 0:
+        return "bitwise equal"
+    if noise is None:
+        return f"{diff:.3g}"
+    if noise == 0:
+        return f"{diff:.3g}: beyond run-to-run noise (two as-written runs were bitwise equal)"
+    ratio = diff / noise
+    if ratio <= 1:
+        return f"{diff:.3g}: within run-to-run noise ({noise:.3g})"
+    if ratio <= NOISE_FACTOR:
+        return f"{diff:.3g}: of the order of run-to-run noise ({ratio:.1f}x the {noise:.3g} between two as-written runs)"
+    return f"{diff:.3g}: beyond run-to-run noise ({ratio:.0f}x the {noise:.3g} between two as-written runs)"
+
+
+def difference_lines(results: list[ModeResult]) -> list[str]:
+    """What max |Δparam| means for each mode: noise, the kernels' rounding, or a real difference."""
+    base = results[0]
+    if base.noise is not None:
+        head = f"max |Δparam| against as written, whose run-to-run noise is {base.noise:.3g} (as written run twice)"
+    elif base.deterministic:
+        head = "max |Δparam| against as written (the script uses deterministic algorithms: not run twice)"
+    else:
+        head = "max |Δparam| against as written (not run twice: parameters on the CPU)"
+    parts = []
+    for r in results[1:]:
+        words = judge_difference(max_param_difference(base, r), base.noise)
+        kernels = r.release_kernels if r.mode == RELEASE and r.release_kernels else r.kernels
+        if r.mode in (RELEASE, FUSED) and kernels and sorted(kernels) != sorted(base.kernels) and words != "bitwise equal":
+            words += f" (steps with {', '.join(kernels)}; as written with {', '.join(base.kernels)}: rounding differs)"
+        parts.append(f"{r.mode} {words}")
+    return [f"{head}: " + "; ".join(parts)] if parts else []
 
 
 def release_verdict(results: list[ModeResult]) -> str:
@@ -422,7 +473,27 @@ def release_verdict(results: list[ModeResult]) -> str:
     )
 
 
-_STYLES = {AS_WRITTEN: ("-", 3.0, "tab:blue"), SET_TO_NONE: ("--", 1.8, "tab:orange"), RELEASE: (":", 2.2, "tab:green")}
+def fused_verdict(results: list[ModeResult]) -> str:
+    """One sentence on ``fused=True``: its saving, or why it was not measured."""
+    by_mode = {r.mode: r for r in results}
+    plain, fused = by_mode.get(AS_WRITTEN), by_mode.get(FUSED)
+    if plain is None:
+        return ""
+    if fused is None:
+        kernels = ", ".join(plain.kernels) or "none"
+        return f"fused optimizer: not measured: no optimizer of the script has a fused kernel it does not use ({kernels})."
+    delta = plain.memory.peak - fused.memory.peak
+    names = ", ".join(sorted(set(plain.fused_candidates)))
+    if delta > 0:
+        return (f"fused=True on {names} lowers the peak by {human_bytes(delta)} ({delta / plain.memory.peak:.0%}): "
+                f"the fused kernel makes no temporaries, and it is one argument to the constructor.")
+    if delta == 0:
+        return f"fused=True on {names} leaves the peak as it is in this loop (its temporaries do not set the peak)."
+    return f"fused=True on {names} does not lower the peak in this loop ({human_bytes(-delta)} higher)."
+
+
+_STYLES = {AS_WRITTEN: ("-", 3.0, "tab:blue"), SET_TO_NONE: ("--", 1.8, "tab:orange"), RELEASE: (":", 2.2, "tab:green"),
+           FUSED: ("-.", 1.8, "tab:purple")}
 _PHASE_COLOURS = {"forward": "#d9d9d9", "backward": "#9ecae1", "step": "#fdae6b", "clear": "#a1d99b"}
 
 

@@ -87,6 +87,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         self.unsized: dict[str, int] | None = {} if flag_unsized else None
         self.current = 0
         self.peak = 0
+        self.window_peak = 0  # the peak since the last reset (MeterAllocator.reset_peak)
         self.peak_split: dict[str, int] = {}
         self.ops = 0
         self.timeline: list[tuple[int, float, int]] | None = [] if timeline else None
@@ -222,6 +223,8 @@ class TensorMemoryMeter(TorchDispatchMode):
     def _check_peak(self) -> None:
         if self.timeline is not None:
             self.timeline.append((self.ops, time.perf_counter(), self.current))
+        if self.current > self.window_peak:
+            self.window_peak = self.current
         if self.current >= self.peak:
             self.peak = self.current
             self.peak_split = dict(self._totals)
@@ -292,40 +295,103 @@ class TensorMemoryMeter(TorchDispatchMode):
             self._accumulators.clear()
 
 
-class CudaPhaseMeter:
-    """The CUDA caching allocator, read per phase: allocated, reserved and peak for forward, backward, step, clear.
+class CudaAllocator:
+    """The CUDA caching allocator's counters for one device, as :class:`PhaseMeter` reads them.
+
+    Until the script has initialised CUDA there is nothing to read, and
+    reading would create a CUDA context a CPU script never asked for: the
+    counters are 0 and nothing is synchronised.
+    """
+
+    def __init__(self, device: torch.device | int | None = None) -> None:
+        self.device = device
+
+    @staticmethod
+    def in_use() -> bool:
+        return torch.cuda.is_initialized()
+
+    def synchronize(self) -> None:
+        if self.in_use():
+            torch.cuda.synchronize(self.device)
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.in_use() else 0
+
+    def reserved(self) -> int:
+        return torch.cuda.memory_reserved(self.device) if self.in_use() else 0
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) if self.in_use() else 0
+
+    def reset_peak(self) -> None:
+        if self.in_use():
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+
+class MeterAllocator:
+    """A :class:`TensorMemoryMeter` read as an allocator: live tensor bytes, with a peak that can be reset.
+
+    Lets :class:`PhaseMeter` split the tensor meter's figures by phase, and
+    lets its phase bookkeeping be tested without a GPU.
+    """
+
+    def __init__(self, meter: TensorMemoryMeter) -> None:
+        self.meter = meter
+
+    def synchronize(self) -> None:
+        pass
+
+    def allocated(self) -> int:
+        return self.meter.current
+
+    def reserved(self) -> int:
+        return self.meter.current
+
+    def peak(self) -> int:
+        return self.meter.window_peak
+
+    def reset_peak(self) -> None:
+        self.meter.window_peak = self.meter.current
+
+
+class PhaseMeter:
+    """An allocator read per phase: allocated, reserved and peak for forward, backward, step, clear.
 
     At every phase boundary the device is synchronised, the peak since the
     previous boundary is credited to the phase that was running (``forward``
-    when none of the others was: data loading and the forward pass) and the
-    allocator's peak counter is reset. The overall peak is the largest of
-    them. ``snapshot``: a path where the allocator's history
-    (``torch.cuda.memory._record_memory_history``) is dumped on exit, for
-    https://pytorch.org/memory_viz.
-
-    Not run by this project's tests on a GPU: they skip without CUDA.
+    when none of the others was: data loading, the forward pass, and whatever
+    runs between backward and step) and the
+    allocator's peak counter is reset, so each phase's peak is its own. The
+    overall peak is the largest of them. Figures are relative to ``baseline``,
+    what was allocated when the meter started (in a fresh process: nothing).
+    On exit the phase still open (a run stopped inside its last step) gets
+    the last segment. With :class:`CudaAllocator`, ``snapshot`` is a path
+    where the allocator's history (``torch.cuda.memory._record_memory_history``)
+    is dumped on exit, for https://pytorch.org/memory_viz.
     """
 
     PHASES = ("forward", "backward", "step", "clear")
 
-    def __init__(self, device: torch.device | int | None = None, snapshot: str | None = None) -> None:
-        self.device = device
+    def __init__(self, allocator: Any, snapshot: str | None = None) -> None:
+        self.allocator = allocator
         self.snapshot = snapshot
+        self.baseline = 0
         self.peak = 0
         self.phases: dict[str, dict[str, int]] = {}
         self._stack: list[str] = []
         self._handles: list[Any] = []
 
     def _boundary(self) -> None:
-        torch.cuda.synchronize(self.device)
+        a = self.allocator
+        a.synchronize()
         phase = self._stack[-1] if self._stack else "forward"
         stats = self.phases.setdefault(phase, {"allocated": 0, "reserved": 0, "peak": 0})
-        peak = torch.cuda.max_memory_allocated(self.device)
+        peak = a.peak() - self.baseline
         stats["peak"] = max(stats["peak"], peak)
-        stats["allocated"] = torch.cuda.memory_allocated(self.device)
-        stats["reserved"] = torch.cuda.memory_reserved(self.device)
+        stats["allocated"] = a.allocated() - self.baseline
+        stats["reserved"] = a.reserved()
         self.peak = max(self.peak, peak)
-        torch.cuda.reset_peak_memory_stats(self.device)
+        a.reset_peak()
 
     def begin(self, phase: str) -> None:
         """Close the running segment and open ``phase``."""
@@ -346,13 +412,14 @@ class CudaPhaseMeter:
     def _post_step(self, opt: Any, args: Any, kwargs: Any) -> None:
         self.end("step")
 
-    def __enter__(self) -> "CudaPhaseMeter":
+    def __enter__(self) -> "PhaseMeter":
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         if self.snapshot:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
+        self.allocator.synchronize()
+        self.baseline = self.allocator.allocated()
+        self.allocator.reset_peak()
         self._handles = [register_optimizer_step_pre_hook(self._pre_step), register_optimizer_step_post_hook(self._post_step)]
         return self
 
@@ -360,8 +427,8 @@ class CudaPhaseMeter:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._boundary()  # credited to the phase still open: a run stops inside its last step
         self._stack.clear()
-        self._boundary()
         if self.snapshot:
             try:
                 torch.cuda.memory._dump_snapshot(self.snapshot)
@@ -369,5 +436,10 @@ class CudaPhaseMeter:
                 torch.cuda.memory._record_memory_history(enabled=None)
 
     def report(self) -> MemoryReport:
-        """The overall peak (the allocator has no split into categories)."""
-        return MemoryReport(self.peak, {}, torch.cuda.memory_allocated(self.device))
+        """The overall peak (an allocator has no split into categories)."""
+        return MemoryReport(self.peak, {}, self.allocator.allocated() - self.baseline)
+
+
+def CudaPhaseMeter(device: torch.device | int | None = None, snapshot: str | None = None) -> PhaseMeter:
+    """A :class:`PhaseMeter` on the CUDA caching allocator of ``device``."""
+    return PhaseMeter(CudaAllocator(device), snapshot)

@@ -1,8 +1,9 @@
-"""Fused gradient release for any ``torch.optim`` optimizer.
+"""Gradient release for any ``torch.optim`` optimizer, at the speed of its fused kernel.
 
-Each parameter is stepped from its ``register_post_accumulate_grad_hook`` the
-moment its gradient is complete, and the gradient is freed right after, so at
-most one parameter's gradient is alive at a time instead of all of them.
+Parameters are stepped from their ``register_post_accumulate_grad_hook`` as
+soon as their gradients are complete, in buckets of parameters whose
+gradients complete together, and the gradients are freed right after, so at
+most a bucket's gradients are alive at a time instead of all of them.
 
 The user's optimizer object stays the one that matters: its ``step()`` and
 ``zero_grad()`` become no-ops, its ``state`` holds the per-parameter state (so
@@ -23,6 +24,7 @@ whole gradient left).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import types
 from typing import Any, Callable, Iterable
 
@@ -31,6 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gradlint.runtime._patching import Patcher
 from gradlint.runtime.clipping import ClipInterceptor
+from gradlint.runtime.kernels import FUSED, fused_supports, kernel_of
 from gradlint.runtime.tracer import in_backward
 
 _MISSING = object()
@@ -43,15 +46,39 @@ class ReleaseUnsupported(RuntimeError):
     """Gradient release cannot do what the training loop asks for."""
 
 
+@dataclasses.dataclass(eq=False)
+class _Bucket:
+    """Parameters of one group whose gradients complete one after the other in backward, stepped together."""
+
+    params: list[torch.Tensor]
+    sub: torch.optim.Optimizer | None = None
+    ready: int = 0
+
+
 class GradientRelease:
-    """Turn ``optimizer`` into per-parameter steps run during backward.
+    """Turn ``optimizer`` into steps run during backward, each as soon as its gradients are complete.
 
     Use as a context manager or call :meth:`remove` to restore the optimizer.
-    Bitwise equal to the plain loop when the optimizer's per-tensor kernel is
-    used (``foreach=False``, the CPU default, or ``fused=True``).
+
+    The first backward steps each parameter alone the moment its gradient is
+    accumulated, and notes the order in which they complete. From then on
+    parameters are stepped in buckets of that order (consecutive parameters
+    of one group, up to ``bucket_bytes`` of gradients): a bucket steps, in one
+    call of the optimizer's kernel, once its last gradient is in, and its
+    gradients are freed right after. Python runs once per bucket instead of
+    once per parameter, and at most a bucket's gradients are alive at a time.
+
+    ``fused=True`` (the default) steps with the optimizer's fused kernel
+    where it has one for the parameters' devices (Adam, AdamW, SGD, Adagrad
+    on CPU and CUDA): one kernel launch per bucket and no temporaries.
+    ``fused=False`` keeps the optimizer's own kernel. Steps are bitwise equal
+    to the plain loop whenever both run the same kernel (the kernels are
+    elementwise, so how parameters are grouped does not change a bit);
+    between kernels the difference is rounding. :attr:`kernel` names the
+    kernel used for each group.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, fused: bool = True, bucket_bytes: int | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if isinstance(optimizer, torch.optim.LBFGS):
@@ -59,10 +86,17 @@ class GradientRelease:
         if optimizer in _ACTIVE:
             raise ReleaseUnsupported("gradient release is already enabled on this optimizer")
         self.optimizer = optimizer
+        self.fused = fused
+        self.bucket_bytes = bucket_bytes
         self.step_callbacks: list[Callable[[], None]] = []
-        self._subs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._solo: WeakIdKeyDictionary = WeakIdKeyDictionary()  # param -> its one-parameter bucket
+        self._bucket_of: dict[int, _Bucket] = {}  # id(param) -> its bucket, once the order is known
+        self._buckets: list[_Bucket] = []
+        self._order: list[torch.Tensor] | None = []  # completion order seen in the first backward
         self._stepped: collections.Counter[int] = collections.Counter()
+        self._seen: set[int] = set()  # parameters whose gradient came in since the loop's last step
         self._step_calls = 0
+        self._fused_groups: dict[tuple[int, int], bool] = {}
         self._group_index: dict[int, int] = {}
         self._groups_key: tuple[int, int] | None = None
         self._handles = []
@@ -81,16 +115,64 @@ class GradientRelease:
             _install_guards()
         _ACTIVE[optimizer] = self
 
+    @property
+    def kernel(self) -> list[str]:
+        """The kernel each parameter group steps with: ``fused``, ``foreach`` or ``for-loop``."""
+        return [self._kernel_for(group) for group in self.optimizer.param_groups]
+
+    def _kernel_for(self, group: dict[str, Any]) -> str:
+        if self._uses_fused(group):
+            return FUSED
+        return kernel_of(self.optimizer, group)
+
+    def _uses_fused(self, group: dict[str, Any]) -> bool:
+        if group.get("fused"):
+            return True
+        if not self.fused or group.get("differentiable"):
+            return False
+        key = (id(group), len(group["params"]))  # asked at every step: the answer is kept per group
+        known = self._fused_groups.get(key)
+        if known is None:
+            known = self._fused_groups[key] = fused_supports(type(self.optimizer), group["params"])
+        return known
+
     def _hook_new_parameters(self) -> None:
         """Hook every parameter of the groups that requires grad and is not hooked yet."""
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if p.requires_grad and p not in self._hooked:
-                    self._handles.append(p.register_post_accumulate_grad_hook(self._step_param))
+                    self._handles.append(p.register_post_accumulate_grad_hook(self._on_gradient))
                     self._hooked[p] = True
                     _RELEASED_PARAMS[p] = self
 
-    # ------------------------------------------------------------------ per-parameter step
+    # ------------------------------------------------------------------ steps during backward
+    def _on_gradient(self, p: torch.Tensor) -> None:
+        """The post-accumulate-grad hook: ``p.grad`` is complete for this backward."""
+        key = id(p)
+        if key in self._seen:
+            raise ReleaseUnsupported(
+                "gradient accumulation cannot be combined with gradient release: a second backward reached a "
+                "parameter before optimizer.step(); each backward already stepped and freed its gradient"
+            )
+        if p.grad is None:
+            return
+        self._seen.add(key)
+        bucket = self._bucket_of.get(key)
+        if bucket is None:  # order not known yet, or a parameter the first backward did not reach
+            if self._order is not None:
+                self._order.append(p)
+            self._step(self._solo_bucket(p))
+            return
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._step(bucket)
+
+    def _solo_bucket(self, p: torch.Tensor) -> _Bucket:
+        bucket = self._solo.get(p)
+        if bucket is None:
+            bucket = self._solo[p] = _Bucket([p])
+        return bucket
+
     def _group_of(self, p: torch.Tensor) -> dict[str, Any]:
         groups = self.optimizer.param_groups
         key = (id(groups), len(groups))
@@ -99,77 +181,110 @@ class GradientRelease:
             self._groups_key = key
         return groups[self._group_index[id(p)]]
 
-    def _sub_optimizer(self, p: torch.Tensor) -> torch.optim.Optimizer:
-        sub = self._subs.get(p)
-        if sub is None:
-            opt = self.optimizer
-            # A same-class optimizer over one parameter, sharing everything but the
-            # groups and the step hooks; built lazily, once the user's constructor
-            # has finished setting its attributes.
-            sub = object.__new__(type(opt))
-            skip = {"step", "zero_grad", "param_groups", "state"}
-            sub.__dict__.update({k: v for k, v in opt.__dict__.items() if k not in skip})
-            sub._optimizer_step_pre_hooks = collections.OrderedDict()
-            sub._optimizer_step_post_hooks = collections.OrderedDict()
-            sub.param_groups = [{"params": [p]}]
-            self._subs[p] = sub
+    def _sub_optimizer(self, bucket: _Bucket, live: dict[str, Any]) -> torch.optim.Optimizer:
+        """A same-class optimizer over the bucket's parameters, sharing everything but the groups and step hooks.
+
+        Built lazily, once the user's constructor has finished setting its attributes.
+        """
+        opt = self.optimizer
+        sub = object.__new__(type(opt))
+        skip = {"step", "zero_grad", "param_groups", "state"}
+        sub.__dict__.update({k: v for k, v in opt.__dict__.items() if k not in skip})
+        sub._optimizer_step_pre_hooks = collections.OrderedDict()
+        sub._optimizer_step_post_hooks = collections.OrderedDict()
+        sub.param_groups = [{"params": bucket.params}]
+        if self._uses_fused(live) and not live.get("fused"):
+            # state made by another kernel keeps its step counter on the CPU; the fused kernel wants it on the device
+            for p in bucket.params:
+                step = opt.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor) and step.device != p.device:
+                    opt.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
         return sub
 
-    def _step_param(self, p: torch.Tensor) -> None:
-        if p.grad is None:
-            return
-        if self._stepped[id(p)]:
-            raise ReleaseUnsupported(
-                "gradient accumulation cannot be combined with gradient release: a second backward reached a "
-                "parameter before optimizer.step(); each backward already stepped and freed its gradient"
-            )
-        self._step_now(p)
-
-    def _step_now(self, p: torch.Tensor) -> None:
-        """Step ``p`` alone on its current gradient, then free the gradient."""
-        live = self._group_of(p)
-        sub = self._sub_optimizer(p)
+    def _step(self, bucket: _Bucket, params: list[torch.Tensor] | None = None) -> None:
+        """Step the bucket's parameters (or ``params``, some of them) on their gradients, then free the gradients."""
+        params = bucket.params if params is None else params
+        live = self._group_of(params[0])
+        if params is bucket.params:
+            if bucket.sub is None:
+                bucket.sub = self._sub_optimizer(bucket, live)
+            sub = bucket.sub
+        else:
+            sub = self._sub_optimizer(bucket, live)
+            sub.param_groups[0]["params"] = params
         group = sub.param_groups[0]
         for k, v in live.items():
             if k != "params":
                 group[k] = v
+        if self._uses_fused(live):
+            group["fused"], group["foreach"] = True, False
         sub.state = self.optimizer.state  # re-read: load_state_dict replaces the dict
         sub.step()
         for k, v in group.items():
-            if k != "params" and live.get(k, _MISSING) is not v:
+            if k not in ("params", "fused", "foreach") and live.get(k, _MISSING) is not v:
                 live[k] = v
-        p.grad = None
-        self._stepped[id(p)] += 1
-        self._had_grad[p] = True
+        for p in params:
+            p.grad = None
+        if bucket.sub is not sub or len(params) == 1:  # the hooks' buckets are counted through _seen
+            for p in params:
+                self._stepped[id(p)] += 1
+                self._had_grad[p] = True
+        bucket.ready = 0
+
+    # ------------------------------------------------------------------ at the loop's step()
+    def _make_buckets(self) -> None:
+        """Buckets from the completion order of the first backward: consecutive parameters of one group."""
+        order, self._order = self._order or [], None
+        if not order:
+            return
+        sizes = [p.numel() * p.element_size() for p in order]
+        limit = self.bucket_bytes or max(max(sizes), sum(sizes) // 32)
+        current: list[torch.Tensor] = []
+        current_group, current_bytes = None, 0
+        for p, size in zip(order, sizes):
+            group = id(self._group_of(p))
+            if current and (group != current_group or current_bytes + size > limit):
+                self._buckets.append(_Bucket(current))
+                current, current_bytes = [], 0
+            current.append(p)
+            current_group, current_bytes = group, current_bytes + size
+        if current:
+            self._buckets.append(_Bucket(current))
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
 
     def _catch_up(self) -> None:
         """At the loop's ``step()``: step what the hooks could not, as the plain loop would.
 
-        A parameter added with ``add_param_group`` or unfrozen after set-up has
-        no hook yet, so its gradient is still there: step it now and hook it
-        for the next backward. After ``zero_grad(set_to_none=False)`` the plain
-        loop steps every parameter that ever had a gradient, on a zero
-        gradient where backward did not reach it this time.
+        A bucket some of whose parameters got no gradient this time is stepped
+        now, on the gradients it has. A parameter added with
+        ``add_param_group`` or unfrozen after set-up has no hook yet, so its
+        gradient is still there: step it now and hook it for the next
+        backward. After ``zero_grad(set_to_none=False)`` the plain loop steps
+        every parameter that ever had a gradient, on a zero gradient where
+        backward did not reach it this time.
         """
+        for bucket in self._buckets:
+            if bucket.ready:
+                self._step(bucket, [p for p in bucket.params if p.grad is not None])
         for group in self.optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self._step_now(p)
-                elif self.keep_zeros and p in self._had_grad and not self._stepped[id(p)]:
+                    self._step(self._solo_bucket(p))
+                elif self.keep_zeros and self._had_gradient(p) and not self._stepped[id(p)] and id(p) not in self._seen:
                     p.grad = torch.zeros_like(p)
-                    self._step_now(p)
+                    self._step(self._solo_bucket(p))
         self._hook_new_parameters()
 
+    def _had_gradient(self, p: torch.Tensor) -> bool:
+        """Whether ``p`` was ever stepped: alone (noted), or in a bucket (made from parameters that were)."""
+        return p in self._had_grad or id(p) in self._bucket_of
+
     def _on_user_step(self) -> None:
-        accumulated = bool(self._stepped) and max(self._stepped.values()) > 1
-        if accumulated:
-            self._stepped.clear()
-            raise ReleaseUnsupported(
-                "gradient accumulation cannot be combined with gradient release: several backwards ran before "
-                "optimizer.step(), and each of them already stepped the parameters"
-            )
         self._catch_up()
+        if self._order is not None:
+            self._make_buckets()
         self._stepped.clear()
+        self._seen.clear()
         self._step_calls += 1
         for callback in self.step_callbacks:
             callback()
@@ -200,9 +315,9 @@ class GradientRelease:
         self.remove()
 
 
-def enable_gradient_release(optimizer: torch.optim.Optimizer) -> GradientRelease:
-    """Switch ``optimizer`` to fused gradient release; returns the handle whose ``remove()`` undoes it."""
-    return GradientRelease(optimizer)
+def enable_gradient_release(optimizer: torch.optim.Optimizer, fused: bool = True) -> GradientRelease:
+    """Switch ``optimizer`` to gradient release; returns the handle whose ``remove()`` undoes it."""
+    return GradientRelease(optimizer, fused=fused)
 
 
 def _released_step(optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:

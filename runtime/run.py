@@ -9,6 +9,7 @@ from typing import Sequence
 
 from gradlint.events import EventKind
 from gradlint.findings import Finding
+from gradlint.runtime.crashes import confirmed_by_crash
 from gradlint.runtime.launch import RAISED, Outcome, run_script
 from gradlint.runtime.predicates import Violation, same_file
 from gradlint.runtime.tracer import Event, Tracer
@@ -39,6 +40,7 @@ class RunReport:
     steps: int
     verdicts: list[Verdict]
     unreported: list[Violation]
+    traceback: str = ""  # the script's traceback, when it raised an error a finding predicts
 
     @property
     def confirmed(self) -> bool:
@@ -62,10 +64,22 @@ def trace_script(
 def run_and_judge(path: str, findings: Sequence[Finding], args: Sequence[str] = (), steps: int = 5) -> RunReport:
     """Trace the script and confront ``findings`` with the trace.
 
-    Raises :class:`RunError` when the script fails or no optimizer step ran.
+    A script that raises, at a finding's line, the error that finding
+    predicts (:mod:`~gradlint.runtime.crashes`) confirms it; the other
+    findings are judged on the events seen until then. Raises
+    :class:`RunError` when the script fails otherwise or no optimizer step ran.
     """
     watch = sorted({f.line for f in findings if same_file(f.path, path)})
     tracer, outcome = trace_script(path, args, steps, watch)
+    crashed = confirmed_by_crash(findings, outcome.exc) if outcome.how == RAISED and outcome.exc else {}
+    if crashed:
+        verdicts = judge(findings, tracer.events, tracer.executed, tracer.disabled_scalers)
+        for i, evidence in crashed.items():
+            verdicts[i] = Verdict(findings[i], CONFIRMED, evidence)
+        return RunReport(
+            os.path.abspath(path), outcome, tracer.events, tracer.executed, tracer.steps, verdicts,
+            unreported(findings, tracer.events), user_traceback(outcome.exc, path),
+        )
     if not outcome.ok:
         if outcome.how == RAISED:
             raise RunError(
@@ -134,7 +148,11 @@ def format_events(events: list[Event], max_steps: int = 3) -> list[str]:
 def format_report(report: RunReport, show_steps: int = 3) -> str:
     """The text ``gradlint run`` prints."""
     name = os.path.basename(report.path)
-    out = [f"gradlint run {name}: {report.steps} optimizer steps ({report.outcome.how})", "observed events:"]
+    how = report.outcome.how if report.outcome.how != RAISED else f"raised {report.outcome.detail}"
+    out = [f"gradlint run {name}: {report.steps} optimizer steps ({how})"]
+    if report.traceback:
+        out += ["the script's traceback:", *(f"  {line}" for line in report.traceback.splitlines())]
+    out.append("observed events:")
     out += format_events(report.events, show_steps)
     if report.verdicts:
         out.append("static findings:")

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
+from gradlint.runtime.fake import CPU, CUDA, STORIES, device_story, fake_tensors
 from gradlint.runtime.measure import AS_WRITTEN, format_table, measure_mode
 from gradlint.runtime.memory import UNSIZED_BY_FAKE
 
@@ -46,3 +50,62 @@ def test_device_moves_and_dtype_casts_run_on_fake_tensors(fixtures_dir, extra):
     assert fake.steps == 2 and fake.memory.peak == real.memory.peak
     if "--bf16" in extra:  # half the parameter bytes of the float32 model
         assert fake.memory.split["parameters"] == 2 * (128 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10)
+
+
+# ---------------------------------------------------------------------- one device story per run
+DEVICE_KINDS = ["tutorial", "gpt", "sequential"]
+
+
+@pytest.mark.parametrize("kind", DEVICE_KINDS)
+def test_cuda_scripts_measure_on_fake_tensors_as_their_cpu_twin(fixtures_dir, kind):
+    """No GPU is visible here: every fake tensor is a CPU tensor, the CUDA script's bytes are the CPU script's."""
+    script = os.path.join(fixtures_dir, "run_device_scripts.py")
+    fake = measure_mode(script, AS_WRITTEN, ["--kind", kind, "--device", "cuda"], steps=2, fake=True)
+    real = measure_mode(script, AS_WRITTEN, ["--kind", kind, "--device", "cpu"], steps=2, time_steps=0)
+    assert fake.steps == real.steps == 2
+    assert fake.memory.peak == real.memory.peak and fake.memory.split == real.memory.split
+    assert fake.device_story == STORIES[CPU]
+    assert "fake tensors: CUDA devices mapped to the CPU (no GPU visible)" in format_table([fake], fake=True)
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["cpu-build", "cuda-build"])
+def test_without_a_visible_gpu_any_build_maps_every_cuda_tensor_to_the_cpu(monkeypatch, built):
+    """The decision a CUDA build without a GPU takes is made on visibility alone, and runs here as it runs there."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: built)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_story() == CPU
+    with fake_tensors():
+        assert torch.cuda.is_available()  # what the script is told
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).cuda().to(torch.bfloat16)
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.rand(2, 8).cuda().to(torch.bfloat16)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().sum().backward()
+        opt.step()
+        tensors = [*model.parameters(), *(p.grad for p in model.parameters()), x, out]
+        tensors += [v for state in opt.state.values() for v in state.values()]
+        assert {t.device.type for t in tensors} == {"cpu"}
+        assert all(isinstance(t, FakeTensor) for t in tensors)
+
+
+def test_a_visible_gpu_keeps_every_parameter_on_the_fake_cuda_device_its_module_moved_to():
+    """The story where a GPU is visible, as far as a CPU build can run it: module moves and the forward.
+
+    A parameter converted through ``.data`` kept reporting the CPU while its
+    inputs were on CUDA ("found two different devices cpu, cuda:0" in cat, mm
+    and embedding). Autograd on fake CUDA tensors needs CUDA's runtime, so the
+    backward and step of this story run on a GPU only (tests/runtime/test_cuda.py).
+    """
+    with fake_tensors(story=CUDA) as mode:
+        assert mode.device_story == STORIES[CUDA]
+        model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+        model.class_token = nn.Parameter(torch.zeros(1, 1, 8))
+        model._apply(lambda t: torch.empty_like(t, device="cuda"))  # what .cuda() does, without CUDA's runtime
+        model.to(torch.bfloat16)
+        assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cuda", torch.bfloat16)}
+        with torch.no_grad():
+            x = torch.randn(2, 3, 8, device="cuda", dtype=torch.bfloat16)
+            tokens = torch.cat([model.class_token.expand(2, -1, -1), x], dim=1)
+            out = model[0](tokens)
+        assert tokens.device.type == out.device.type == "cuda"

@@ -15,6 +15,14 @@ OPTIMIZERS = {
     "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=False),
     "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
     "adam-default": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2, weight_decay=1e-4),
+}
+FUSED_TWINS = {  # the same optimizers built with fused=True
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-4, fused=True),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
+    "adamw-fused": lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True),
+    "adam-default": lambda ps: torch.optim.Adam(ps, lr=1e-2, fused=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2, weight_decay=1e-4, fused=True),
 }
 
 
@@ -23,10 +31,10 @@ def _model():
     return nn.Sequential(nn.Linear(5, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 2))
 
 
-def _train(make_opt, release, steps=7, scheduler=False, model=None, opt=None, start=0):
+def _train(make_opt, release, steps=7, scheduler=False, model=None, opt=None, start=0, fused=False):
     model = model or _model()
     opt = opt or make_opt(model.parameters())
-    handle = enable_gradient_release(opt) if release else None
+    handle = enable_gradient_release(opt, fused=fused) if release else None
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.3) if scheduler else None
     gen = torch.Generator().manual_seed(1)
     data = torch.randn(20, 8, 5, generator=gen)
@@ -46,13 +54,55 @@ def _train(make_opt, release, steps=7, scheduler=False, model=None, opt=None, st
 
 @pytest.mark.parametrize("scheduler", [False, True], ids=["no-sched", "steplr"])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_release_is_bitwise_equal_to_the_plain_loop(name, scheduler):
+def test_release_with_the_optimizers_own_kernel_is_bitwise_equal_to_the_plain_loop(name, scheduler):
     plain, _ = _train(OPTIMIZERS[name], release=False, scheduler=scheduler)
-    fused, _ = _train(OPTIMIZERS[name], release=True, scheduler=scheduler)
-    for a, b in zip(plain.parameters(), fused.parameters()):
+    released, _ = _train(OPTIMIZERS[name], release=True, scheduler=scheduler, fused=False)
+    for a, b in zip(plain.parameters(), released.parameters()):
         assert torch.equal(a, b)
     untrained = _model()
-    assert not torch.equal(next(untrained.parameters()), next(fused.parameters()))
+    assert not torch.equal(next(untrained.parameters()), next(released.parameters()))
+
+
+@pytest.mark.parametrize("scheduler", [False, True], ids=["no-sched", "steplr"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_release_through_the_fused_kernel_equals_the_fused_plain_loop_and_rounds_otherwise(name, scheduler):
+    """The fused kernel is elementwise: stepping in buckets changes no bit against ``fused=True`` as written."""
+    make = OPTIMIZERS[name]
+    released, opt = _train(make, release=True, scheduler=scheduler, fused=True)
+    fused_plain, fused_opt = _train(FUSED_TWINS[name], release=False, scheduler=scheduler)
+    assert fused_opt.param_groups[0]["fused"] is True
+    for a, b in zip(fused_plain.parameters(), released.parameters()):
+        assert torch.equal(a, b)
+    as_written, _ = _train(make, release=False, scheduler=scheduler)
+    for a, b in zip(as_written.parameters(), released.parameters()):  # another kernel: rounding only
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_release_steps_in_buckets_once_the_order_is_known():
+    """The first backward steps parameter by parameter; later ones one optimizer call per bucket."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(6)])  # 12 tensors of 256 or 32 bytes
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    calls = []
+    handle = GradientRelease(opt, bucket_bytes=600)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    hook = register_optimizer_step_post_hook(lambda o, a, k: calls.append(len(o.param_groups[0]["params"])))
+    try:
+        for step in range(3):
+            calls.clear()
+            model(torch.randn(4, 8)).square().mean().backward()
+            assert all(p.grad is None for p in model.parameters())
+            opt.step()
+            assert sum(calls) == 12
+            if step == 0:
+                assert calls == [1] * 12
+            else:  # weight + bias of two layers fit in 600 bytes, never three
+                assert calls == [4, 4, 4], calls
+    finally:
+        hook.remove()
+        handle.remove()
+    assert handle.kernel == ["fused"]
 
 
 def test_steplr_really_changes_the_step_size():
@@ -235,7 +285,7 @@ def _train_changing(release, setup, steps=8, zero_kwargs=None, clear_module=Fals
     model = nn.ModuleDict({"a": nn.Linear(5, 8), "b": nn.Linear(8, 2), "c": nn.Linear(5, 2)})
     model["b"].requires_grad_(False)
     opt = torch.optim.AdamW(list(model["a"].parameters()) + list(model["b"].parameters()), lr=1e-2, weight_decay=0.1)
-    handle = enable_gradient_release(opt) if release else None
+    handle = enable_gradient_release(opt, fused=False) if release else None
     data = torch.randn(steps, 4, 5, generator=torch.Generator().manual_seed(1))
     for i in range(steps):
         setup(i, model, opt)

@@ -1,4 +1,5 @@
-"""Gradient release against the plain loop, bitwise, for every torch.optim optimizer and every LR scheduler.
+"""Gradient release with the optimizer's own kernel against the plain loop, bitwise, for every torch.optim
+optimizer and every LR scheduler (the fused kernel is compared in test_release.py).
 
 The list is read from torch itself, so an optimizer or scheduler added by a
 new torch version fails here until it is given constructor arguments below.
@@ -85,7 +86,7 @@ def _train(opt_name, sched_name, release, steps=7):
     elif opt_name == "SparseAdam":  # sparse gradients only
         params = list(model.embed.parameters())
     opt = OPTIMIZERS[opt_name](params)
-    handle = enable_gradient_release(opt) if release else None
+    handle = enable_gradient_release(opt, fused=False) if release else None
     sched = SCHEDULERS[sched_name](opt) if sched_name else None
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):

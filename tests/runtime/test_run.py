@@ -162,3 +162,66 @@ def test_fixed_twin_of_a_buggy_script_shows_no_violation(name):
     assert outcome.ok and tracer.steps == 5
     for code, (violations, _, _) in evaluate(tracer.events).items():
         assert violations == [], (code, violations)
+
+
+# ---------------------------------------------------------------------- errors a finding predicts
+ACCUMULATING_SCALER = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+scaler = torch.amp.GradScaler("cpu")
+accum = 4
+for i in range(16):
+    loss = model(torch.randn(4, 8)).square().mean() / accum
+    scaler.scale(loss).backward()
+{body}
+"""
+
+CRASHES = {
+    # GL105: update() on every micro-batch; the second one finds nothing unscaled or stepped
+    "update per micro-batch": (
+        "    if (i + 1) % accum == 0:\n        scaler.step(optimizer)\n        optimizer.zero_grad()\n    scaler.update()\n",
+        "GL105", 15, "AssertionError: No inf checks were recorded prior to update at train.py:15 (`scaler.update()`)",
+    ),
+    # GL105: unscale_() on every micro-batch; the second one before an update() raises
+    "unscale_ per micro-batch": (
+        "    scaler.unscale_(optimizer)\n    if (i + 1) % accum == 0:\n        scaler.step(optimizer)\n"
+        "        scaler.update()\n        optimizer.zero_grad()\n",
+        "GL105", 12, "RuntimeError: unscale_() has already been called on this optimizer since the last update() "
+        "at train.py:12 (`scaler.unscale_(optimizer)`)",
+    ),
+    # GL104: scaler.step() with no update() ever: the second step raises
+    "no update": (
+        "    scaler.step(optimizer)\n    optimizer.zero_grad()\n",
+        "GL104", 12, "RuntimeError: step() has already been called since the last update() at train.py:12 "
+        "(`scaler.step(optimizer)`)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRASHES))
+def test_the_error_a_finding_predicts_raised_at_its_line_confirms_it(tmp_path, name):
+    linter = pytest.importorskip("gradlint.linter")
+    body, code, line, evidence = CRASHES[name]
+    script = tmp_path / "train.py"
+    script.write_text(ACCUMULATING_SCALER.format(body=body))
+    findings = linter.lint_file(str(script)).findings
+    assert (code, line) in {(f.code, f.line) for f in findings}
+    result = CliRunner().invoke(run_command, [str(script)])
+    assert result.exit_code == 1, result.output
+    assert f"train.py:{line}: {code} confirmed: the script raised {evidence}, the error {code} predicts" in result.output
+    assert "the script's traceback:" in result.output and f'line {line}, in <module>' in result.output
+
+
+def test_another_error_at_the_line_of_such_a_finding_still_cannot_be_judged(tmp_path, fake_static):
+    script = tmp_path / "train.py"
+    script.write_text(ACCUMULATING_SCALER.format(
+        body="    if (i + 1) % accum == 0:\n        scaler.step(optimizer)\n"
+             "    raise RuntimeError('loader died')  # expect: GL105\n"
+    ))
+    result = CliRunner().invoke(run_command, [str(script)])
+    assert result.exit_code == 2
+    assert "the script raised RuntimeError: loader died (at train.py:14)" in result.output
