@@ -11,29 +11,29 @@ from gradlint.event_builder import EventBuilder
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
-from gradlint.positions import python_tree_of
+from gradlint.parsed_file import ParsedFile
 from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
 from gradlint.syntax import bool_literal, walk
 
 
-def build_model(module: cst.Module, text: str | None = None, context: Iterable[str] | None = None) -> LoopModel:
-    """Build the loop model of one parsed module.
+def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None = None) -> LoopModel:
+    """Build the loop model of one parsed file (a bare module stands for a file whose text the caller does not have).
 
-    ``text``, its source when the caller has it, saves regenerating it.
     ``context`` is what the other files of the run say about this one's
     functions (:meth:`gradlint.project_index.ProjectIndex.context_of`): the
     per-batch bodies, each read as one iteration of a loop, and the functions
     a caller unscales gradients around. None: the module alone is the run.
     """
+    if type(parsed) is cst.Module:
+        parsed = ParsedFile(parsed)
     if context is None:
-        source = text if text is not None else module.code
-        context = alone_in_its_run(scan_calls(source, python_tree_of(module, source)))
+        context = alone_in_its_run(scan_calls(parsed.code, parsed.python_tree()))
     known = Context.of(context)
     per_batch = known.per_batch
-    index = ModuleIndex(module, text)
+    index = ModuleIndex(parsed)
     builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer)
-    roots = [Root("<module>", module, builder.root_events(None))]
+    roots = [Root("<module>", parsed.module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
     manual = _lightning_manual_steps(index)
     for function in index.functions:
@@ -48,12 +48,11 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
             roots.append(Root(index.qualname[function], function, events))
     roots = [r for r in roots + iterations if r.events]
     return LoopModel(
-        module=module,
+        file=parsed,
         objects=index.objects,
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
         release=find_release(index),
-        text=text,
         index=index,
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,

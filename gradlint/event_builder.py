@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
@@ -16,7 +16,6 @@ from gradlint.syntax import (
     SCALING_CALLS,
     bool_literal,
     callee_name,
-    calls_in_evaluation_order,
     contains_division,
     dotted_name,
     is_grad,
@@ -68,6 +67,8 @@ class EventBuilder:
 
     def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset()) -> None:
         self.index = index
+        # Walks of the module's own nodes read the children the index read.
+        self._walk, self._children = index.file.walk, index.file.children
         self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
         self.wrapper_classes = wrapper_classes  # classes of other files of the run whose step() and zero_grad() are an optimizer's
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
@@ -202,7 +203,7 @@ class EventBuilder:
         return found
 
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
-        for node in walk(test):
+        for node in self._walk(test):
             if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
                 return True, node.right
         if self._mode_switch(test, function):
@@ -210,7 +211,7 @@ class EventBuilder:
         count = self._cyclic_counter_at_zero(test, function)
         if count is not None:
             return True, count
-        for node in walk(test):
+        for node in self._walk(test):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
             if name is None:
                 continue
@@ -239,7 +240,7 @@ class EventBuilder:
             return None
         for value in self._assigned(name, function):
             if type(value) is cst.BinaryOperation and type(value.operator) is cst.Modulo:
-                if any(dotted_name(n) == name for n in walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
+                if any(dotted_name(n) == name for n in self._walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
                     return value.right
         return None
 
@@ -252,7 +253,7 @@ class EventBuilder:
             name_only = function is not None and type(test.left) is cst.Name  # a local; an attribute may count elsewhere
             body = function if name_only else self.index.module
             if id(body) not in self._counted:
-                self._counted[id(body)] = _counted_names(body)
+                self._counted[id(body)] = _counted_names(body, self._walk)
             self._switches[key] = _tested_name(test) not in self._counted[id(body)]
         return self._switches[key]
 
@@ -263,7 +264,7 @@ class EventBuilder:
         return values
 
     def _with_context(self, item: cst.BaseExpression) -> str | None:
-        for node in walk(item):
+        for node in self._walk(item):
             if type(node) is cst.Call:
                 name = callee_name(node)
                 if name in ("no_sync", "no_backward_sync"):
@@ -284,7 +285,7 @@ class EventBuilder:
             if _switches_off_grad_sync(small):
                 owner = small.targets[-1].target.value
                 out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
-            elif self._may_hold_no_sync and _holds_no_sync(small.value):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
+            elif self._may_hold_no_sync and _holds_no_sync(small.value, self._walk):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
                 out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
         elif type(small) is cst.AugAssign and is_grad(small.target):
             if type(small.operator) in (cst.DivideAssign, cst.MultiplyAssign):
@@ -301,7 +302,7 @@ class EventBuilder:
         elif type(value) is cst.Call and callee_name(value) in ("zeros_like", "zeros"):
             set_to_none = None  # p.grad = torch.zeros_like(p): a fresh buffer, often made on purpose for a step
         else:
-            if scales_down(value):
+            if scales_down(value, self._children):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
             return
         owner, kind = self._grad_owner(target, scope)
@@ -318,11 +319,11 @@ class EventBuilder:
         for frame in reversed(scope.frames):
             if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
                 continue
-            bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
+            bound = {n.value for n in self._walk(frame.node.target) if type(n) is cst.Name}
             if name not in bound:
                 continue
             loop_bound = True
-            for node in walk(_zipped_source(frame.node, name)):
+            for node in self._walk(_zipped_source(frame.node, name)):
                 if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                     owner = dotted_name(receiver(node))
                     if owner:
@@ -345,7 +346,7 @@ class EventBuilder:
         return any(p.name.value == name for p in every)
 
     def _expression(self, node: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
-        for call in calls_in_evaluation_order(node):
+        for call in self.index.file.calls_in_evaluation_order(node):
             self._call(call, scope, out)
 
     def _call(self, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
@@ -387,7 +388,7 @@ class EventBuilder:
             emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
             return
         if method in ("zero_", "fill_", "mul_") and is_grad(recv):
-            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value):
+            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value, self._children):
                 emit(GRAD_DIVIDE)  # p.grad.mul_(1 / n)
                 return
             if method == "zero_" or _is_zero_literal(positional_args(call)):
@@ -509,7 +510,7 @@ class EventBuilder:
         if function is None:
             return False
         if function not in self._hand_clips:
-            self._hand_clips[function] = _clips_gradient_norm(function)
+            self._hand_clips[function] = _clips_gradient_norm(function, self._walk)
         return self._hand_clips[function]
 
     def _kind(self, name: str | None) -> ObjKind:
@@ -593,7 +594,7 @@ class EventBuilder:
         ``loss = self.scale_loss(loss)`` must not be followed forever.
         """
         running = self._running_counters(scope.function)
-        if scales_down(loss) and not _by_no_count(loss, running):
+        if scales_down(loss, self._children) and not _by_no_count(loss, running):
             return True
         name = tracked_name(loss)
         if name is None:
@@ -623,9 +624,9 @@ class EventBuilder:
         key = (id(function), name)
         if key not in self._no_count_divisions:
             scalings: list[cst.BaseExpression] = []
-            for node in walk(function if function is not None else self.index.module):
+            for node in self._walk(function if function is not None else self.index.module):
                 kind = type(node)
-                if kind is cst.Assign and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                if kind is cst.Assign and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value, self._children):
                     scalings.append(node.value)
                 elif kind is cst.AugAssign and tracked_name(node.target) == name:
                     if type(node.operator) is cst.DivideAssign:
@@ -654,7 +655,7 @@ class EventBuilder:
         if factors is None:  # each value is walked once, however many backwards ask about it
             factors = self._factors[id(value)] = frozenset(
                 name
-                for node in walk(value)
+                for node in self._walk(value)
                 if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply
                 for name in (dotted_name(node.left), dotted_name(node.right))
                 if name is not None
@@ -775,7 +776,7 @@ def _tested_name(test: cst.Comparison) -> str | None:
     return dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
 
 
-def _counted_names(body: cst.CSTNode) -> frozenset[str]:
+def _counted_names(body: cst.CSTNode, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> frozenset[str]:
     """The names ``body`` uses as running counters (``accumulated += 1``, reset with ``= 0``), not settings."""
     names = set()
     for node in walk(body):
@@ -787,7 +788,7 @@ def _counted_names(body: cst.CSTNode) -> frozenset[str]:
     return frozenset(names)
 
 
-def _clips_gradient_norm(function: cst.FunctionDef) -> bool:
+def _clips_gradient_norm(function: cst.FunctionDef, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> bool:
     """Whether a function is norm clipping written out, as torch's ``clip_grad_norm_`` is.
 
     It reads ``.grad``, computes a coefficient ``max_norm / (total_norm + eps)``,
@@ -903,7 +904,7 @@ def _running_counters(function: cst.FunctionDef, index: ModuleIndex) -> frozense
     if not incremented:
         return frozenset()
     reset = set()
-    for node in walk(function):
+    for node in index.file.walk(function):
         if type(node) is not cst.If:
             continue
         tested = {
@@ -1045,7 +1046,7 @@ def _switches_off_grad_sync(assign: cst.Assign) -> bool:
     )
 
 
-def _holds_no_sync(value: cst.BaseExpression) -> bool:
+def _holds_no_sync(value: cst.BaseExpression, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> bool:
     """Whether an assigned value names a ``no_sync`` context without entering it (``model.no_sync``, uncalled)."""
     nodes = list(walk(value))
     called = {id(node.func) for node in nodes if type(node) is cst.Call}

@@ -59,12 +59,12 @@ class GradlintChecker:
             return
         with cyclic_gc_paused():
             try:
-                module = parse(text, self.tree)
+                parsed = parse(text, self.tree)
             except SourceError as error:
-                module, failure = None, error
+                parsed, failure = None, error
             else:
-                result = check_module(module, self.filename, rules, text, noqa=False)
-        if module is None:
+                result = check_module(parsed, self.filename, rules, noqa=False)
+        if parsed is None:
             yield 1, 0, f"GL000 gradlint could not check this file: {failure}", type(self)
             return
         if result.error:

@@ -18,8 +18,7 @@ import libcst as cst
 
 from gradlint.imports import ImportMap
 from gradlint.model import LoopModel
-from gradlint.per_module import PerModule
-from gradlint.syntax import TRIVIA, children, dotted_name, keyword_arg, number
+from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number
 
 _ACCELERATOR = {"accelerate.Accelerator", "accelerate.accelerator.Accelerator"}
 _LIGHTNING_TRAINER = {
@@ -81,18 +80,15 @@ class FrameworkSettings:
     fsdp2_shards: list[cst.Call] = dataclasses.field(default_factory=list)
 
 
-_settings: PerModule[FrameworkSettings] = PerModule()
-
-
 def framework_settings(model: LoopModel) -> FrameworkSettings:
-    """The framework settings of ``model``'s module (computed once per module)."""
-    return _settings.get(model.module, None, lambda: _settings_of(model))
+    """The framework settings of ``model``'s module (computed once per file)."""
+    return model.file.once(framework_settings, lambda: _settings_of(model))
 
 
 def _settings_of(model: LoopModel) -> FrameworkSettings:
     if model.text is not None and not any(name in model.text for name in _LAST_NAMES):
         return FrameworkSettings()  # nothing below can match: the walk is skipped
-    return _read(model.module)
+    return _read(model.module, model.file.children)
 
 
 def counts_more_than_one(value: cst.BaseExpression) -> bool:
@@ -101,7 +97,7 @@ def counts_more_than_one(value: cst.BaseExpression) -> bool:
     return literal is None or literal > 1
 
 
-def _read(module: cst.Module) -> FrameworkSettings:
+def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSettings:
     imports = ImportMap()
     calls: list[cst.Call] = []
     classes: list[cst.ClassDef] = []
@@ -123,7 +119,7 @@ def _read(module: cst.Module) -> FrameworkSettings:
                 if name:
                     dicts.setdefault(name, []).append(node.value)
         if kind not in TRIVIA:
-            stack.extend(children(node))
+            stack.extend(children_of(node))
     settings = FrameworkSettings()
     for call in calls:
         names = imports.qualify(call.func)

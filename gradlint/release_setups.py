@@ -31,7 +31,6 @@ import libcst as cst
 
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
-from gradlint.syntax import children as child_nodes
 
 # Substrings one of which every release set-up recognised here contains.
 RELEASE_TOKENS = ("gradient_release", "post_accumulate_grad_hook", "in_bwd", "in_backward", "InBackward")
@@ -225,6 +224,7 @@ class _Finder:
 
     def __init__(self, index: Any) -> None:
         self.index = index
+        self._children = index.file.children  # the children the module index read
         self.setups: list[ReleaseSetup] = []
         self.hooks: set[cst.FunctionDef] = set()
         self.refused: set[str] = set()
@@ -268,10 +268,10 @@ class _Finder:
             if ctx.class_name is not None:
                 self.method_class[node] = ctx.class_name
             inner = _Context(node, None, (), ())
-            return [(child, inner) for child in child_nodes(node)]
+            return [(child, inner) for child in self._children(node)]
         if kind is cst.ClassDef:
             inner = dataclasses.replace(ctx, class_name=node.name.value)
-            return [(child, inner) for child in child_nodes(node)]
+            return [(child, inner) for child in self._children(node)]
         if kind is cst.If or kind is cst.IfExp:
             return self._branches(node, ctx)
         if kind is cst.For:
@@ -288,7 +288,7 @@ class _Finder:
         elif kind is cst.DictElement and type(node.key) is cst.SimpleString:
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
-        return [(child, ctx) for child in child_nodes(node)]
+        return [(child, ctx) for child in self._children(node)]
 
     def _branches(self, node: cst.If | cst.IfExp, ctx: _Context) -> list[tuple[cst.CSTNode, _Context]]:
         test = node.test

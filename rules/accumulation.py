@@ -14,11 +14,10 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.accumulation import drop_division
-from gradlint.fixes.locate import parents
 from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
-from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
     accumulation_place,
@@ -367,21 +366,18 @@ def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression
     )
 
 
-_assignments: PerModule[dict[str, list[cst.CSTNode]]] = PerModule()
-
-
-def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+def _assignments_in(parsed: ParsedFile, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     """Every assignment under ``scope`` (nested functions included), by the dotted name it assigns.
 
-    One walk per scope and module: a module-level loop with many backwards
+    One walk per scope and file: a module-level loop with many backwards
     would otherwise walk the whole module once per backward.
     """
-    return _assignments.get(module, id(scope), lambda: _collect_assignments(scope))
+    return parsed.once((_assignments_in, id(scope)), lambda: _collect_assignments(parsed, scope))
 
 
-def _collect_assignments(scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+def _collect_assignments(parsed: ParsedFile, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     found: dict[str, list[cst.CSTNode]] = {}
-    for node in walk(scope):
+    for node in parsed.walk(scope):
         if type(node) is cst.Assign:
             for name in {dotted_name(t.target) for t in node.targets} - {None}:
                 found.setdefault(name, []).append(node)
@@ -406,11 +402,11 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     if name is None:
         return []
     last: tuple[tuple[int, int], cst.CSTNode] | None = None
-    for node in _assignments_in(model.module, scope).get(name, ()):
+    for node in _assignments_in(model.file, scope).get(name, ()):
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)
-    if last is None or not _on_the_way(model.module, last[1], loss):
+    if last is None or not _on_the_way(model.file, last[1], loss):
         return []
     node = last[1]
     if type(node) is cst.AugAssign:
@@ -419,9 +415,9 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     return [(value, value.right)] if value is not None and _is_division(value) else []
 
 
-def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
+def _on_the_way(parsed: ParsedFile, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
     """Whether ``use`` lies in the block that holds ``assignment`` (not in another branch of an ``if``)."""
-    table = parents(module)
+    table = parsed.parent_map()
     block = table.get(assignment)
     while block is not None and type(block) not in (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module):
         block = table.get(block)
@@ -643,7 +639,7 @@ def _division_skipped(
     Trainer's scaling flags or methods, and the loss is neither divided by
     the accumulation steps nor a sum.
     """
-    if _touches_scaling_flag(model.module):
+    if _touches_scaling_flag(model.file):
         return False
     text = model.text if model.text is not None else model.module.code
     if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
@@ -657,21 +653,18 @@ def _division_skipped(
     return not any(_is_sum(loss) or _is_none(loss) for loss in losses)
 
 
-def _touches_scaling_flag(module: cst.Module) -> bool:
+def _touches_scaling_flag(parsed: ParsedFile) -> bool:
     """Whether the module names ``model_accepts_loss_kwargs`` or ``loss_is_scaled_for_ga`` in code (not in a comment or docstring).
 
     As an attribute (``self.model_accepts_loss_kwargs = False``, ``trainer.model_accepts_loss_kwargs = False``),
     a class attribute, or a string (``setattr(trainer, "model_accepts_loss_kwargs", False)``): whatever the module
     does with the flag, it has taken the question in hand.
     """
-    return _scaling_flag.get(module, None, lambda: _names_scaling_flag(module))
+    return parsed.once(_touches_scaling_flag, lambda: _names_scaling_flag(parsed))
 
 
-_scaling_flag: PerModule[bool] = PerModule()
-
-
-def _names_scaling_flag(module: cst.Module) -> bool:
-    for node in every_node(module):
+def _names_scaling_flag(parsed: ParsedFile) -> bool:
+    for node in parsed.every_node(parsed.module):
         kind = type(node)
         if kind is cst.Name and node.value in _SCALING_FLAGS:
             return True
@@ -776,7 +769,7 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolve
     place) is left out, or kept as the name with ``keep_unresolved``.
     """
     found: list[cst.BaseExpression] = []
-    for node in walk(function.body):
+    for node in model.file.walk(function.body):
         if type(node) is not cst.Return or node.value is None:
             continue
         pending = [node.value]
@@ -801,14 +794,14 @@ def _last_value(model: LoopModel, function: cst.FunctionDef, value: cst.BaseExpr
     if name is None or type(value) is not cst.Name:
         return value
     last: tuple[tuple[int, int], cst.Assign] | None = None
-    for node in walk(function.body):
+    for node in model.file.walk(function.body):
         if type(node) in (cst.AugAssign, cst.AnnAssign) and dotted_name(node.target) == name:
             return None  # changed in place or annotated: not followed
         if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             at = model.position(node)[:2]
             if at < before and (last is None or at > last[0]):
                 last = (at, node)
-    if last is None or not _on_the_way(model.module, last[1], value):
+    if last is None or not _on_the_way(model.file, last[1], value):
         return None
     return last[1].value
 
@@ -990,7 +983,7 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     if name is None:
         return None
     last = None
-    for node in _assignments_in(model.module, loop.node).get(name, ()):
+    for node in _assignments_in(model.file, loop.node).get(name, ()):
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)
@@ -1005,7 +998,7 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
         return None
     if not _names_accumulation(found[1]):
         return None
-    if _on_the_way(model.module, node, loss) or _under_test_of(model.module, node, found[1], loss):
+    if _on_the_way(model.file, node, loss) or _under_test_of(model.file, node, found[1], loss):
         return found
     return None
 
@@ -1016,10 +1009,10 @@ def _names_accumulation(divisor: cst.BaseExpression) -> bool:
     return name is not None and "accum" in name.rsplit(".", 1)[-1].lower()
 
 
-def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.BaseExpression, use: cst.CSTNode) -> bool:
+def _under_test_of(parsed: ParsedFile, assignment: cst.CSTNode, divisor: cst.BaseExpression, use: cst.CSTNode) -> bool:
     """``if accum > 1: loss /= accum``: the assignment sits in an ``if`` (without ``else``) that tests the divisor
     itself, and that ``if`` lies in the block that holds the use."""
-    table = parents(module)
+    table = parsed.parent_map()
     node = table.get(assignment)
     while node is not None and type(node) is not cst.If:
         if type(node) in (cst.For, cst.While, cst.FunctionDef, cst.With, cst.Try):
@@ -1030,7 +1023,7 @@ def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.Bas
     text = dotted_name(divisor)
     if not any(dotted_name(n) == text for n in walk(node.test) if type(n) in (cst.Name, cst.Attribute)):
         return False
-    return _on_the_way(module, node, use)
+    return _on_the_way(parsed, node, use)
 
 
 class StepOutsideAccumulationGuard(Rule):

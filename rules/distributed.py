@@ -13,10 +13,10 @@ from gradlint.frameworks import framework_settings
 from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
-from gradlint.per_module import PerModule
+from gradlint.parsed_file import ParsedFile
 from gradlint.queries import accumulation, accumulation_place, frames_inside, lies_in, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
 
 class AccumulationWithoutNoSync(Rule):
@@ -284,24 +284,22 @@ def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int])
     return False
 
 
-_names: PerModule[frozenset[str]] = PerModule()
-
-
-def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
-    """Every dotted name written under ``scope``, one walk per scope and module (the rule asks once per event)."""
-    return _names.get(
-        module, id(scope), lambda: frozenset(dotted_name(n) for n in walk(scope) if type(n) in (cst.Name, cst.Attribute))
+def _names_in(parsed: ParsedFile, scope: cst.CSTNode) -> frozenset[str]:
+    """Every dotted name written under ``scope``, one walk per scope and file (the rule asks once per event)."""
+    return parsed.once(
+        (_names_in, id(scope)),
+        lambda: frozenset(dotted_name(n) for n in parsed.walk(scope) if type(n) in (cst.Name, cst.Attribute)),
     )
 
 
 class _NamesIn:
     """``name in`` the dotted names written under a scope, walked on the first question only."""
 
-    def __init__(self, module: cst.Module, scope: cst.CSTNode) -> None:
-        self._module, self._scope = module, scope
+    def __init__(self, parsed: ParsedFile, scope: cst.CSTNode) -> None:
+        self._file, self._scope = parsed, scope
 
     def __contains__(self, name: str) -> bool:
-        return name in _names_in(self._module, self._scope)
+        return name in _names_in(self._file, self._scope)
 
 
 def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scopes: dict[str, set]) -> dict[str, str]:
@@ -311,7 +309,7 @@ def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scope
     index = model.index
     if index is None:
         return wrapped
-    named = _NamesIn(model.module, root.node)
+    named = _NamesIn(model.file, root.node)
     method = type(root.node) is cst.FunctionDef and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
     function = root.node if type(root.node) is cst.FunctionDef else None
@@ -408,7 +406,7 @@ def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef
     visited: set[int] = set()
     while pending:
         node, function = pending.pop()
-        for call in walk(node):
+        for call in model.file.walk(node):
             if type(call) is not cst.Call:
                 continue
             name = dotted_name(call.func)
@@ -686,7 +684,7 @@ class DdpModelChangedAfterWrap(Rule):
             return
         roots = {id(root.node): root for root in model.roots}
         for scope in _scopes_of(model, framework_settings(model).ddp_wraps):
-            sites = _Sites(scope, wraps)
+            sites = _Sites(model.file, scope, wraps)
             if not sites.wraps:
                 continue
             trains = _Training(roots.get(id(scope)), sites)
@@ -769,7 +767,8 @@ def walk_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 class _Sites:
     """The wraps, moves and casts of one function, in program order, with their loops and branches."""
 
-    def __init__(self, scope: cst.CSTNode, wrap_calls: set[int]) -> None:
+    def __init__(self, parsed: ParsedFile, scope: cst.CSTNode, wrap_calls: set[int]) -> None:
+        self._calls_in_order = parsed.calls_in_evaluation_order
         self.wraps: list[_Wrap] = []
         self.moves: list[_Site] = []
         self.order_of: dict[int, int] = {}
@@ -818,7 +817,7 @@ class _Sites:
             wrap.target = dotted_name(small.targets[-1].target)
 
     def _expression(self, node: cst.CSTNode, loops, branches) -> None:
-        for call in calls_in_evaluation_order(node):
+        for call in self._calls_in_order(node):
             self._count += 1
             self.order_of[id(call)] = self._count
             site = _Site(self._count, call, loops, branches)

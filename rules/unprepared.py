@@ -14,7 +14,6 @@ from collections.abc import Iterable
 import libcst as cst
 
 from gradlint.module_index import ModuleIndex
-from gradlint.per_module import PerModule
 from gradlint.syntax import every_node
 
 TORCH_SCHEDULERS = frozenset({
@@ -176,13 +175,10 @@ def prepared_in(function: cst.FunctionDef, name: str) -> bool:
     return name in ModuleFacts().read(every_node(function)).prepared
 
 
-# GL301 asks once per scheduler step, about one module at a time.
-_facts_of: PerModule[ModuleFacts] = PerModule()
-
-
 def _facts(index: ModuleIndex) -> ModuleFacts:
-    """The facts of the module ``index`` was built from, read from its parent map (which holds every node but the module)."""
-    return _facts_of.get(index.module, None, lambda: ModuleFacts().read(index.parents))
+    """The facts of the module ``index`` was built from, read from its parent map (which holds every node but the
+    module); once per file: GL301 asks once per scheduler step."""
+    return index.file.once(_facts, lambda: ModuleFacts().read(index.parents))
 
 
 def _names_in(node: cst.BaseExpression) -> set[str]:
