@@ -28,7 +28,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
     if type(parsed) is cst.Module:
         parsed = ParsedFile(parsed)
     if context is None:
-        context = alone_in_its_run(scan_calls(parsed.code, parsed.python_tree()))
+        context = alone_in_its_run(scan_calls(parsed.code, parsed.python_nodes()))
     known = Context.of(context)
     per_batch = known.per_batch
     index = ModuleIndex(parsed)

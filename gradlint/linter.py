@@ -20,6 +20,7 @@ from gradlint.old_syntax import stand_in
 from gradlint.parsed_file import ParsedFile
 from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
+from gradlint.python_nodes import FiledTree
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -58,7 +59,7 @@ def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Modul
     return tree
 
 
-def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> ParsedFile:
+def parse(text: str, python_tree: ast.Module | FiledTree | None = None, *, old_names: bool = True) -> ParsedFile:
     """Parse source text into a :class:`ParsedFile`, turning LibCST's errors into one-line :class:`SourceError`s.
 
     ``python_tree``, Python's own tree of ``text`` when the caller has parsed it already, is used instead of parsing it again.
@@ -66,7 +67,8 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
     stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text
     (``ParsedFile.stand_in`` says so), so a caller that writes code back must pass ``old_names=False``.
     """
-    tree = _refuse_deep_nesting(text, python_tree)
+    filed = FiledTree.of(python_tree)
+    tree = _refuse_deep_nesting(text, filed.tree if filed is not None else None)
     try:
         if tree is not None:  # Python read the text: LibCST's parser builds valid nodes for it
             with _node_validation_skipped():
@@ -79,7 +81,7 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
             if not old_names:
                 raise SourceError(f"cannot fix: {OLD_NAMES}") from error
             parsed = parse(substitute.text, None)
-            return ParsedFile(parsed.module, text, substitute, python=parsed.python_tree())
+            return ParsedFile(parsed.module, text, substitute, python=parsed.python_nodes())
         # Python's own parser says where and why more precisely than LibCST's.
         try:
             ast.parse(text)
@@ -95,7 +97,7 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
         raise SourceError(_TOO_DEEP) from error
     except Exception as error:  # noqa: BLE001 - LibCST refuses some code Python accepts (b"x" "y")
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
-    return ParsedFile(module, text, python=tree)
+    return ParsedFile(module, text, python=filed if filed is not None else FiledTree.of(tree))
 
 
 @contextmanager
@@ -148,7 +150,7 @@ def parse_and_check(
     path: str,
     rules: Sequence[type[Rule]],
     context: Iterable[str] | None = None,
-    python_tree: ast.Module | None = None,
+    python_tree: ast.Module | FiledTree | None = None,
 ) -> FileResult:
     """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`).
 

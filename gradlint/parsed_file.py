@@ -17,6 +17,7 @@ from typing import TypeVar
 import libcst as cst
 
 from gradlint.old_syntax import StandIn
+from gradlint.python_nodes import FiledTree
 from gradlint.syntax import TRIVIA, calls_in_evaluation_order, children, every_node, walk
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ class ParsedFile:
     # The same-length stand-in the module was parsed from instead of the text (:mod:`gradlint.old_syntax`): its
     # positions are the text's, its code is not. None for every file that uses no ``async``/``await`` as names.
     stand_in: StandIn | None = None
-    python: dataclasses.InitVar[ast.Module | None] = None
+    python: dataclasses.InitVar[FiledTree | None] = None
     # Each node's parent (names and literals are children, never parents), as the module index's walk recorded it.
     parents: dict[cst.CSTNode, cst.CSTNode] | None = None
     _python_tree: object = dataclasses.field(default=_UNREAD, init=False, repr=False)
@@ -41,17 +42,22 @@ class ParsedFile:
     _children: dict[int, list[cst.CSTNode]] = dataclasses.field(default_factory=dict, init=False, repr=False)
     _values: dict[Hashable, object] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self, python: ast.Module | None) -> None:
+    def __post_init__(self, python: FiledTree | None) -> None:
         if python is not None:
             self._python_tree = python
 
-    def python_tree(self) -> ast.Module | None:
-        """Python's tree of the source (of its stand-in, for a file read through one): the one the parse made, else
-        parsed now; None if Python cannot read it."""
+    def python_nodes(self) -> FiledTree | None:
+        """Python's tree of the source (of its stand-in, for a file read through one), its nodes filed by type on
+        first ask: the one the parse made, else parsed now; None if Python cannot read it."""
         tree = self._python_tree
         if tree is _UNREAD:
             tree = self._python_tree = _python_parse(self.code)
         return tree  # type: ignore[return-value]
+
+    def python_tree(self) -> ast.Module | None:
+        """Python's tree of the source (:meth:`python_nodes`' tree)."""
+        filed = self.python_nodes()
+        return filed.tree if filed is not None else None
 
     @property
     def code(self) -> str:
@@ -110,8 +116,8 @@ class ParsedFile:
         return values[key]  # type: ignore[return-value]
 
 
-def _python_parse(text: str) -> ast.Module | None:
+def _python_parse(text: str) -> FiledTree | None:
     try:
-        return ast.parse(text)
+        return FiledTree(ast.parse(text))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None

@@ -35,7 +35,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import child_nodes, nodes_by_type, walk
+from gradlint.python_nodes import FiledTree, child_nodes, walk
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -113,10 +113,10 @@ class Context:
         return cls(*(frozenset(found[p]) for p in ("", *prefixes)))
 
 
-def python_tree(text: str) -> ast.Module | None:
+def python_tree(text: str) -> FiledTree | None:
     """Python's tree of ``text``, or None when Python cannot read it (what :func:`scan_calls` then assumes)."""
     try:
-        return ast.parse(text)
+        return FiledTree(ast.parse(text))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
@@ -126,7 +126,7 @@ def might_call(text: str) -> bool:
     return "for " in text or "while " in text or "def " in text
 
 
-def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
+def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     """The names a file's loops call, and the functions it defines; empty when Python cannot parse it.
 
     ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
@@ -137,7 +137,7 @@ def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
         tree = python_tree(text)
         if tree is None:
             return FileCalls()
-    calls = _Scan(_lines_naming("unscale_", text)).file(tree)
+    calls = _Scan(_lines_naming("unscale_", text)).file(tree.tree)
     return _with_handed_and_wrapped(calls, text, tree)
 
 
@@ -251,7 +251,7 @@ _GAP = r"(?:\s|\\|#[^\n]*+)*+"  # possessive: a run of comment marks never makes
 _OPTIMIZER_ARGUMENT_ANYHOW = re.compile(rf"[(,]{_GAP}(?:\w+{_GAP}\.{_GAP})*\w*opt\w*{_GAP}[,):=]", re.IGNORECASE)
 
 
-def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> FileCalls:
+def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: FiledTree) -> FileCalls:
     """``calls`` with the facts about handed optimizers and wrapped models, read in one walk of the tree when the
     text can hold any of them (a name of an optimizer as an argument, a spelling of a wrap)."""
     wraps = _may_wrap(text)  # only then can a call hand on a wrapped model
@@ -265,7 +265,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
     # Every call may hand on a wrapped model: then the whole tree is read. Else only the statements spanning a
     # line where an optimizer may be an argument (most of a file); lines are counted on "\n" alone.
     if wraps or "\r" in text:
-        by_type = nodes_by_type(tree)
+        by_type = tree.by_type()
         calls_read = by_type.get(ast.Call, [])
         if optimizers:
             functions.extend(by_type.get(ast.FunctionDef, ()))
@@ -273,7 +273,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
         if wraps:
             found_calls, assigns, from_imports = calls_read, by_type.get(ast.Assign, []), by_type.get(ast.ImportFrom, [])
     else:  # _near_lines lists every function definition as it goes
-        near = _near_lines(tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
+        near = _near_lines(tree.tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
         calls_read = [node for node in near if type(node) is ast.Call]
     hands = _handing_optimizers(calls_read) if optimizers else set()
     steps_handed, clears_handed = _what_handed_optimizers_get(functions, set(calls.defines))
