@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import GRAD_DIVIDE, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
 from gradlint.module_index import ModuleIndex, Unpacked
@@ -44,8 +45,6 @@ _ACCUMULATION_WORDS = re.compile(
 )
 # The last part of a counter's name that says "micro-batches since the last step": ``acc_step``, ``accum_iter``.
 _ACCUMULATION_COUNTER = re.compile(r"^(grad_)?acc(um(ulation|ulated)?)?_?(step|iter|count|idx|counter)$", re.IGNORECASE)
-_FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
-_ENGINE_NAME = re.compile(r"(^|_)(ds_|deepspeed_)?engine$|^deepspeed", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
@@ -76,7 +75,7 @@ class EventBuilder:
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
-        self._may_hold_no_sync = index.text is None or "no_sync" in index.text
+        self._may_hold_no_sync = index.text is None or any(method in index.text for method in frameworks.MODEL_NO_SYNC)
         self._switches: dict[tuple[int, int], bool] = {}
         self._factors: dict[int, frozenset[str]] = {}  # the dotted names multiplied in each assigned value
         self._counted: dict[int, frozenset[str]] = {}  # the names each body counts (``n += 1``, ``n = 0``)
@@ -264,13 +263,13 @@ class EventBuilder:
         return values
 
     def _with_context(self, item: cst.BaseExpression) -> str | None:
+        """What a ``with`` item makes its block: a framework's no-sync or accumulation context, or an ``autocast``."""
         for node in self._walk(item):
             if type(node) is cst.Call:
                 name = callee_name(node)
-                if name in ("no_sync", "no_backward_sync"):
-                    return "no_sync"
-                if name == "accumulate":
-                    return "accumulate"
+                context = frameworks.CONTEXTS.get(name) if name is not None else None
+                if context is not None:
+                    return context
                 if name == "autocast":
                     return "autocast"
         return None
@@ -282,11 +281,11 @@ class EventBuilder:
         if type(small) is cst.Assign:
             for target in small.targets:
                 self._grad_assignment(target.target, small.value, small, scope, out)
-            if _switches_off_grad_sync(small):
+            if _switches_off_grad_sync(small):  # ``ddp.require_backward_grad_sync = flag``
                 owner = small.targets[-1].target.value
-                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
+                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.PARALLEL_MODEL, call_chain=scope.chain))
             elif self._may_hold_no_sync and _holds_no_sync(small.value, self._walk):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
-                out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
+                out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.PARALLEL_MODEL, call_chain=scope.chain))
         elif type(small) is cst.AugAssign and is_grad(small.target):
             if type(small.operator) in (cst.DivideAssign, cst.MultiplyAssign):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
@@ -375,7 +374,7 @@ class EventBuilder:
         if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
             emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
             return
-        if method == "backward" or method == "manual_backward":
+        if method == "backward" or method in frameworks.BACKWARD_METHODS:
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
         if method == "zero_grad":
@@ -401,11 +400,12 @@ class EventBuilder:
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
             return
-        if method == "register_comm_hook":
-            # A DDP communication hook that divides the bucket by more than the world size normalises the
+        if method in frameworks.COMM_HOOKS:
+            # A communication hook that divides the bucket by more than the world size normalises the
             # accumulated gradients itself (by tokens or micro-batches) when they are all-reduced.
+            position, keyword = frameworks.COMM_HOOKS[method]
             args = positional_args(call)
-            hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
+            hook = args[position].value if len(args) > position else (keyword_arg(call, keyword).value if keyword_arg(call, keyword) else None)
             function = self.index.resolve_function(cst.Call(func=hook), scope.function) if type(hook) in (cst.Name, cst.Attribute) else None
             hooks = [function] if function is not None else []
             if type(hook) is cst.Call:  # ``scale_by_grad_accum_steps_wrapper(allreduce_hook)``: the hooks it defines
@@ -415,9 +415,8 @@ class EventBuilder:
             if any(_divides_beyond_world_size(h) for h in hooks):
                 emit(GRAD_DIVIDE, framework="comm_hook")
             return
-        if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:
-            # Opacus: virtual steps pile up clipped per-sample gradients; step() averages them over the whole
-            # virtual batch (PrivacyEngine.virtual_step / step), so the loss needs no division.
+        if method in frameworks.AVERAGING_STEPS and self._kind(recv_name) is ObjKind.OPTIMIZER:
+            # The optimizer averages what it accumulated over every mini-batch since its last step: the loss needs no division.
             emit(GRAD_DIVIDE)
             return
         recv_kind = self._kind(recv_name)
@@ -442,22 +441,23 @@ class EventBuilder:
         if method == "update" and recv_kind is ObjKind.SCALER:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
             return
-        if method in ("no_sync", "no_backward_sync"):
-            args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
-            owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
-            emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
+        no_sync = frameworks.NO_SYNC.get(method) if method is not None else None
+        if no_sync is not None:
+            args = positional_args(call)  # ``fabric.no_backward_sync(model, ...)`` names the model among its arguments
+            place = no_sync.model_argument
+            owner = dotted_name(args[place].value) if place is not None and len(args) > place else recv_name
+            emit(NO_SYNC, target=owner, target_kind=ObjKind.PARALLEL_MODEL)
             return
-        if method == "disable_allreduce" and not call.args:
-            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # apex.parallel.DistributedDataParallel's switch
-            return
-        if method == "set_requires_gradient_sync" and _switches_off_sync(call):
-            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # FSDP2's form of no_sync()
+        switch = frameworks.SYNC_SWITCHES.get(method) if method is not None else None
+        if switch is not None and switch.switches_off(call):  # ``model.disable_allreduce()``
+            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.PARALLEL_MODEL)
             return
         name = callee_name(call)
-        if name in _CLIP_FUNCTIONS or name == "clip_gradients":
+        if name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
             emit(EventKind.CLIP, framework=self._clip_framework(recv_name, qualified))
             return
-        if name == "optimizer_step" and any(q.startswith("torch_xla") for q in qualified):
+        module = frameworks.STEP_FUNCTIONS.get(name) if name is not None else None
+        if module is not None and any(q.startswith(module) for q in qualified):  # ``xm.optimizer_step(opt)``
             args = positional_args(call)
             emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
             return
@@ -479,11 +479,12 @@ class EventBuilder:
             emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
-        """None for torch's own clipping; otherwise who clips (accelerate unscales first, FSDP shards)."""
+        """None for torch's own clipping; otherwise who clips (a framework's object unscales first, FSDP shards)."""
         if any(q.startswith("torch.") for q in qualified) or recv_name is None:
             return None
-        if self._kind(recv_name) is ObjKind.ACCELERATOR:
-            return "accelerate"
+        by = frameworks.CLIP_OWNER_KINDS.get(self._kind(recv_name))
+        if by is not None:
+            return by
         if recv_name.split(".")[0] in ("torch", "nn", "utils", "clip_grad"):
             return None
         return "module"
@@ -544,27 +545,20 @@ class EventBuilder:
         args = positional_args(call)
         if not args and (given := keyword_arg(call, "loss")) is not None:
             args = [given]  # ``booster.backward(loss=loss / n, optimizer=optimizer)``
-        if method == "manual_backward":  # Lightning's manual optimization: a plain backward (AMP scaling aside), nothing divided
+        backward = frameworks.backward_of(method, last_name(recv_name or ""), self._kind(recv_name))
+        if backward is not None and backward.any_owner:
             loss = args[0].value if args else None
-            return {"framework": "lightning", "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
+            return {"framework": backward.by, "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         if method is None:  # torch.autograd.backward(loss)
             loss = args[0].value if args else None
             return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
-        recv_last = last_name(recv_name or "")
-        recv_kind = self._kind(recv_name)
-        if args and (recv_last in _FRAMEWORK_BACKWARD or recv_kind is ObjKind.ACCELERATOR):
-            framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
+        if args and backward is not None and backward.by is not None:
             loss = args[0].value
-            if framework == "fabric":  # Fabric.backward divides by nothing: Fabric has no accumulation setting
-                return {"framework": framework, "normalised": self._normalised(loss, scope), "loss": loss}
-            return {"framework": framework, "normalised": True, "loss": loss}
-        if args and (recv_kind is ObjKind.ENGINE or _ENGINE_NAME.search(recv_last)):
-            # DeepSpeed's engine.backward divides by its gradient_accumulation_steps and syncs at the boundary
-            # (deepspeed/runtime/engine.py: _scale_loss_by_gas), whatever the engine is called.
-            return {"framework": "deepspeed", "normalised": True, "loss": args[0].value}
-        if args and (recv_kind is ObjKind.OPTIMIZER or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
-            # ``optimizer.backward(loss)`` (fp16 optimizers of apex, fairseq, Megatron) or a helper handed the loss:
-            # what is backpropagated is the argument, scaled by a loss scale at most.
+            normalised = backward.divides_by_count or self._normalised(loss, scope)
+            return {"framework": backward.by, "normalised": normalised, "loss": loss}
+        if args and (backward is not None or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
+            # ``optimizer.backward(loss)`` (an fp16 optimizer's) or a helper handed the loss: what is backpropagated
+            # is the argument, scaled by a loss scale at most.
             loss = args[0].value
             return {"loss": loss, "normalised": self._normalised(loss, scope)}
         scaled = False
@@ -602,8 +596,8 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
-            if type(value) is cst.Call and callee_name(value) == "scale_loss" and positional_args(value) and name not in through:
-                # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
+            if type(value) is cst.Call and callee_name(value) in frameworks.LOSS_SCALERS and positional_args(value) and name not in through:
+                # ``with amp.scale_loss(loss, opt) as scaled_loss``: the loss it is given, multiplied by the loss scale
                 if self._normalised(positional_args(value)[0].value, scope, through | {name}):
                     return True
             if type(value) is cst.Call:
@@ -1031,17 +1025,17 @@ def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
 def _scales_gradients(call: cst.Call, method: str | None) -> bool:
     """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided at once."""
     name = callee_name(call) or ""
-    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name == "clip_gradients":
+    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
         return False
     return any(contains_division(arg.value) for arg in call.args)
 
 
 def _switches_off_grad_sync(assign: cst.Assign) -> bool:
-    """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
+    """``ddp.require_backward_grad_sync = flag``: a wrapper's sync flag set (anything but a literal True)."""
     target = assign.targets[-1].target
     return (
         type(target) is cst.Attribute
-        and target.attr.value == "require_backward_grad_sync"
+        and target.attr.value in frameworks.SYNC_FLAGS
         and bool_literal(assign.value) is not True
     )
 
@@ -1051,16 +1045,9 @@ def _holds_no_sync(value: cst.BaseExpression, walk: Callable[[cst.CSTNode], Iter
     nodes = list(walk(value))
     called = {id(node.func) for node in nodes if type(node) is cst.Call}
     return any(
-        type(node) is cst.Attribute and node.attr.value in ("no_sync", "no_backward_sync") and id(node) not in called
+        type(node) is cst.Attribute and node.attr.value in frameworks.NO_SYNC and id(node) not in called
         for node in nodes
     )
-
-
-def _switches_off_sync(call: cst.Call) -> bool:
-    """``model.set_requires_gradient_sync(flag)``: FSDP2 told not to reduce (anything but a literal True)."""
-    args = positional_args(call)
-    arg = args[0] if args else keyword_arg(call, "requires_gradient_sync")
-    return arg is not None and bool_literal(arg.value) is not True
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.imports import ImportMap
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjInfo, ObjKind, kind_of_constructor, last_name
@@ -336,13 +337,14 @@ class ModuleIndex:
             kind = kind_of_constructor(qualified)
             if kind is ObjKind.OPTIMIZER:
                 return ObjInfo(kind, param_sources=_parameter_sources(value, self.file.walk))
-            if kind is ObjKind.DDP_MODEL:
+            if kind is ObjKind.PARALLEL_MODEL:
                 args = positional_args(value)
-                return ObjInfo(kind, wraps=dotted_name(args[0].value) if args else None)
+                wrap = frameworks.wrap_of_constructor(qualified)
+                return ObjInfo(kind, wraps=dotted_name(args[0].value) if args else None, wrapped_by=wrap.key if wrap else None)
             if kind is not None:
                 return ObjInfo(kind)
         name = callee_name(value) or ""
-        if name in ("prepare", "prepare_model") and len(positional_args(value)) == 1:
+        if name in frameworks.RETURNS_GIVEN_ALONE and len(positional_args(value)) == 1:  # ``model = accelerator.prepare(model)``
             return self._classify_value(positional_args(value)[0].value)
         if re.search(r"optimi[sz]er", name, re.IGNORECASE) and not name.endswith("_step"):
             return ObjInfo(ObjKind.OPTIMIZER)
@@ -351,12 +353,18 @@ class ModuleIndex:
         return None
 
     def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
-        """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was."""
+        """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was; or, for a call
+        a framework declares so (``engine, opt, _, sched = deepspeed.initialize(...)``), the kind it returns there."""
         call = value.value
-        if type(call) is cst.Call and callee_name(call) in ("prepare", "setup", "initialize"):
+        if type(call) is not cst.Call:
+            return None
+        name = callee_name(call)
+        returned = frameworks.RETURNS_BY_POSITION.get(name) if name is not None else None
+        if returned is not None:
+            kind = returned.get(value.position)
+            return ObjInfo(kind) if kind is not None else None
+        if name in frameworks.RETURNS_GIVEN:
             args = positional_args(call)
-            if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
-                return {0: ObjInfo(ObjKind.ENGINE), 1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
             if value.position < len(args):
                 return self._classify_value(args[value.position].value)
         return None

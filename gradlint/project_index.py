@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
+from gradlint import frameworks
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
 
@@ -359,42 +360,55 @@ def _statements_inside(statement: ast.AST) -> list[ast.stmt]:
     return inner
 
 
-# What a file must spell to wrap a model for data parallelism, and how each spelling is named.
-# A call or an aliased import of the wrapper, not the name in prose: a wrap is an assignment from a call.
+# What a file must spell to wrap a model for data parallelism (the frameworks' wrapper classes, sharding functions
+# and preparing objects). A call or an aliased import of the wrapper, not the name in prose: a wrap is an
+# assignment from a call.
+_WRAPPERS = (*frameworks.WRAP_CLASSES, *frameworks.SHARD_FUNCTIONS)
+_OWNERS = sorted(frameworks.PREPARER_NAMES)
 _WRAP_TOKENS = re.compile(
-    r"(?:DistributedDataParallel|fully_shard)(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))|(accelerator|fabric)\.(prepare|setup)"
+    rf"(?:{'|'.join(_WRAPPERS)})(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))"
+    rf"|({'|'.join(_OWNERS)})\.({'|'.join(sorted(frameworks.PREPARE_METHODS))})"
 )
+_PLAIN = (*_WRAPPERS, *(f"{owner}." for owner in _OWNERS))
 
 
 def _may_wrap(text: str) -> bool:
     """Whether ``text`` can wrap a model (:data:`_WRAP_TOKENS`); plain substrings first, the pattern is slow to scan."""
-    if "DistributedDataParallel" in text or "fully_shard" in text or "accelerator." in text or "fabric." in text:
+    if any(token in text for token in _PLAIN):
         return _WRAP_TOKENS.search(text) is not None
     return False
 
 
-_WRAPPING_METHODS = {"prepare": "accelerate", "prepare_model": "accelerate", "setup": "fabric", "setup_module": "fabric"}
-_WRAPPER_OWNERS = re.compile(r"^(accelerator|fabric)$")
+# Calls that take a wrapped model and are no call of the project's own: the wraps themselves and the frameworks'
+# contexts for the model (``model.no_sync()``, ``accelerator.accumulate(model)``).
+_FRAMEWORK_CALLS = frozenset({*frameworks.SHARD_FUNCTIONS, *frameworks.NO_SYNC, *frameworks.ACCUMULATE})
+# Calls that do gradient work: a backward (the frameworks' too), a clear, an unscale, a no-sync context of the model.
+_WORK_CALLS = frozenset({"backward", "zero_grad", "unscale_", *frameworks.BACKWARD_METHODS, *frameworks.MODEL_NO_SYNC})
+# Attributes whose store does gradient work: ``p.grad`` (a clear) and the wrappers' sync flags.
+_WORK_ATTRIBUTES = frozenset({"grad", *frameworks.SYNC_FLAGS})
 
 
 def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_imports: list[ast.ImportFrom]) -> frozenset[str]:
     """``function:argument:wrapper`` for each call handed, as argument ``argument`` (a position or a keyword), a name
-    the file assigns a data-parallel model to: ``DistributedDataParallel(...)`` (or an alias), a model returned by
-    ``accelerator.prepare``/``fabric.setup``, a module given to ``fully_shard``."""
-    ddp_names = {"DistributedDataParallel"}
-    shard_names = set()  # torch's own fully_shard only: other libraries have functions of that name
+    the file assigns a data-parallel model to: a wrapper class's instance (``DistributedDataParallel(...)``, or an
+    alias), a model returned by a framework object's ``prepare``/``setup``, a module given to a sharding function
+    (``fully_shard``) of the module its framework names (other libraries have functions of that name)."""
+    class_names = {name: wrap.key for name, wrap in frameworks.WRAP_CLASSES.items()}
+    shard_names: dict[str, str] = {}
     for node in from_imports:
-        ddp_names.update(a.asname for a in node.names if a.name == "DistributedDataParallel" and a.asname)
-        if (node.module or "").startswith("torch.distributed"):
-            shard_names.update(a.asname or a.name for a in node.names if a.name == "fully_shard")
+        class_names.update({a.asname: frameworks.WRAP_CLASSES[a.name].key for a in node.names if a.name in frameworks.WRAP_CLASSES and a.asname})
+        for a in node.names:
+            wrap = frameworks.SHARD_FUNCTIONS.get(a.name)
+            if wrap is not None and (node.module or "").startswith(wrap.function_module):
+                shard_names[a.asname or a.name] = wrap.key
     wrapped: dict[str, str] = {}
     for call in calls:
         callee = _dotted(call.func) or ""
-        torch_shard = callee in shard_names or (callee.startswith("torch.distributed.") and callee.endswith(".fully_shard"))
-        if torch_shard and call.args and _dotted(call.args[0]):
-            wrapped.setdefault(_dotted(call.args[0]), "fsdp2")
+        shard = shard_names.get(callee) or _shard_of(callee)
+        if shard is not None and call.args and _dotted(call.args[0]):
+            wrapped.setdefault(_dotted(call.args[0]), shard)
     for node in assigns:
-        by = _wrapper(node.value, ddp_names) if isinstance(node.value, ast.Call) else None
+        by = _wrapper(node.value, class_names) if isinstance(node.value, ast.Call) else None
         if by is None:
             continue
         for target in node.targets:
@@ -407,7 +421,7 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     passed = set()
     for call in calls:
         name, _ = _callee(call.func)
-        if name is None or name in ("fully_shard", "no_sync", "no_backward_sync", "accumulate") or _wrapper(call, ddp_names):
+        if name is None or name in _FRAMEWORK_CALLS or _wrapper(call, class_names):
             continue  # the wrap itself, or a framework's own context for the model
         for position, arg in enumerate(call.args):
             if isinstance(arg, ast.Starred):
@@ -422,13 +436,22 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     return frozenset(passed)
 
 
-def _wrapper(call: ast.Call, ddp_names: set[str]) -> str | None:
-    """What a call wraps a model with, when it visibly does."""
+def _wrapper(call: ast.Call, class_names: dict[str, str]) -> str | None:
+    """What a call wraps a model with, when it visibly does (the key of the framework's wrap)."""
     name, owner = _callee(call.func)
-    if name in ddp_names:
-        return "ddp"
-    if name in _WRAPPING_METHODS and owner is not None and _WRAPPER_OWNERS.match(owner.rsplit(".", 1)[-1]):
-        return _WRAPPING_METHODS[name]
+    if name in class_names:
+        return class_names[name]
+    wrap = frameworks.PREPARE_METHODS.get(name) if name is not None else None
+    if wrap is not None and owner is not None and owner.rsplit(".", 1)[-1] in frameworks.PREPARER_NAMES:
+        return wrap.key
+    return None
+
+
+def _shard_of(callee: str) -> str | None:
+    """The wrap key of a sharding function called by its full name (``torch.distributed.fsdp.fully_shard(...)``)."""
+    wrap = frameworks.SHARD_FUNCTIONS.get(callee.rpartition(".")[2])
+    if wrap is not None and callee.startswith(f"{wrap.function_module}.") and callee.endswith(f".{wrap.function}"):
+        return wrap.key
     return None
 
 
@@ -582,13 +605,13 @@ def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], b
         if isinstance(node, ast.Call):
             name, receiver = _callee(node.func)
             if name is not None:
-                if name in ("backward", "zero_grad", "no_sync", "unscale_", "manual_backward"):
+                if name in _WORK_CALLS:
                     work = True
                 elif name == "step" and receiver is not None and kind_from_name(receiver) in _NOT_PROJECT_STEP:
                     work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
                 elif not name.startswith("__"):
                     called.add(name)
-        elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
+        elif isinstance(node, ast.Attribute) and node.attr in _WORK_ATTRIBUTES:
             work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
         stack.extend(child_nodes(node))
     return called, work

@@ -42,6 +42,15 @@ def tracked_name(node: cst.CSTNode | None) -> str | None:
     return dotted_name(node)
 
 
+def terminal(node: cst.BaseExpression) -> str | None:
+    """The last name of ``x`` or ``a.b.x``."""
+    if type(node) is cst.Name:
+        return node.value
+    if type(node) is cst.Attribute:
+        return node.attr.value
+    return None
+
+
 def root_name(node: cst.CSTNode | None) -> str | None:
     """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
     while True:

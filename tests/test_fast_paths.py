@@ -233,8 +233,8 @@ def test_noqa_lines_read_per_statement_agree_with_the_whole_text():
 
 
 def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatch):
-    from gradlint import frameworks
     from gradlint.build import build_model
+    from gradlint.frameworks import settings as frameworks
     from gradlint.linter import parse
 
     walked = []
@@ -245,13 +245,13 @@ def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatc
     plain = frameworks.framework_settings(build_model(parse(loop)))
     assert walked == [] and plain == frameworks.FrameworkSettings()
     settings = frameworks.framework_settings(build_model(parse(wrapped)))
-    assert len(walked) == 1 and len(settings.ddp_wraps) == 1
+    assert len(walked) == 1 and len(settings.wrap_calls("ddp")) == 1
 
 
 def test_the_framework_shortcut_loses_no_setting_on_any_fixture():
     # A module whose walk finds any setting must name one of the framework names in its text; a
-    # framework set that grows without its last name in _LAST_NAMES fails here.
-    from gradlint import frameworks
+    # framework declaration whose names the shortcut does not know fails here.
+    from gradlint.frameworks import settings as frameworks
     from gradlint.linter import parse
 
     missed = []
@@ -262,7 +262,7 @@ def test_the_framework_shortcut_loses_no_setting_on_any_fixture():
         except Exception:
             continue  # the unparsable fixtures test the error path
         if frameworks._read(module) != frameworks.FrameworkSettings():
-            if not any(name in text for name in frameworks._LAST_NAMES):
+            if not any(name in text for name in frameworks.LAST_NAMES):
                 missed.append(path.relative_to(ROOT).as_posix())
     assert missed == []
 
