@@ -10,6 +10,8 @@ from typing import ClassVar, Union
 
 import libcst as cst
 
+from gradlint import frameworks
+
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.edits import Fix
 from gradlint.model import LoopModel
@@ -113,13 +115,15 @@ def word(name: str) -> "re.Pattern[str]":
 
 
 # Tokens for what the loop model recognises. A BACKWARD event is a call of
-# ``backward``/``manual_backward`` or of ``torch.autograd.backward`` imported
+# ``backward`` or of a framework's backward method (``frameworks.BACKWARD_METHODS``:
+# ``manual_backward``), of ``torch.autograd.backward`` imported
 # under another name (``backward as bw``), or a CUDA graph's ``replay()``;
 # a STEP is a call of ``step`` or ``optimizer_step``, or of a function of
 # another file handed an optimizer that it steps (``trainer.optimize(opt)``).
 # A scaler is known by a name or constructor containing
 # "scaler" in any case; that search is slow, so it goes last in a tuple.
-BACKWARD = CallNeed(r"backward" + _CALL_GAP + r"(?:\(|as(?!\w))", names=("backward", "manual_backward", "replay"), alias_import=True)
+_BACKWARD_NAMES = ("backward", *sorted(frameworks.BACKWARD_METHODS - {"backward"}), "replay")
+BACKWARD = CallNeed(r"backward" + _CALL_GAP + r"(?:\(|as(?!\w))", names=_BACKWARD_NAMES, alias_import=True)
 STEP = call_of("step", handed=True)
 SCALER = re.compile("caler", re.IGNORECASE)
 
