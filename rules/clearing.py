@@ -140,7 +140,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
-                if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
+                if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
                     step.node,
@@ -213,7 +213,7 @@ def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> 
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
     return any(
         type(node) is cst.Call and last_name(dotted_name(node.func) or "") in sources
-        for expression in expressions for node in walk(expression)
+        for expression in expressions for node in model.file.walk(expression)
     )
 
 
@@ -622,7 +622,7 @@ def _prepared_clear_before_backward(
         return None  # some construction of the module syncs on every micro-batch: the clear may be the plain one
     name = last_name(zero.target or "")
     function = _function_around(model, block.node)
-    if not name or name != last_name(step.target or "") or function is None or not declared.prepared_in(function, name):
+    if not name or name != last_name(step.target or "") or function is None or not declared.prepared_in(model.file, function, name):
         return None
     if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
         return None
@@ -883,18 +883,18 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     ``(loss * 2 ** lg_loss_scale).backward()`` then ``p.grad.mul_(1 / 2 ** lg_loss_scale)`` unscales an fp16
     loss scale: the micro-batches are still summed.
     """
-    divisor = {dotted_name(n) for n in walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
+    divisor = {dotted_name(n) for n in model.file.walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
     for backward in backwards:
         assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
         if backward.loss is None:
             continue
         loss_name = dotted_name(backward.loss)
-        factors = {dotted_name(n) for n in walk(backward.loss) if type(n) in (cst.Name, cst.Attribute)} - {None, loss_name}
+        factors = {dotted_name(n) for n in model.file.walk(backward.loss) if type(n) in (cst.Name, cst.Attribute)} - {None, loss_name}
         factors = {f for f in factors if "grad" not in f and f != "loss"}
         for name in list(factors):  # ``loss_scale = 2 ** self.lg_loss_scale``: what the factor was made of
             for value in assignments.get(name, []):
                 if isinstance(value, cst.BaseExpression):
-                    factors |= {dotted_name(n) for n in walk(value) if type(n) in (cst.Name, cst.Attribute)} - {None}
+                    factors |= {dotted_name(n) for n in model.file.walk(value) if type(n) in (cst.Name, cst.Attribute)} - {None}
         if factors & divisor:
             return True
     return False
@@ -935,22 +935,22 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
             if any(type(n) is cst.Arg and n.keyword is not None and n.keyword.value == "reduction"
-                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in walk(value)):
+                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in model.file.walk(value)):
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
             # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
             if type(value) is cst.Call and type(value.func) is cst.Attribute and method_name(value) == "sum" and not any(
-                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
+                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in model.file.walk(value)
             ):
                 return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
-    for node in walk(_function_around(model, acc.frame.node) or model.module):
+    for node in model.file.walk(_function_around(model, acc.frame.node) or model.module):
         kind = type(node)
         if kind is cst.Assign or kind is cst.AugAssign:
-            if not {n.value for n in walk(node.value) if type(n) is cst.Name} & counts:
+            if not {n.value for n in model.file.walk(node.value) if type(n) is cst.Name} & counts:
                 continue  # checked first: reading a target's code renders it
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
@@ -1134,7 +1134,7 @@ def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
     start, _, end, _ = model.position(root.node)
     if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
         return True
-    for node in walk(root.node):
+    for node in model.file.walk(root.node):
         if type(node) is cst.Call and callee_name(node) in ("patch", "object"):
             if any(type(a.value) is cst.SimpleString and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
                 return True

@@ -274,7 +274,7 @@ def _returns_wrapped(model: LoopModel, helper: cst.FunctionDef, wrap_calls: dict
         wrap = next((wrap_calls[id(v)] for v in values if id(v) in wrap_calls), None)
         if wrap is not None:
             built[name] = wrap
-    for node in walk(helper.body):
+    for node in model.file.walk(helper.body):
         if type(node) is cst.Return and node.value is not None:
             wrap = wrap_calls.get(id(node.value)) or built.get(dotted_name(node.value))
             if wrap is not None:
@@ -1236,7 +1236,7 @@ def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: 
     if type(choice.node) is cst.Assign and len(choice.node.targets) == 1:
         assigned = dotted_name(choice.node.targets[0].target)
     blocks = [
-        node for node in walk(loop.node) if type(node) is cst.With and any(
+        node for node in model.file.walk(loop.node) if type(node) is cst.With and any(
             lies_in(model, choice.node, item)
             or (assigned is not None and type(item.item) is cst.Call and dotted_name(item.item.func) == assigned)
             for item in node.items

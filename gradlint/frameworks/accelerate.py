@@ -52,11 +52,12 @@ from gradlint.frameworks.framework import (
     Wrap,
 )
 from gradlint.kinds import ObjKind
-from gradlint.syntax import dotted_name, every_node, keyword_arg, number, terminal
+from gradlint.syntax import dotted_name, keyword_arg, number, terminal
 
 if TYPE_CHECKING:
     from gradlint.model import LoopModel
     from gradlint.module_index import ModuleIndex
+    from gradlint.parsed_file import ParsedFile
 
 _ACCELERATOR = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 # Accelerator settings under which a prepared model is sharded or handed to another engine, not wrapped in DDP.
@@ -308,9 +309,9 @@ def _certainly_unprepared(index: ModuleIndex, scheduler: str, optimizer: str, ac
     return optimizer_prepared
 
 
-def _prepared_in(function: cst.FunctionDef, name: str) -> bool:
+def _prepared_in(parsed: ParsedFile, function: cst.FunctionDef, name: str) -> bool:
     """Whether ``function`` hands an object of this last name to a ``prepare`` call (accelerate wraps it)."""
-    return name in _ModuleFacts().read(every_node(function)).prepared
+    return name in _ModuleFacts().read(parsed.every_node(function)).prepared
 
 
 def _facts(index: ModuleIndex) -> _ModuleFacts:

@@ -27,8 +27,12 @@ The terms, and who reads them:
 - :class:`ReturnedLoss`, :class:`LossHook`: methods the framework calls,
   whose returned loss it divides, or does not (GL007, GL008);
 - :class:`ReleaseCall`: a gradient-release set-up (:mod:`gradlint.release_setups`; GL201-GL204);
-- ``clips``, ``averaging_steps``, ``step_functions``, ``loss_scalers``,
-  ``per_batch``: the rest of what the event builder and the model builder ask.
+- ``owns_backwards_of``: classes whose methods' backwards the framework
+  divides for itself (GL007 leaves them alone);
+- ``clip_methods``, ``clip_owner_kinds``, ``prepared_steps_wait``,
+  ``comm_hooks``, ``averaging_steps``, ``step_functions``,
+  ``loss_scalers``, ``per_batch``: the rest of what the event builder,
+  the model builder and GL301 ask.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from gradlint.kinds import ObjKind
 if TYPE_CHECKING:
     from gradlint.model import LoopModel
     from gradlint.module_index import ModuleIndex
+    from gradlint.parsed_file import ParsedFile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +135,8 @@ class AccumulateContext:
     method: str  # the context manager's method (``with owner.method(model):``)
     settings: str  # whose :class:`AccumulationSetting` says whether it may accumulate at all
     sync_flag: str  # the attribute that is true on the micro-batch that syncs
-    # ``function, last name -> bool``: the function hands an object of that last name to the framework's prepare
-    prepared_in: Callable[[cst.FunctionDef, str], bool]
+    # ``file, function, last name -> bool``: the function hands an object of that last name to the framework's prepare
+    prepared_in: Callable[[ParsedFile, cst.FunctionDef, str], bool]
     # ``index, scheduler, optimizer, owner -> bool``: the scheduler is certainly not prepared, the optimizer is
     certainly_unprepared: Callable[[ModuleIndex, str, str, str], bool]
     clip_message: Callable[[str, int], str]  # a clip on every micro-batch (clip code, block line)

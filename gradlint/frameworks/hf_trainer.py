@@ -40,7 +40,7 @@ import libcst as cst
 
 from gradlint.frameworks.framework import Framework, LossHook, Subclasses
 from gradlint.kinds import ObjKind
-from gradlint.syntax import dotted_name, every_node, walk
+from gradlint.syntax import dotted_name
 
 if TYPE_CHECKING:
     from gradlint.frameworks.settings import FrameworkSettings
@@ -78,11 +78,11 @@ def _skips_division(
         return False
     if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
         return False
-    if not _trains_language_model(model.file.code, cls, settings) or not _reads_logits(cls, local):
+    if not _trains_language_model(model.file.code, cls, settings) or not _reads_logits(model.file, cls, local):
         return False
-    if _model_without_kwargs(model.module, settings):
+    if _model_without_kwargs(model.file, settings):
         return False
-    return not _mentions_accumulation_steps(function)
+    return not _mentions_accumulation_steps(model.file, function)
 
 
 def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
@@ -131,14 +131,14 @@ def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSett
     return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.classes_of("sft_trainer"))
 
 
-def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
+def _reads_logits(parsed: ParsedFile, cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
     """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
     return any(
-        type(node) is cst.Attribute and node.attr.value == "logits" for c in _class_chain(cls, local) for node in every_node(c)
+        type(node) is cst.Attribute and node.attr.value == "logits" for c in _class_chain(cls, local) for node in parsed.every_node(c)
     )
 
 
-def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bool:
+def _model_without_kwargs(parsed: ParsedFile, settings: FrameworkSettings) -> bool:
     """Whether the module defines a model of its own whose ``forward`` takes no ``**kwargs``.
 
     It may be the model handed to the Trainer (a reward head around a causal
@@ -146,7 +146,7 @@ def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bo
     and divides.
     """
     trainers = {id(c) for c in settings.classes_of("trainer")}
-    for node in every_node(module):
+    for node in parsed.every_node(parsed.module):
         if type(node) is cst.ClassDef and id(node) not in trainers:
             for function in _methods(node):
                 if function.name.value == "forward" and type(function.params.star_kwarg) is not cst.Param:
@@ -154,9 +154,9 @@ def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bo
     return False
 
 
-def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
+def _mentions_accumulation_steps(parsed: ParsedFile, function: cst.FunctionDef) -> bool:
     """Whether ``compute_loss`` reads ``gradient_accumulation_steps`` (or ``current_gradient_accumulation_steps``)."""
-    for node in walk(function.body, into_lambdas=True):
+    for node in parsed.walk(function.body, into_lambdas=True):
         if type(node) is cst.Name and "gradient_accumulation_steps" in node.value:
             return True
         if type(node) is cst.Attribute and "gradient_accumulation_steps" in node.attr.value:
