@@ -96,10 +96,11 @@ BACKWARD_METHODS: frozenset[str] = frozenset(b.method for b in _BACKWARDS)
 _BACKWARDS_OF: dict[str, tuple[Backward, ...]] = {m: tuple(b for b in _BACKWARDS if b.method == m) for m in BACKWARD_METHODS}
 _BY_KEY: dict[str, Backward] = {b.by: b for b in reversed(_BACKWARDS) if b.by is not None}
 # Every key an event's ``framework`` may hold for a framework (its backwards' and its clips'), and whose it is.
-_FRAMEWORK_OF_KEY: dict[str, Framework] = {}
-for _framework in reversed(FRAMEWORKS):
-    for _key in (*(b.by for b in _framework.backwards if b.by is not None), *_framework.clip_owner_kinds.values()):
-        _FRAMEWORK_OF_KEY[_key] = _framework
+_FRAMEWORK_OF_KEY: dict[str, Framework] = {
+    key: framework
+    for framework in reversed(FRAMEWORKS)
+    for key in (*(b.by for b in framework.backwards if b.by is not None), *framework.clip_owner_kinds.values())
+}
 
 
 def backward_of(method: str | None, owner: str, owner_kind: ObjKind) -> Backward | None:
