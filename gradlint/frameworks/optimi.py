@@ -18,7 +18,8 @@ runtime extra), ``optimi/gradientrelease.py``
 registers the hooks), ``optimi/optimizer.py`` (``OptimiOptimizer``,
 ``gradient_release``, ``optimizer_accumulation``), ``optimi/adamw.py``
 (``optimizer_accumulation``: "Accumulate gradients into state during
-gradient release step"), ``optimi/stableadamw.py``. The same since 0.2.
+gradient release step"), ``optimi/stableadamw.py``. Versions: read at
+0.3.3; earlier releases were not read.
 """
 
 from __future__ import annotations

@@ -17,9 +17,12 @@ Where it was read: torch 2.13.0 (the wheel this project pins),
 (``self.reducer = dist.Reducer(...)``), ``_post_forward``, ``no_sync``,
 ``register_comm_hook``; ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``:
 ``fully_shard``, ``FSDPModule.set_requires_gradient_sync``;
-``torch/distributed/fsdp/sharded_grad_scaler.py``. The same names since
-torch 1.x for DDP, and since 2.4 for ``fully_shard`` under
-``torch.distributed`` (earlier under ``torch.distributed._composable``).
+``torch/distributed/fsdp/sharded_grad_scaler.py``. ``fully_shard`` is
+exported both as ``torch.distributed.fsdp.fully_shard`` and, where FSDP2
+first appeared, ``torch.distributed._composable.fsdp.fully_shard``: any
+``fully_shard`` under ``torch.distributed`` is this one (other libraries
+have functions of that name). Versions: read at 2.13.0, the version this
+project pins; earlier releases were not read.
 """
 
 from __future__ import annotations

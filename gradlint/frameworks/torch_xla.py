@@ -9,7 +9,7 @@ Where it was read: pytorch/xla ``torch_xla/core/xla_model.py``,
 ``reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)`` then
 ``loss = optimizer.step(**optimizer_args)``; the first releases summed the
 gradients with ``_xla_cross_replica_sum(state.gradients, 1.0 / count, [])``
-before ``optimizer.step()``): a step in every release.
+before ``optimizer.step()``): a step in both.
 """
 
 from __future__ import annotations
