@@ -162,7 +162,9 @@ def parse_and_check(
         except SourceError as error:
             return FileResult(path, error=str(error))
         result = check_module(parsed, path, rules, context=context)
-    substitute = parsed.stand_in if result.findings else None
+        substitute = parsed.stand_in if result.findings else None
+        # Freed while the collector is paused: the file's nodes, made while it was, then never meet it.
+        del parsed
     if substitute is not None:  # in the original's words, and with no fix: the fixer will not rewrite such a file
         findings = [dataclasses.replace(f, message=substitute.restore(f.message), fix=None) for f in result.findings]
         result = dataclasses.replace(result, findings=findings)
