@@ -7,35 +7,36 @@ from collections.abc import Iterable
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.event_builder import EventBuilder
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
-from gradlint.positions import python_tree_of
+from gradlint.parsed_file import ParsedFile
 from gradlint.project_index import Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
-from gradlint.syntax import bool_literal, walk
+from gradlint.syntax import walk
 
 
-def build_model(module: cst.Module, text: str | None = None, context: Iterable[str] | None = None) -> LoopModel:
-    """Build the loop model of one parsed module.
+def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None = None) -> LoopModel:
+    """Build the loop model of one parsed file (a bare module stands for a file whose text the caller does not have).
 
-    ``text``, its source when the caller has it, saves regenerating it.
     ``context`` is what the other files of the run say about this one's
     functions (:meth:`gradlint.project_index.ProjectIndex.context_of`): the
     per-batch bodies, each read as one iteration of a loop, and the functions
     a caller unscales gradients around. None: the module alone is the run.
     """
+    if type(parsed) is cst.Module:
+        parsed = ParsedFile(parsed)
     if context is None:
-        source = text if text is not None else module.code
-        context = alone_in_its_run(scan_calls(source, python_tree_of(module, source)))
+        context = alone_in_its_run(scan_calls(parsed.code, parsed.python_nodes()))
     known = Context.of(context)
     per_batch = known.per_batch
-    index = ModuleIndex(module, text)
+    index = ModuleIndex(parsed)
     builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer)
-    roots = [Root("<module>", module, builder.root_events(None))]
+    roots = [Root("<module>", parsed.module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
-    manual = _lightning_manual_steps(index)
+    manual = frameworks.per_batch_functions(index)  # a LightningModule's ``training_step`` under manual optimization
     for function in index.functions:
         events = builder.root_events(function)
         caller = manual.get(function) or (_per_batch_caller(function) if function.name.value in per_batch else None)
@@ -48,12 +49,11 @@ def build_model(module: cst.Module, text: str | None = None, context: Iterable[s
             roots.append(Root(index.qualname[function], function, events))
     roots = [r for r in roots + iterations if r.events]
     return LoopModel(
-        module=module,
+        file=parsed,
         objects=index.objects,
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
         release=find_release(index),
-        text=text,
         index=index,
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,
@@ -114,27 +114,3 @@ def _as_iteration(events: list[Event], loop: Frame) -> list[Event]:
             changes["normalised"] = True
         iteration.append(dataclasses.replace(e, **changes))
     return iteration
-
-
-def _lightning_manual_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
-    """The ``training_step`` of each class that turns Lightning's automatic optimization off.
-
-    Lightning calls ``training_step`` once per batch; under manual
-    optimization it leaves backward, step and clearing to that method (its
-    manual loop calls no ``zero_grad``, and ``manual_backward`` divides by
-    nothing: ``accumulate_grad_batches`` other than 1 is refused).
-    """
-    manual_classes = set()
-    for function in index.functions:
-        owner = index.class_of.get(function)
-        if owner is None:
-            continue
-        values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
-        if any(bool_literal(v) is False for v in values):
-            manual_classes.add(owner)
-    steps = {}
-    for owner in manual_classes:
-        step = index.class_methods.get(owner, {}).get("training_step")
-        if step is not None:
-            steps[step] = "Lightning calls `training_step` once per batch and, under manual optimization, leaves the gradient work to it"
-    return steps

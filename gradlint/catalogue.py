@@ -20,7 +20,7 @@ _TOKEN_5 = Spelled('requires_grad', '\\.[\\s\\\\]*requires_grad[\\s\\\\]*=[\\s\\
 _TOKEN_6 = call_of('parameters')
 _TOKEN_7 = call_of('update')
 _TOKEN_8 = call_of('unscale_')
-_TOKEN_9 = AnyOf('gradient_release', 'post_accumulate_grad_hook', 'in_bwd', 'in_backward', 'InBackward')
+_TOKEN_9 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
 _TOKEN_10 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
 _TOKEN_11 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import GRAD_DIVIDE, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
 from gradlint.module_index import ModuleIndex, Unpacked
@@ -16,7 +17,6 @@ from gradlint.syntax import (
     SCALING_CALLS,
     bool_literal,
     callee_name,
-    calls_in_evaluation_order,
     contains_division,
     dotted_name,
     is_grad,
@@ -45,8 +45,6 @@ _ACCUMULATION_WORDS = re.compile(
 )
 # The last part of a counter's name that says "micro-batches since the last step": ``acc_step``, ``accum_iter``.
 _ACCUMULATION_COUNTER = re.compile(r"^(grad_)?acc(um(ulation|ulated)?)?_?(step|iter|count|idx|counter)$", re.IGNORECASE)
-_FRAMEWORK_BACKWARD = {"accelerator": "accelerate", "fabric": "fabric", "engine": "deepspeed", "model_engine": "deepspeed"}
-_ENGINE_NAME = re.compile(r"(^|_)(ds_|deepspeed_)?engine$|^deepspeed", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
@@ -68,6 +66,8 @@ class EventBuilder:
 
     def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset()) -> None:
         self.index = index
+        # Walks of the module's own nodes read the children the index read.
+        self._walk, self._children = index.file.walk, index.file.children
         self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
         self.wrapper_classes = wrapper_classes  # classes of other files of the run whose step() and zero_grad() are an optimizer's
         self._summaries: dict[tuple[cst.FunctionDef, int], list[Event]] = {}
@@ -75,7 +75,7 @@ class EventBuilder:
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
-        self._may_hold_no_sync = index.text is None or "no_sync" in index.text
+        self._may_hold_no_sync = index.text is None or any(method in index.text for method in frameworks.MODEL_NO_SYNC)
         self._switches: dict[tuple[int, int], bool] = {}
         self._factors: dict[int, frozenset[str]] = {}  # the dotted names multiplied in each assigned value
         self._counted: dict[int, frozenset[str]] = {}  # the names each body counts (``n += 1``, ``n = 0``)
@@ -202,7 +202,7 @@ class EventBuilder:
         return found
 
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
-        for node in walk(test):
+        for node in self._walk(test):
             if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
                 return True, node.right
         if self._mode_switch(test, function):
@@ -210,7 +210,7 @@ class EventBuilder:
         count = self._cyclic_counter_at_zero(test, function)
         if count is not None:
             return True, count
-        for node in walk(test):
+        for node in self._walk(test):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
             if name is None:
                 continue
@@ -239,7 +239,7 @@ class EventBuilder:
             return None
         for value in self._assigned(name, function):
             if type(value) is cst.BinaryOperation and type(value.operator) is cst.Modulo:
-                if any(dotted_name(n) == name for n in walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
+                if any(dotted_name(n) == name for n in self._walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
                     return value.right
         return None
 
@@ -252,7 +252,7 @@ class EventBuilder:
             name_only = function is not None and type(test.left) is cst.Name  # a local; an attribute may count elsewhere
             body = function if name_only else self.index.module
             if id(body) not in self._counted:
-                self._counted[id(body)] = _counted_names(body)
+                self._counted[id(body)] = _counted_names(body, self._walk)
             self._switches[key] = _tested_name(test) not in self._counted[id(body)]
         return self._switches[key]
 
@@ -263,13 +263,13 @@ class EventBuilder:
         return values
 
     def _with_context(self, item: cst.BaseExpression) -> str | None:
-        for node in walk(item):
+        """What a ``with`` item makes its block: a framework's no-sync or accumulation context, or an ``autocast``."""
+        for node in self._walk(item):
             if type(node) is cst.Call:
                 name = callee_name(node)
-                if name in ("no_sync", "no_backward_sync"):
-                    return "no_sync"
-                if name == "accumulate":
-                    return "accumulate"
+                context = frameworks.CONTEXTS.get(name) if name is not None else None
+                if context is not None:
+                    return context
                 if name == "autocast":
                     return "autocast"
         return None
@@ -281,11 +281,11 @@ class EventBuilder:
         if type(small) is cst.Assign:
             for target in small.targets:
                 self._grad_assignment(target.target, small.value, small, scope, out)
-            if _switches_off_grad_sync(small):
+            if _switches_off_grad_sync(small):  # ``ddp.require_backward_grad_sync = flag``
                 owner = small.targets[-1].target.value
-                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.DDP_MODEL, call_chain=scope.chain))
-            elif self._may_hold_no_sync and _holds_no_sync(small.value):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
-                out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.DDP_MODEL, call_chain=scope.chain))
+                out.append(Event(NO_SYNC, small, scope.frames, dotted_name(owner), ObjKind.PARALLEL_MODEL, call_chain=scope.chain))
+            elif self._may_hold_no_sync and _holds_no_sync(small.value, self._walk):  # ``ctx = model.no_sync if not last else nullcontext``, entered later
+                out.append(Event(NO_SYNC, small, scope.frames, None, ObjKind.PARALLEL_MODEL, call_chain=scope.chain))
         elif type(small) is cst.AugAssign and is_grad(small.target):
             if type(small.operator) in (cst.DivideAssign, cst.MultiplyAssign):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
@@ -301,7 +301,7 @@ class EventBuilder:
         elif type(value) is cst.Call and callee_name(value) in ("zeros_like", "zeros"):
             set_to_none = None  # p.grad = torch.zeros_like(p): a fresh buffer, often made on purpose for a step
         else:
-            if scales_down(value):
+            if scales_down(value, self._children):
                 out.append(Event(GRAD_DIVIDE, small, scope.frames, call_chain=scope.chain))
             return
         owner, kind = self._grad_owner(target, scope)
@@ -318,11 +318,11 @@ class EventBuilder:
         for frame in reversed(scope.frames):
             if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
                 continue
-            bound = {n.value for n in walk(frame.node.target) if type(n) is cst.Name}
+            bound = {n.value for n in self._walk(frame.node.target) if type(n) is cst.Name}
             if name not in bound:
                 continue
             loop_bound = True
-            for node in walk(_zipped_source(frame.node, name)):
+            for node in self._walk(_zipped_source(frame.node, name)):
                 if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
                     owner = dotted_name(receiver(node))
                     if owner:
@@ -345,7 +345,7 @@ class EventBuilder:
         return any(p.name.value == name for p in every)
 
     def _expression(self, node: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
-        for call in calls_in_evaluation_order(node):
+        for call in self.index.file.calls_in_evaluation_order(node):
             self._call(call, scope, out)
 
     def _call(self, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
@@ -374,7 +374,7 @@ class EventBuilder:
         if "torch.autograd.backward" in qualified:  # the tensors are the first argument, not a receiver
             emit(EventKind.BACKWARD, **self._backward_fields(call, None, None, None, scope))
             return
-        if method == "backward" or method == "manual_backward":
+        if method == "backward" or method in frameworks.BACKWARD_METHODS:
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
             return
         if method == "zero_grad":
@@ -387,7 +387,7 @@ class EventBuilder:
             emit(EventKind.ZERO, target=recv_name, target_kind=target_kind, set_to_none=_set_to_none(call))
             return
         if method in ("zero_", "fill_", "mul_") and is_grad(recv):
-            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value):
+            if method == "mul_" and positional_args(call) and scales_down(positional_args(call)[0].value, self._children):
                 emit(GRAD_DIVIDE)  # p.grad.mul_(1 / n)
                 return
             if method == "zero_" or _is_zero_literal(positional_args(call)):
@@ -400,11 +400,12 @@ class EventBuilder:
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
             return
-        if method == "register_comm_hook":
-            # A DDP communication hook that divides the bucket by more than the world size normalises the
+        if method in frameworks.COMM_HOOKS:
+            # A communication hook that divides the bucket by more than the world size normalises the
             # accumulated gradients itself (by tokens or micro-batches) when they are all-reduced.
+            position, keyword = frameworks.COMM_HOOKS[method]
             args = positional_args(call)
-            hook = args[1].value if len(args) > 1 else (keyword_arg(call, "hook").value if keyword_arg(call, "hook") else None)
+            hook = args[position].value if len(args) > position else (keyword_arg(call, keyword).value if keyword_arg(call, keyword) else None)
             function = self.index.resolve_function(cst.Call(func=hook), scope.function) if type(hook) in (cst.Name, cst.Attribute) else None
             hooks = [function] if function is not None else []
             if type(hook) is cst.Call:  # ``scale_by_grad_accum_steps_wrapper(allreduce_hook)``: the hooks it defines
@@ -414,9 +415,8 @@ class EventBuilder:
             if any(_divides_beyond_world_size(h) for h in hooks):
                 emit(GRAD_DIVIDE, framework="comm_hook")
             return
-        if method == "virtual_step" and self._kind(recv_name) is ObjKind.OPTIMIZER:
-            # Opacus: virtual steps pile up clipped per-sample gradients; step() averages them over the whole
-            # virtual batch (PrivacyEngine.virtual_step / step), so the loss needs no division.
+        if method in frameworks.AVERAGING_STEPS and self._kind(recv_name) is ObjKind.OPTIMIZER:
+            # The optimizer averages what it accumulated over every mini-batch since its last step: the loss needs no division.
             emit(GRAD_DIVIDE)
             return
         recv_kind = self._kind(recv_name)
@@ -441,22 +441,23 @@ class EventBuilder:
         if method == "update" and recv_kind is ObjKind.SCALER:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
             return
-        if method in ("no_sync", "no_backward_sync"):
-            args = positional_args(call)  # fabric.no_backward_sync(model, ...) names the model first
-            owner = dotted_name(args[0].value) if method == "no_backward_sync" and args else recv_name
-            emit(NO_SYNC, target=owner, target_kind=ObjKind.DDP_MODEL)
+        no_sync = frameworks.NO_SYNC.get(method) if method is not None else None
+        if no_sync is not None:
+            args = positional_args(call)  # ``fabric.no_backward_sync(model, ...)`` names the model among its arguments
+            place = no_sync.model_argument
+            owner = dotted_name(args[place].value) if place is not None and len(args) > place else recv_name
+            emit(NO_SYNC, target=owner, target_kind=ObjKind.PARALLEL_MODEL)
             return
-        if method == "disable_allreduce" and not call.args:
-            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # apex.parallel.DistributedDataParallel's switch
-            return
-        if method == "set_requires_gradient_sync" and _switches_off_sync(call):
-            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.DDP_MODEL)  # FSDP2's form of no_sync()
+        switch = frameworks.SYNC_SWITCHES.get(method) if method is not None else None
+        if switch is not None and switch.switches_off(call):  # ``model.disable_allreduce()``
+            emit(NO_SYNC, target=recv_name, target_kind=ObjKind.PARALLEL_MODEL)
             return
         name = callee_name(call)
-        if name in _CLIP_FUNCTIONS or name == "clip_gradients":
+        if name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
             emit(EventKind.CLIP, framework=self._clip_framework(recv_name, qualified))
             return
-        if name == "optimizer_step" and any(q.startswith("torch_xla") for q in qualified):
+        module = frameworks.STEP_FUNCTIONS.get(name) if name is not None else None
+        if module is not None and any(q.startswith(module) for q in qualified):  # ``xm.optimizer_step(opt)``
             args = positional_args(call)
             emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
             return
@@ -478,11 +479,12 @@ class EventBuilder:
             emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
-        """None for torch's own clipping; otherwise who clips (accelerate unscales first, FSDP shards)."""
+        """None for torch's own clipping; otherwise who clips (a framework's object unscales first, FSDP shards)."""
         if any(q.startswith("torch.") for q in qualified) or recv_name is None:
             return None
-        if self._kind(recv_name) is ObjKind.ACCELERATOR:
-            return "accelerate"
+        by = frameworks.CLIP_OWNER_KINDS.get(self._kind(recv_name))
+        if by is not None:
+            return by
         if recv_name.split(".")[0] in ("torch", "nn", "utils", "clip_grad"):
             return None
         return "module"
@@ -509,7 +511,7 @@ class EventBuilder:
         if function is None:
             return False
         if function not in self._hand_clips:
-            self._hand_clips[function] = _clips_gradient_norm(function)
+            self._hand_clips[function] = _clips_gradient_norm(function, self._walk)
         return self._hand_clips[function]
 
     def _kind(self, name: str | None) -> ObjKind:
@@ -543,27 +545,20 @@ class EventBuilder:
         args = positional_args(call)
         if not args and (given := keyword_arg(call, "loss")) is not None:
             args = [given]  # ``booster.backward(loss=loss / n, optimizer=optimizer)``
-        if method == "manual_backward":  # Lightning's manual optimization: a plain backward (AMP scaling aside), nothing divided
+        backward = frameworks.backward_of(method, last_name(recv_name or ""), self._kind(recv_name))
+        if backward is not None and backward.any_owner:
             loss = args[0].value if args else None
-            return {"framework": "lightning", "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
+            return {"framework": backward.by, "loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
         if method is None:  # torch.autograd.backward(loss)
             loss = args[0].value if args else None
             return {"loss": loss, "normalised": loss is not None and self._normalised(loss, scope)}
-        recv_last = last_name(recv_name or "")
-        recv_kind = self._kind(recv_name)
-        if args and (recv_last in _FRAMEWORK_BACKWARD or recv_kind is ObjKind.ACCELERATOR):
-            framework = _FRAMEWORK_BACKWARD.get(recv_last, "accelerate")
+        if args and backward is not None and backward.by is not None:
             loss = args[0].value
-            if framework == "fabric":  # Fabric.backward divides by nothing: Fabric has no accumulation setting
-                return {"framework": framework, "normalised": self._normalised(loss, scope), "loss": loss}
-            return {"framework": framework, "normalised": True, "loss": loss}
-        if args and (recv_kind is ObjKind.ENGINE or _ENGINE_NAME.search(recv_last)):
-            # DeepSpeed's engine.backward divides by its gradient_accumulation_steps and syncs at the boundary
-            # (deepspeed/runtime/engine.py: _scale_loss_by_gas), whatever the engine is called.
-            return {"framework": "deepspeed", "normalised": True, "loss": args[0].value}
-        if args and (recv_kind is ObjKind.OPTIMIZER or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
-            # ``optimizer.backward(loss)`` (fp16 optimizers of apex, fairseq, Megatron) or a helper handed the loss:
-            # what is backpropagated is the argument, scaled by a loss scale at most.
+            normalised = backward.divides_by_count or self._normalised(loss, scope)
+            return {"framework": backward.by, "normalised": normalised, "loss": loss}
+        if args and (backward is not None or _LOSS_NAME.search(self.index.module.code_for_node(args[0].value))):
+            # ``optimizer.backward(loss)`` (an fp16 optimizer's) or a helper handed the loss: what is backpropagated
+            # is the argument, scaled by a loss scale at most.
             loss = args[0].value
             return {"loss": loss, "normalised": self._normalised(loss, scope)}
         scaled = False
@@ -593,7 +588,7 @@ class EventBuilder:
         ``loss = self.scale_loss(loss)`` must not be followed forever.
         """
         running = self._running_counters(scope.function)
-        if scales_down(loss) and not _by_no_count(loss, running):
+        if scales_down(loss, self._children) and not _by_no_count(loss, running):
             return True
         name = tracked_name(loss)
         if name is None:
@@ -601,8 +596,8 @@ class EventBuilder:
         if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
             return True
         for value in self._assigned(name, scope.function):
-            if type(value) is cst.Call and callee_name(value) == "scale_loss" and positional_args(value) and name not in through:
-                # ``with amp.scale_loss(loss, opt) as scaled_loss``: apex multiplies the loss it is given by the loss scale
+            if type(value) is cst.Call and callee_name(value) in frameworks.LOSS_SCALERS and positional_args(value) and name not in through:
+                # ``with amp.scale_loss(loss, opt) as scaled_loss``: the loss it is given, multiplied by the loss scale
                 if self._normalised(positional_args(value)[0].value, scope, through | {name}):
                     return True
             if type(value) is cst.Call:
@@ -623,9 +618,9 @@ class EventBuilder:
         key = (id(function), name)
         if key not in self._no_count_divisions:
             scalings: list[cst.BaseExpression] = []
-            for node in walk(function if function is not None else self.index.module):
+            for node in self._walk(function if function is not None else self.index.module):
                 kind = type(node)
-                if kind is cst.Assign and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value):
+                if kind is cst.Assign and any(tracked_name(t.target) == name for t in node.targets) and scales_down(node.value, self._children):
                     scalings.append(node.value)
                 elif kind is cst.AugAssign and tracked_name(node.target) == name:
                     if type(node.operator) is cst.DivideAssign:
@@ -654,7 +649,7 @@ class EventBuilder:
         if factors is None:  # each value is walked once, however many backwards ask about it
             factors = self._factors[id(value)] = frozenset(
                 name
-                for node in walk(value)
+                for node in self._walk(value)
                 if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply
                 for name in (dotted_name(node.left), dotted_name(node.right))
                 if name is not None
@@ -775,7 +770,7 @@ def _tested_name(test: cst.Comparison) -> str | None:
     return dotted_name(test.left) if number(test.left) is None else dotted_name(test.comparisons[0].comparator)
 
 
-def _counted_names(body: cst.CSTNode) -> frozenset[str]:
+def _counted_names(body: cst.CSTNode, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> frozenset[str]:
     """The names ``body`` uses as running counters (``accumulated += 1``, reset with ``= 0``), not settings."""
     names = set()
     for node in walk(body):
@@ -787,7 +782,7 @@ def _counted_names(body: cst.CSTNode) -> frozenset[str]:
     return frozenset(names)
 
 
-def _clips_gradient_norm(function: cst.FunctionDef) -> bool:
+def _clips_gradient_norm(function: cst.FunctionDef, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> bool:
     """Whether a function is norm clipping written out, as torch's ``clip_grad_norm_`` is.
 
     It reads ``.grad``, computes a coefficient ``max_norm / (total_norm + eps)``,
@@ -903,7 +898,7 @@ def _running_counters(function: cst.FunctionDef, index: ModuleIndex) -> frozense
     if not incremented:
         return frozenset()
     reset = set()
-    for node in walk(function):
+    for node in index.file.walk(function):
         if type(node) is not cst.If:
             continue
         tested = {
@@ -1030,36 +1025,29 @@ def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
 def _scales_gradients(call: cst.Call, method: str | None) -> bool:
     """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided at once."""
     name = callee_name(call) or ""
-    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name == "clip_gradients":
+    if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
         return False
     return any(contains_division(arg.value) for arg in call.args)
 
 
 def _switches_off_grad_sync(assign: cst.Assign) -> bool:
-    """``ddp.require_backward_grad_sync = flag``: DDP's attribute form of ``no_sync()`` (anything but a literal True)."""
+    """``ddp.require_backward_grad_sync = flag``: a wrapper's sync flag set (anything but a literal True)."""
     target = assign.targets[-1].target
     return (
         type(target) is cst.Attribute
-        and target.attr.value == "require_backward_grad_sync"
+        and target.attr.value in frameworks.SYNC_FLAGS
         and bool_literal(assign.value) is not True
     )
 
 
-def _holds_no_sync(value: cst.BaseExpression) -> bool:
+def _holds_no_sync(value: cst.BaseExpression, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> bool:
     """Whether an assigned value names a ``no_sync`` context without entering it (``model.no_sync``, uncalled)."""
     nodes = list(walk(value))
     called = {id(node.func) for node in nodes if type(node) is cst.Call}
     return any(
-        type(node) is cst.Attribute and node.attr.value in ("no_sync", "no_backward_sync") and id(node) not in called
+        type(node) is cst.Attribute and node.attr.value in frameworks.NO_SYNC and id(node) not in called
         for node in nodes
     )
-
-
-def _switches_off_sync(call: cst.Call) -> bool:
-    """``model.set_requires_gradient_sync(flag)``: FSDP2 told not to reduce (anything but a literal True)."""
-    args = positional_args(call)
-    arg = args[0] if args else keyword_arg(call, "requires_gradient_sync")
-    return arg is not None and bool_literal(arg.value) is not True
 
 
 def _is_zero_literal(args: list[cst.Arg]) -> bool:

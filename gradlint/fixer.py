@@ -80,8 +80,8 @@ def fix_text(
     current, fixed, seen = text, 0, {text}
     for _ in range(MAX_ROUNDS):
         try:
-            module = parse(current, old_names=False)  # a stand-in's code must never be written back
-            model = build_model(module, current, context)
+            parsed = parse(current, old_names=False)  # a stand-in's code must never be written back
+            model = build_model(parsed, context)
             findings, candidates = _lint_round(model, path, rules, current, unsafe)
             batch = _non_overlapping(candidates)
             if not batch:

@@ -23,6 +23,7 @@ from gradlint import __version__
 from gradlint.config import narrow_selectors
 from gradlint.linter import check_module, cyclic_gc_paused, parse
 from gradlint.prefilter import called_names, rules_that_might_fire
+from gradlint.python_nodes import FiledTree
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError
 
@@ -52,19 +53,20 @@ class GradlintChecker:
     def run(self) -> Iterator[tuple[int, int, str, type]]:
         """Yield ``(line, column, "GL003 message", type)`` for each finding."""
         text = "".join(self.lines)
+        tree = FiledTree.of(self.tree)  # read by the prefilter, then by the project index
         rules = rules_that_might_fire(text, self.rules)
-        if rules and self.tree is not None:
-            rules = rules_that_might_fire(text, rules, called_names(self.tree))
+        if rules and tree is not None:
+            rules = rules_that_might_fire(text, rules, called_names(tree))
         if not rules:
             return
         with cyclic_gc_paused():
             try:
-                module = parse(text, self.tree)
+                parsed = parse(text, tree)
             except SourceError as error:
-                module, failure = None, error
+                parsed, failure = None, error
             else:
-                result = check_module(module, self.filename, rules, text, noqa=False)
-        if module is None:
+                result = check_module(parsed, self.filename, rules, noqa=False)
+        if parsed is None:
             yield 1, 0, f"GL000 gradlint could not check this file: {failure}", type(self)
             return
         if result.error:

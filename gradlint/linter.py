@@ -16,9 +16,11 @@ from gradlint.gc_pause import cyclic_gc_paused
 from gradlint.build import build_model
 from gradlint.model import LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
-from gradlint.old_syntax import StandIn, stand_in
-from gradlint.positions import remember_python_tree, statement_lines
+from gradlint.old_syntax import stand_in
+from gradlint.parsed_file import ParsedFile
+from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
+from gradlint.python_nodes import FiledTree
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -57,20 +59,16 @@ def _refuse_deep_nesting(text: str, tree: ast.Module | None = None) -> ast.Modul
     return tree
 
 
-# The module parsed last through a stand-in, and that stand-in: how the linter
-# knows, without regenerating the module's code, that a module is not its text.
-_last_stand_in: tuple[cst.Module, StandIn] | None = None
-
-
-def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool = True) -> cst.Module:
-    """Parse source text, turning LibCST's errors into one-line :class:`SourceError`s.
+def parse(text: str, python_tree: ast.Module | FiledTree | None = None, *, old_names: bool = True) -> ParsedFile:
+    """Parse source text into a :class:`ParsedFile`, turning LibCST's errors into one-line :class:`SourceError`s.
 
     ``python_tree``, Python's own tree of ``text`` when the caller has parsed it already, is used instead of parsing it again.
     With ``old_names``, Python 3.6 code that uses ``async``/``await`` as names is parsed through a same-length
-    stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text,
-    so a caller that writes code back must pass ``old_names=False``.
+    stand-in (:mod:`gradlint.old_syntax`): the module's positions are the text's, but its code is not the text
+    (``ParsedFile.stand_in`` says so), so a caller that writes code back must pass ``old_names=False``.
     """
-    tree = _refuse_deep_nesting(text, python_tree)
+    filed = FiledTree.of(python_tree)
+    tree = _refuse_deep_nesting(text, filed.tree if filed is not None else None)
     try:
         if tree is not None:  # Python read the text: LibCST's parser builds valid nodes for it
             with _node_validation_skipped():
@@ -82,9 +80,8 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
         if substitute is not None:
             if not old_names:
                 raise SourceError(f"cannot fix: {OLD_NAMES}") from error
-            module = parse(substitute.text, None)
-            _remember_stand_in(module, substitute)
-            return module
+            parsed = parse(substitute.text, None)
+            return ParsedFile(parsed.module, text, substitute, python=parsed.python_nodes())
         # Python's own parser says where and why more precisely than LibCST's.
         try:
             ast.parse(text)
@@ -100,9 +97,7 @@ def parse(text: str, python_tree: ast.Module | None = None, *, old_names: bool =
         raise SourceError(_TOO_DEEP) from error
     except Exception as error:  # noqa: BLE001 - LibCST refuses some code Python accepts (b"x" "y")
         raise SourceError(f"cannot parse: {str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}") from error
-    if tree is not None:
-        remember_python_tree(module, tree)
-    return module
+    return ParsedFile(module, text, python=filed if filed is not None else FiledTree.of(tree))
 
 
 @contextmanager
@@ -136,7 +131,7 @@ def parse_and_check(
     path: str,
     rules: Sequence[type[Rule]],
     context: Iterable[str] | None = None,
-    python_tree: ast.Module | None = None,
+    python_tree: ast.Module | FiledTree | None = None,
 ) -> FileResult:
     """Parse ``text`` and run ``rules`` over it, the collector paused (:func:`cyclic_gc_paused`).
 
@@ -144,45 +139,35 @@ def parse_and_check(
     """
     with cyclic_gc_paused():
         try:
-            module = parse(text, python_tree)
+            parsed = parse(text, python_tree)
         except SourceError as error:
             return FileResult(path, error=str(error))
-        result = check_module(module, path, rules, text, context=context)
-    substitute = _stand_in_read(module) if result.findings else None
+        result = check_module(parsed, path, rules, context=context)
+        substitute = parsed.stand_in if result.findings else None
+        # Freed while the collector is paused: the file's nodes, made while it was, then never meet it.
+        del parsed
     if substitute is not None:  # in the original's words, and with no fix: the fixer will not rewrite such a file
         findings = [dataclasses.replace(f, message=substitute.restore(f.message), fix=None) for f in result.findings]
         result = dataclasses.replace(result, findings=findings)
     return result
 
 
-def _remember_stand_in(module: cst.Module, substitute: StandIn) -> None:
-    global _last_stand_in
-    _last_stand_in = (module, substitute)
-
-
-def _stand_in_read(module: cst.Module) -> StandIn | None:
-    """The stand-in ``module`` was parsed from instead of its text (:mod:`gradlint.old_syntax`), or None."""
-    last = _last_stand_in  # one read: another thread may replace it meanwhile
-    return last[1] if last is not None and last[0] is module else None
-
-
 def check_module(
-    module: cst.Module,
+    parsed: ParsedFile,
     path: str,
     rules: Sequence[type[Rule]],
-    text: str | None = None,
     *,
     noqa: bool = True,
     context: Iterable[str] | None = None,
 ) -> FileResult:
-    """Run ``rules`` over a parsed module. An exception inside a rule becomes the file's error, naming the rule.
+    """Run ``rules`` over a parsed file. An exception inside a rule becomes the file's error, naming the rule.
 
     ``noqa=False`` keeps findings on ``# noqa`` lines (for hosts such as flake8 that apply their own).
     ``context`` is what the other files of the run say about the module's functions
     (:mod:`gradlint.project_index`); None: the module alone is the run.
     """
     try:
-        model = build_model(module, text, context)
+        model = build_model(parsed, context)
     except RecursionError:  # LibCST writes code back out recursively
         return FileResult(path, error="cannot check: code nested too deeply")
     except Exception as error:  # noqa: BLE001 - one bad file must never stop the run
@@ -196,8 +181,7 @@ def check_module(
         except Exception as error:  # noqa: BLE001
             return FileResult(path, findings=findings, error=f"internal error in {rule_class.code}: {type(error).__name__}: {error}")
     if findings and noqa:
-        source = text if text is not None else module.code
-        suppressed = noqa_lines(source, {f.line for f in findings}, statement_lines(module, source))
+        suppressed = noqa_lines(parsed.code, {f.line for f in findings}, statement_lines(parsed))
         findings = [f for f in findings if not is_suppressed(f.code, f.line, suppressed)]
     return FileResult(path, sorted(set(findings)))
 

@@ -22,6 +22,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.objects import ObjInfo, ObjKind, kind_from_name, last_name
 from gradlint.module_index import ModuleIndex
+from gradlint.parsed_file import ParsedFile
 from gradlint.positions import Positions
 from gradlint.release_setups import ReleaseInfo
 
@@ -171,13 +172,12 @@ class Root:
 class LoopModel:
     """Everything the rules read about one module."""
 
-    module: cst.Module
+    file: ParsedFile  # the file the model was built from: its text, trees and node tables
     objects: dict[str, ObjInfo]
     roots: list[Root]
     uses_cuda_graphs: bool
     _positions: Positions | None = None
     release: ReleaseInfo = dataclasses.field(default_factory=ReleaseInfo)  # gradient-release set-ups
-    text: str | None = None  # the source, when the caller has it: positions are read against it
     index: ModuleIndex | None = None  # the module index the model was built from (what the fixes ask of the whole module)
     called_in_loop: frozenset[str] = frozenset()  # functions some loop of the run calls
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
@@ -186,9 +186,19 @@ class LoopModel:
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
+    def module(self) -> cst.Module:
+        """The LibCST module."""
+        return self.file.module
+
+    @property
+    def text(self) -> str | None:
+        """The source, when the caller had it: positions are read against it."""
+        return self.file.text
+
+    @property
     def parents(self) -> dict[cst.CSTNode, cst.CSTNode] | None:
         """Each node's parent, as the module index recorded it."""
-        return self.index.parents if self.index is not None else None
+        return self.file.parents
 
     def position(self, node: cst.CSTNode) -> tuple[int, int, int, int]:
         """``(line, column, end_line, end_column)`` of a node, 1-based columns, end exclusive.
@@ -196,14 +206,14 @@ class LoopModel:
         Positions are resolved on first use only, one top-level statement at a time: most modules have no findings.
         """
         if self._positions is None:
-            self._positions = Positions(self.module, self.text, self.parents)
+            self._positions = Positions(self.file)
         code_range = self._positions[node]
         return (code_range.start.line, code_range.start.column + 1, code_range.end.line, code_range.end.column + 1)
 
     def line(self, node: cst.CSTNode) -> int:
         """The 1-based line a node starts on."""
         if self._positions is None:
-            self._positions = Positions(self.module, self.text, self.parents)
+            self._positions = Positions(self.file)
         return self._positions.start_line(node)
 
     def code(self, node: cst.CSTNode) -> str:

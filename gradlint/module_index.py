@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.imports import ImportMap
+from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjInfo, ObjKind, kind_of_constructor, last_name
 from gradlint.syntax import (
     TRIVIA,
-    remember_children,
+    ChildrenOf,
     bool_literal,
     callee_name,
     children,
@@ -36,34 +39,13 @@ _NOTED = frozenset(
 )
 
 
-# The parent map of the module indexed last: the fixes climb it from a call to its statement.
-_last_indexed: tuple[cst.Module, dict[cst.CSTNode, cst.CSTNode]] | None = None
-
-
-def parents_of(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Each node's parent in ``module``: the index's own map when ``module`` was indexed last, else walked now."""
-    global _last_indexed
-    last = _last_indexed  # one read: another thread may replace it meanwhile
-    if last is not None and last[0] is module:
-        return last[1]
-    table: dict[cst.CSTNode, cst.CSTNode] = {}
-    stack: list[cst.CSTNode] = [module]
-    while stack:
-        node = stack.pop()
-        for child in children(node):
-            table[child] = node
-            if type(child) not in TRIVIA:
-                stack.append(child)
-    _last_indexed = (module, table)
-    return table
-
-
 class ModuleIndex:
     """One pass over the module: functions, classes, assignments and tracked objects."""
 
-    def __init__(self, module: cst.Module, text: str | None = None) -> None:
-        self.module = module
-        self.text = text  # the source, when the caller has it
+    def __init__(self, parsed: ParsedFile) -> None:
+        self.file = parsed  # the file indexed: the walk fills in its tables of children and parents
+        self.module = module = parsed.module
+        self.text = text = parsed.text  # the source, when the caller has it
         self.imports = ImportMap()
         self.functions: list[cst.FunctionDef] = []
         self.qualname: dict[cst.FunctionDef, str] = {}
@@ -99,8 +81,6 @@ class ModuleIndex:
         self._scan(module)
         self._find_divided_returns()
         self._classify_objects()
-        global _last_indexed
-        _last_indexed = (module, self.parents)
 
     # -- names
 
@@ -151,8 +131,9 @@ class ModuleIndex:
         """Index every function and class, and note assignments, in one iterative pass."""
         # (node, enclosing function, enclosing class for direct methods, qualified-name prefix)
         stack: list[tuple[cst.CSTNode, cst.FunctionDef | None, str | None, str]] = [(module, None, None, "")]
-        parents = self.parents
+        parents = self.file.parents = self.parents
         known: dict[int, list[cst.CSTNode]] = {}
+        self.file.note_children(known)
         while stack:
             node, function, class_name, prefix = stack.pop()
             kids = known[id(node)] = children(node)
@@ -180,7 +161,6 @@ class ModuleIndex:
                             self.augmented.setdefault(function, []).append(child)
                     if kind not in TRIVIA:
                         stack.append((child, function, class_name, prefix))
-        remember_children(module, known)
 
     def _add_function(self, node: cst.FunctionDef, parent: cst.FunctionDef | None, class_name: str | None, prefix: str) -> None:
         self.functions.append(node)
@@ -260,12 +240,12 @@ class ModuleIndex:
             self._add_sums_of_divided(function)
         for function, values in self._returned.items():
             divided = self.divided_names.get(function, set())
-            if any(_made_of_divided(v, divided) for v in values):
+            if any(_made_of_divided(v, divided, self.file.children) for v in values):
                 self.returns_divided.add(function)
             for value in values:
                 if type(value) is cst.Tuple:
                     for position, element in enumerate(value.elements):
-                        if _made_of_divided(element.value, divided):
+                        if _made_of_divided(element.value, divided, self.file.children):
                             self.returns_divided_at.add((function, position))
 
     def _add_sums_of_divided(self, function: cst.FunctionDef | None) -> None:
@@ -280,7 +260,7 @@ class ModuleIndex:
         table = self.assignments[function]
         for _ in range(2):  # a second round sees names built from names the first added
             for name, values in table.items():
-                if name not in divided and all(_made_of_divided(v, divided) for v in values):
+                if name not in divided and all(_made_of_divided(v, divided, self.file.children) for v in values):
                     divided.add(name)
 
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
@@ -356,14 +336,15 @@ class ModuleIndex:
         for qualified in self.qualified_names(value.func):
             kind = kind_of_constructor(qualified)
             if kind is ObjKind.OPTIMIZER:
-                return ObjInfo(kind, param_sources=_parameter_sources(value))
-            if kind is ObjKind.DDP_MODEL:
+                return ObjInfo(kind, param_sources=_parameter_sources(value, self.file.walk))
+            if kind is ObjKind.PARALLEL_MODEL:
                 args = positional_args(value)
-                return ObjInfo(kind, wraps=dotted_name(args[0].value) if args else None)
+                wrap = frameworks.wrap_of_constructor(qualified)
+                return ObjInfo(kind, wraps=dotted_name(args[0].value) if args else None, wrapped_by=wrap.key if wrap else None)
             if kind is not None:
                 return ObjInfo(kind)
         name = callee_name(value) or ""
-        if name in ("prepare", "prepare_model") and len(positional_args(value)) == 1:
+        if name in frameworks.RETURNS_GIVEN_ALONE and len(positional_args(value)) == 1:  # ``model = accelerator.prepare(model)``
             return self._classify_value(positional_args(value)[0].value)
         if re.search(r"optimi[sz]er", name, re.IGNORECASE) and not name.endswith("_step"):
             return ObjInfo(ObjKind.OPTIMIZER)
@@ -372,25 +353,31 @@ class ModuleIndex:
         return None
 
     def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
-        """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was."""
+        """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was; or, for a call
+        a framework declares so (``engine, opt, _, sched = deepspeed.initialize(...)``), the kind it returns there."""
         call = value.value
-        if type(call) is cst.Call and callee_name(call) in ("prepare", "setup", "initialize"):
+        if type(call) is not cst.Call:
+            return None
+        name = callee_name(call)
+        returned = frameworks.RETURNS_BY_POSITION.get(name) if name is not None else None
+        if returned is not None:
+            kind = returned.get(value.position)
+            return ObjInfo(kind) if kind is not None else None
+        if name in frameworks.RETURNS_GIVEN:
             args = positional_args(call)
-            if callee_name(call) == "initialize":  # deepspeed.initialize -> (engine, optimizer, loader, scheduler)
-                return {0: ObjInfo(ObjKind.ENGINE), 1: ObjInfo(ObjKind.OPTIMIZER), 3: ObjInfo(ObjKind.SCHEDULER)}.get(value.position)
             if value.position < len(args):
                 return self._classify_value(args[value.position].value)
         return None
 
 
-def _made_of_divided(value, divided: set[str]) -> bool:
+def _made_of_divided(value, divided: set[str], children_of: ChildrenOf | None = None) -> bool:
     """``loss / n``, a divided name, or a sum or difference of such terms."""
     if not isinstance(value, cst.BaseExpression):
         return False
-    if scales_down(value) or dotted_name(value) in divided:
+    if scales_down(value, children_of) or dotted_name(value) in divided:
         return True
     if type(value) is cst.BinaryOperation and type(value.operator) in (cst.Add, cst.Subtract):
-        return _made_of_divided(value.left, divided) and _made_of_divided(value.right, divided)
+        return _made_of_divided(value.left, divided, children_of) and _made_of_divided(value.right, divided, children_of)
     return False
 
 
@@ -440,7 +427,7 @@ def _is_fraction(node: cst.BaseExpression) -> bool:
     return value is not None and value < 1
 
 
-def _parameter_sources(call: cst.Call) -> frozenset[str]:
+def _parameter_sources(call: cst.Call, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> frozenset[str]:
     """The models whose ``.parameters()`` an optimizer constructor was given."""
     sources = set()
     for arg in call.args:

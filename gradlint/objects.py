@@ -9,22 +9,12 @@ failing that, by what it is called: ``optimizer_d``, ``self.scaler`` and
 from __future__ import annotations
 
 import dataclasses
-import enum
+import functools
 import re
 
+from gradlint.kinds import ObjKind
 
-class ObjKind(str, enum.Enum):
-    """The kinds of object the loop model tracks."""
-
-    OPTIMIZER = "optimizer"
-    SCALER = "scaler"
-    SCHEDULER = "scheduler"
-    MODEL = "model"
-    DDP_MODEL = "ddp_model"
-    ACCELERATOR = "accelerator"
-    ENGINE = "engine"  # what ``deepspeed.initialize`` returns first: its backward scales and syncs for accumulation
-    TENSOR = "tensor"  # one named tensor whose .grad the code handles by hand (``delta.grad``)
-    UNKNOWN = "unknown"
+__all__ = ["ObjInfo", "ObjKind", "kind_from_name", "kind_of_constructor", "last_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,67 +25,85 @@ class ObjInfo:
     # For an optimizer: the models whose ``.parameters()`` it was built from
     # (last attribute name only: ``self.netD`` and ``netD`` are the same model).
     param_sources: frozenset[str] = frozenset()
-    # For a DDP model: the module it wraps.
+    # For a data-parallel model: the module it wraps, and the wrap that built it (a key of the frameworks' wraps).
     wraps: str | None = None
+    wrapped_by: str | None = None
 
 
-# Qualified-name prefixes of modules whose capitalised callables build optimizers.
+# Qualified-name prefixes of modules whose capitalised callables build optimizers (the frameworks add theirs).
 _OPTIMIZER_MODULES = (
     "torch.optim.",
-    "optimi.",
     "bitsandbytes.optim.",
-    "apex.optimizers.",
-    "apex.contrib.optimizers.",
     "timm.optim.",
     "torch_optimizer.",
-    "deepspeed.ops.adam.",
-    "deepspeed.ops.lamb.",
     "lion_pytorch.",
     "schedulefree.",
     "heavyball.",
-    "transformers.optimization.",
     "torch.distributed.optim.",
 )
-_OPTIMIZER_EXACT = {
-    "transformers.AdamW",
-    "transformers.Adafactor",
-    "timm.optim.create_optimizer",
-    "timm.optim.create_optimizer_v2",
-    "timm.optim.optim_factory.create_optimizer_v2",
-}
 _NOT_OPTIMIZERS = {"Optimizer", "lr_scheduler", "swa_utils"}
 
-_SCALER_QUALIFIED = {
-    "torch.cuda.amp.GradScaler",
-    "torch.cuda.amp.grad_scaler.GradScaler",
-    "torch.amp.GradScaler",
-    "torch.amp.grad_scaler.GradScaler",
-    "torch.GradScaler",
-    "torch.cpu.amp.GradScaler",
-    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+# Constructors known by their exact qualified name: torch's scalers, timm's optimizer factories (the frameworks add theirs).
+_EXACT: dict[str, ObjKind] = {
+    **dict.fromkeys(
+        (
+            "torch.cuda.amp.GradScaler",
+            "torch.cuda.amp.grad_scaler.GradScaler",
+            "torch.amp.GradScaler",
+            "torch.amp.grad_scaler.GradScaler",
+            "torch.GradScaler",
+            "torch.cpu.amp.GradScaler",
+        ),
+        ObjKind.SCALER,
+    ),
+    **dict.fromkeys(
+        ("timm.optim.create_optimizer", "timm.optim.create_optimizer_v2", "timm.optim.optim_factory.create_optimizer_v2"),
+        ObjKind.OPTIMIZER,
+    ),
 }
 
 _SCHEDULER_PREFIXES = ("torch.optim.lr_scheduler.", "timm.scheduler.")
-_SCHEDULER_FACTORY = re.compile(r"^(transformers|transformers\.optimization|diffusers\.optimization)\.get_\w*schedule\w*$")
 
-_DDP_QUALIFIED = {
-    "torch.nn.parallel.DistributedDataParallel",
-    "torch.nn.parallel.distributed.DistributedDataParallel",
-}
+
+@dataclasses.dataclass(frozen=True)
+class _Constructors:
+    """The tables above with what the framework modules add, joined on first use.
+
+    :mod:`gradlint.frameworks` loads LibCST (its declarations judge LibCST
+    nodes); the prefilter and the project index ask this module about names
+    before any file is parsed, and the command line's start-up stays free of
+    LibCST by importing the frameworks only then.
+    """
+
+    optimizer_modules: tuple[str, ...]
+    exact: dict[str, ObjKind]
+    scheduler_factory: re.Pattern[str]  # ``get_*schedule*`` functions of these modules build schedulers
+    named: dict[str, ObjKind]  # a framework's object known by its name alone (``accelerator``)
+
+
+@functools.cache
+def _constructors() -> _Constructors:
+    from gradlint import frameworks
+
+    factory_modules = (*frameworks.SCHEDULE_FACTORY_MODULES, "diffusers.optimization")
+    return _Constructors(
+        optimizer_modules=(*_OPTIMIZER_MODULES, *frameworks.OPTIMIZER_MODULES),
+        exact={**_EXACT, **frameworks.BUILDS},
+        scheduler_factory=re.compile(rf"^({'|'.join(map(re.escape, factory_modules))})\.get_\w*schedule\w*$"),
+        named=dict(frameworks.NAMED),
+    )
 
 
 def kind_of_constructor(qualified_name: str) -> ObjKind | None:
     """The kind of object a call to ``qualified_name`` builds, or None if it builds nothing we track."""
-    if qualified_name in _SCALER_QUALIFIED:
-        return ObjKind.SCALER
-    if qualified_name in _DDP_QUALIFIED:
-        return ObjKind.DDP_MODEL
-    if qualified_name.startswith(_SCHEDULER_PREFIXES) or _SCHEDULER_FACTORY.match(qualified_name):
+    tables = _constructors()
+    exact = tables.exact.get(qualified_name)
+    if exact is not None:
+        return exact
+    if qualified_name.startswith(_SCHEDULER_PREFIXES) or tables.scheduler_factory.match(qualified_name):
         last = qualified_name.rsplit(".", 1)[-1]
         return ObjKind.SCHEDULER if last[:1].isupper() or last.startswith("get_") else None
-    if qualified_name in _OPTIMIZER_EXACT:
-        return ObjKind.OPTIMIZER
-    if qualified_name.startswith(_OPTIMIZER_MODULES):
+    if qualified_name.startswith(tables.optimizer_modules):
         parts = qualified_name.split(".")
         last = parts[-1]
         if any(p in _NOT_OPTIMIZERS for p in parts) or not last[:1].isupper():
@@ -103,8 +111,6 @@ def kind_of_constructor(qualified_name: str) -> ObjKind | None:
         if "Scheduler" in last or last.endswith("LR"):
             return ObjKind.SCHEDULER
         return ObjKind.OPTIMIZER
-    if qualified_name in ("accelerate.Accelerator", "accelerate.accelerator.Accelerator"):
-        return ObjKind.ACCELERATOR
     return None
 
 
@@ -112,7 +118,6 @@ _OPTIMIZER_NAME = re.compile(
     r"^(optimi[sz]ers?\w*|optim|opt|opt(im)?_?[a-z0-9]|opt(im)?_[a-z0-9_]+|\w+_(opt|optim|optimi[sz]er))$"
 )
 _SCHEDULER_NAME = re.compile(r"(^|_)(lr_)?sched(uler)?s?($|_)|^scheduler\w*|\w*_scheduler$")
-_ACCELERATOR_NAME = re.compile(r"^(accelerator|fabric)$")
 
 
 def kind_from_name(dotted: str) -> ObjKind:
@@ -124,9 +129,7 @@ def kind_from_name(dotted: str) -> ObjKind:
         return ObjKind.SCHEDULER
     if _OPTIMIZER_NAME.match(last) and last not in ("opts", "options", "optional"):
         return ObjKind.OPTIMIZER
-    if _ACCELERATOR_NAME.match(last):
-        return ObjKind.ACCELERATOR
-    return ObjKind.UNKNOWN
+    return _constructors().named.get(last, ObjKind.UNKNOWN)  # ``accelerator``: a framework's object
 
 
 def last_name(dotted: str) -> str:

@@ -19,39 +19,13 @@ import libcst as cst
 from libcst.metadata import CodePosition, CodeRange, PositionProvider
 from libcst.metadata.position_provider import PositionProvidingCodegenState
 
-from gradlint.syntax import TRIVIA, children
+from gradlint.parsed_file import ParsedFile
+from gradlint.syntax import TRIVIA
 
-# Python's tree of the module parsed last: ``gradlint.linter.parse`` runs
-# Python's parser anyway (to refuse code nested too deeply for LibCST) and
-# leaves its tree here, where its statement lines place LibCST's statements.
-_last_tree: tuple[cst.Module, ast.Module] | None = None
-
-
-def remember_python_tree(module: cst.Module, tree: ast.Module) -> None:
-    """Keep Python's tree of the text ``module`` was parsed from."""
-    global _last_tree
-    _last_tree = (module, tree)
-
-
-def python_tree_of(module: cst.Module, text: str | None) -> ast.Module | None:
-    """Python's tree of ``module``'s text: the one the linter kept, else parsed now; None if Python cannot read it."""
-    last = _last_tree  # one read: another thread may replace it meanwhile
-    if last is not None and last[0] is module:
-        return last[1]
-    if text is None:
-        return None
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    remember_python_tree(module, tree)
-    return tree
-
-
-def statement_lines(module: cst.Module, text: str | None) -> list[tuple[int, int]] | None:
-    """The first and last line of each top-level statement of ``module`` (decorators included), from Python's tree;
+def statement_lines(parsed: ParsedFile) -> list[tuple[int, int]] | None:
+    """The first and last line of each top-level statement of a file (decorators included), from Python's tree;
     None when Python cannot read the text."""
-    tree = python_tree_of(module, text)
+    tree = parsed.python_tree()
     if tree is None:
         return None
     return [(first, statement.end_lineno or first) for first, statement in zip(_first_token_lines(tree), tree.body)]
@@ -65,10 +39,11 @@ def _first_token_lines(tree: ast.Module) -> list[int]:
 class Positions:
     """``positions[node]`` is the node's :class:`CodeRange`, as ``PositionProvider`` would give it."""
 
-    def __init__(self, module: cst.Module, text: str | None = None, parents: dict[cst.CSTNode, cst.CSTNode] | None = None) -> None:
-        self.module = module
-        self.text = text
-        self._parents = parents  # each node's parent, when the module index recorded them
+    def __init__(self, parsed: ParsedFile) -> None:
+        self.file = parsed
+        self.module = module = parsed.module
+        self.text = parsed.text
+        self._parents = parsed.parents  # each node's parent, when the module index recorded them
         self._statement_of: dict[int, int] = {}  # id(node) -> index of its top-level statement
         self._walked = 0  # top-level statements indexed so far
         self._index_of: dict[int, int] | None = None  # id(top-level statement) -> its index
@@ -107,6 +82,7 @@ class Positions:
         found = self._statement_of.get(id(node))
         body = self.module.body
         statement_of = self._statement_of
+        read = self.file.children
         while found is None and self._walked < len(body):
             index = self._walked
             stack: list[cst.CSTNode] = [body[index]]
@@ -114,7 +90,7 @@ class Positions:
                 current = stack.pop()
                 statement_of[id(current)] = index
                 if type(current) not in TRIVIA:  # names and literals are indexed, their whitespace is never reported
-                    stack.extend(children(current))
+                    stack.extend(read(current))
             self._walked += 1
             found = statement_of.get(id(node))
         return found
@@ -221,7 +197,7 @@ class Positions:
 
     def _python_statement(self, line: cst.BaseStatement) -> ast.stmt | None:
         """Python's statement for ``line`` (for a line of ``a; b``, for ``a``), found by descending both trees side by side."""
-        tree = python_tree_of(self.module, self.text)
+        tree = self.file.python_tree()
         if tree is None:
             return None
         chain: list[cst.CSTNode] = []
@@ -267,7 +243,7 @@ class Positions:
     def _offsets(self) -> list[int]:
         """How many lines come before each top-level statement (its leading blank lines and comments are its own)."""
         if self._line_offsets is None:
-            starts = _statement_starts(self.module, self.text)
+            starts = _statement_starts(self.file)
             if starts is not None:
                 self._line_offsets = [line - 1 for line in starts]
             else:
@@ -298,7 +274,7 @@ def _positions_of(module: cst.Module) -> dict[cst.CSTNode, CodeRange]:
     return provider._computed
 
 
-def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
+def _statement_starts(parsed: ParsedFile) -> list[int] | None:
     """The 1-based line each top-level statement's code starts on (leading blank lines and comments included).
 
     Read from Python's parser: the line of each statement's first token, less
@@ -306,9 +282,10 @@ def _statement_starts(module: cst.Module, text: str | None) -> list[int] | None:
     Python cannot read it (LibCST reads newer syntax) or when its statements
     do not pair up with LibCST's.
     """
+    module, text = parsed.module, parsed.text
     if text is None or "\r" in text.replace("\r\n", ""):
         return None  # a lone carriage return is a line break to Python, not to the line count of LibCST's code
-    tree = python_tree_of(module, text)
+    tree = parsed.python_tree()
     if tree is None:
         return None
     token_lines = _first_token_lines(tree)

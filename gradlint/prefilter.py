@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import nodes_by_type
+from gradlint.python_nodes import FiledTree
 from gradlint.tokens import CallNeed, Need
 
 if TYPE_CHECKING:
@@ -66,14 +66,14 @@ BACKWARD_ALIAS = "<backward imported as another name>"
 HANDS_OPTIMIZER = "<an optimizer handed to a call>"
 
 
-def called_names(tree: ast.Module) -> frozenset[str]:
+def called_names(tree: FiledTree) -> frozenset[str]:
     """The last name of every callee in ``tree`` (``opt.step()`` → ``step``), and the markers that apply.
 
     :data:`BACKWARD_ALIAS` when ``backward`` is imported under another name;
     :data:`HANDS_OPTIMIZER` when a call is handed an optimizer as an argument.
     """
     names: set[str] = set()
-    nodes = nodes_by_type(tree)
+    nodes = tree.by_type()
     for node in nodes.get(ast.Call, ()):
         func = node.func
         if type(func) is ast.Attribute:

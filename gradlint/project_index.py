@@ -30,12 +30,13 @@ from __future__ import annotations
 import ast
 import bisect
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import child_nodes, nodes_by_type, walk
+from gradlint.python_nodes import FiledTree, child_nodes, walk
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -113,10 +114,10 @@ class Context:
         return cls(*(frozenset(found[p]) for p in ("", *prefixes)))
 
 
-def python_tree(text: str) -> ast.Module | None:
+def python_tree(text: str) -> FiledTree | None:
     """Python's tree of ``text``, or None when Python cannot read it (what :func:`scan_calls` then assumes)."""
     try:
-        return ast.parse(text)
+        return FiledTree(ast.parse(text))
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
@@ -126,7 +127,7 @@ def might_call(text: str) -> bool:
     return "for " in text or "while " in text or "def " in text
 
 
-def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
+def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     """The names a file's loops call, and the functions it defines; empty when Python cannot parse it.
 
     ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
@@ -137,7 +138,7 @@ def scan_calls(text: str, tree: ast.Module | None = None) -> FileCalls:
         tree = python_tree(text)
         if tree is None:
             return FileCalls()
-    calls = _Scan(_lines_naming("unscale_", text)).file(tree)
+    calls = _Scan(_lines_naming("unscale_", text)).file(tree.tree)
     return _with_handed_and_wrapped(calls, text, tree)
 
 
@@ -251,7 +252,7 @@ _GAP = r"(?:\s|\\|#[^\n]*+)*+"  # possessive: a run of comment marks never makes
 _OPTIMIZER_ARGUMENT_ANYHOW = re.compile(rf"[(,]{_GAP}(?:\w+{_GAP}\.{_GAP})*\w*opt\w*{_GAP}[,):=]", re.IGNORECASE)
 
 
-def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> FileCalls:
+def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: FiledTree) -> FileCalls:
     """``calls`` with the facts about handed optimizers and wrapped models, read in one walk of the tree when the
     text can hold any of them (a name of an optimizer as an argument, a spelling of a wrap)."""
     wraps = _may_wrap(text)  # only then can a call hand on a wrapped model
@@ -265,7 +266,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
     # Every call may hand on a wrapped model: then the whole tree is read. Else only the statements spanning a
     # line where an optimizer may be an argument (most of a file); lines are counted on "\n" alone.
     if wraps or "\r" in text:
-        by_type = nodes_by_type(tree)
+        by_type = tree.by_type()
         calls_read = by_type.get(ast.Call, [])
         if optimizers:
             functions.extend(by_type.get(ast.FunctionDef, ()))
@@ -273,7 +274,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: ast.Module) -> F
         if wraps:
             found_calls, assigns, from_imports = calls_read, by_type.get(ast.Assign, []), by_type.get(ast.ImportFrom, [])
     else:  # _near_lines lists every function definition as it goes
-        near = _near_lines(tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
+        near = _near_lines(tree.tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
         calls_read = [node for node in near if type(node) is ast.Call]
     hands = _handing_optimizers(calls_read) if optimizers else set()
     steps_handed, clears_handed = _what_handed_optimizers_get(functions, set(calls.defines))
@@ -359,42 +360,85 @@ def _statements_inside(statement: ast.AST) -> list[ast.stmt]:
     return inner
 
 
-# What a file must spell to wrap a model for data parallelism, and how each spelling is named.
-# A call or an aliased import of the wrapper, not the name in prose: a wrap is an assignment from a call.
-_WRAP_TOKENS = re.compile(
-    r"(?:DistributedDataParallel|fully_shard)(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))|(accelerator|fabric)\.(prepare|setup)"
-)
+@dataclasses.dataclass(frozen=True)
+class _FrameworkNames:
+    """The names the frameworks' declarations give this index: read once, when the first file is scanned.
+
+    :mod:`gradlint.frameworks` loads LibCST (its declarations judge LibCST
+    nodes), and this index reads Python's own tree: importing it late keeps
+    the command line's start-up free of LibCST.
+    """
+
+    wrap_classes: dict
+    shard_functions: dict
+    prepare_methods: dict
+    preparer_names: frozenset[str]
+    # What a file must spell to wrap a model for data parallelism (the wrapper classes, sharding functions and
+    # preparing objects). A call or an aliased import of the wrapper, not the name in prose: a wrap is an assignment
+    # from a call. ``plain`` holds substrings tried first: the pattern is slow to scan.
+    wrap_tokens: re.Pattern[str]
+    plain: tuple[str, ...]
+    # Calls that take a wrapped model and are no call of the project's own: the wraps themselves and the frameworks'
+    # contexts for the model (``model.no_sync()``, ``accelerator.accumulate(model)``).
+    framework_calls: frozenset[str]
+    # Calls that do gradient work: a backward (the frameworks' too), a clear, an unscale, a no-sync context of the model.
+    work_calls: frozenset[str]
+    # Attributes whose store does gradient work: ``p.grad`` (a clear) and the wrappers' sync flags.
+    work_attributes: frozenset[str]
+
+
+@functools.cache
+def _names() -> _FrameworkNames:
+    from gradlint import frameworks
+
+    wrappers = (*frameworks.WRAP_CLASSES, *frameworks.SHARD_FUNCTIONS)
+    owners = sorted(frameworks.PREPARER_NAMES)
+    return _FrameworkNames(
+        wrap_classes=frameworks.WRAP_CLASSES,
+        shard_functions=frameworks.SHARD_FUNCTIONS,
+        prepare_methods=frameworks.PREPARE_METHODS,
+        preparer_names=frozenset(frameworks.PREPARER_NAMES),
+        wrap_tokens=re.compile(
+            rf"(?:{'|'.join(wrappers)})(?:[\s\\)]|#[^\n]*(?![^\n]))*(?:\(|as(?!\w))"
+            rf"|({'|'.join(owners)})\.({'|'.join(sorted(frameworks.PREPARE_METHODS))})"
+        ),
+        plain=(*wrappers, *(f"{owner}." for owner in owners)),
+        framework_calls=frozenset({*frameworks.SHARD_FUNCTIONS, *frameworks.NO_SYNC, *frameworks.ACCUMULATE}),
+        work_calls=frozenset({"backward", "zero_grad", "unscale_", *frameworks.BACKWARD_METHODS, *frameworks.MODEL_NO_SYNC}),
+        work_attributes=frozenset({"grad", *frameworks.SYNC_FLAGS}),
+    )
 
 
 def _may_wrap(text: str) -> bool:
-    """Whether ``text`` can wrap a model (:data:`_WRAP_TOKENS`); plain substrings first, the pattern is slow to scan."""
-    if "DistributedDataParallel" in text or "fully_shard" in text or "accelerator." in text or "fabric." in text:
-        return _WRAP_TOKENS.search(text) is not None
+    """Whether ``text`` can wrap a model (:attr:`_FrameworkNames.wrap_tokens`)."""
+    names = _names()
+    if any(token in text for token in names.plain):
+        return names.wrap_tokens.search(text) is not None
     return False
-
-
-_WRAPPING_METHODS = {"prepare": "accelerate", "prepare_model": "accelerate", "setup": "fabric", "setup_module": "fabric"}
-_WRAPPER_OWNERS = re.compile(r"^(accelerator|fabric)$")
 
 
 def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_imports: list[ast.ImportFrom]) -> frozenset[str]:
     """``function:argument:wrapper`` for each call handed, as argument ``argument`` (a position or a keyword), a name
-    the file assigns a data-parallel model to: ``DistributedDataParallel(...)`` (or an alias), a model returned by
-    ``accelerator.prepare``/``fabric.setup``, a module given to ``fully_shard``."""
-    ddp_names = {"DistributedDataParallel"}
-    shard_names = set()  # torch's own fully_shard only: other libraries have functions of that name
+    the file assigns a data-parallel model to: a wrapper class's instance (``DistributedDataParallel(...)``, or an
+    alias), a model returned by a framework object's ``prepare``/``setup``, a module given to a sharding function
+    (``fully_shard``) of the module its framework names (other libraries have functions of that name)."""
+    names = _names()
+    class_names = {name: wrap.key for name, wrap in names.wrap_classes.items()}
+    shard_names: dict[str, str] = {}
     for node in from_imports:
-        ddp_names.update(a.asname for a in node.names if a.name == "DistributedDataParallel" and a.asname)
-        if (node.module or "").startswith("torch.distributed"):
-            shard_names.update(a.asname or a.name for a in node.names if a.name == "fully_shard")
+        class_names.update({a.asname: names.wrap_classes[a.name].key for a in node.names if a.name in names.wrap_classes and a.asname})
+        for a in node.names:
+            wrap = names.shard_functions.get(a.name)
+            if wrap is not None and (node.module or "").startswith(wrap.function_module):
+                shard_names[a.asname or a.name] = wrap.key
     wrapped: dict[str, str] = {}
     for call in calls:
         callee = _dotted(call.func) or ""
-        torch_shard = callee in shard_names or (callee.startswith("torch.distributed.") and callee.endswith(".fully_shard"))
-        if torch_shard and call.args and _dotted(call.args[0]):
-            wrapped.setdefault(_dotted(call.args[0]), "fsdp2")
+        shard = shard_names.get(callee) or _shard_of(callee)
+        if shard is not None and call.args and _dotted(call.args[0]):
+            wrapped.setdefault(_dotted(call.args[0]), shard)
     for node in assigns:
-        by = _wrapper(node.value, ddp_names) if isinstance(node.value, ast.Call) else None
+        by = _wrapper(node.value, class_names) if isinstance(node.value, ast.Call) else None
         if by is None:
             continue
         for target in node.targets:
@@ -407,7 +451,7 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     passed = set()
     for call in calls:
         name, _ = _callee(call.func)
-        if name is None or name in ("fully_shard", "no_sync", "no_backward_sync", "accumulate") or _wrapper(call, ddp_names):
+        if name is None or name in names.framework_calls or _wrapper(call, class_names):
             continue  # the wrap itself, or a framework's own context for the model
         for position, arg in enumerate(call.args):
             if isinstance(arg, ast.Starred):
@@ -422,13 +466,23 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     return frozenset(passed)
 
 
-def _wrapper(call: ast.Call, ddp_names: set[str]) -> str | None:
-    """What a call wraps a model with, when it visibly does."""
+def _wrapper(call: ast.Call, class_names: dict[str, str]) -> str | None:
+    """What a call wraps a model with, when it visibly does (the key of the framework's wrap)."""
     name, owner = _callee(call.func)
-    if name in ddp_names:
-        return "ddp"
-    if name in _WRAPPING_METHODS and owner is not None and _WRAPPER_OWNERS.match(owner.rsplit(".", 1)[-1]):
-        return _WRAPPING_METHODS[name]
+    if name in class_names:
+        return class_names[name]
+    names = _names()
+    wrap = names.prepare_methods.get(name) if name is not None else None
+    if wrap is not None and owner is not None and owner.rsplit(".", 1)[-1] in names.preparer_names:
+        return wrap.key
+    return None
+
+
+def _shard_of(callee: str) -> str | None:
+    """The wrap key of a sharding function called by its full name (``torch.distributed.fsdp.fully_shard(...)``)."""
+    wrap = _names().shard_functions.get(callee.rpartition(".")[2])
+    if wrap is not None and callee.startswith(f"{wrap.function_module}.") and callee.endswith(f".{wrap.function}"):
+        return wrap.key
     return None
 
 
@@ -566,6 +620,7 @@ def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], b
     ``loops`` holds the summaries of inner loops already read: such a loop's
     body is not walked again, only its header.
     """
+    names = _names()
     called: set[str] = set()
     work = False
     stack: list[ast.AST] = list(statements)
@@ -582,13 +637,13 @@ def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], b
         if isinstance(node, ast.Call):
             name, receiver = _callee(node.func)
             if name is not None:
-                if name in ("backward", "zero_grad", "no_sync", "unscale_", "manual_backward"):
+                if name in names.work_calls:
                     work = True
                 elif name == "step" and receiver is not None and kind_from_name(receiver) in _NOT_PROJECT_STEP:
                     work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
                 elif not name.startswith("__"):
                     called.add(name)
-        elif isinstance(node, ast.Attribute) and node.attr in ("grad", "require_backward_grad_sync"):
+        elif isinstance(node, ast.Attribute) and node.attr in names.work_attributes:
             work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
         stack.extend(child_nodes(node))
     return called, work

@@ -3,7 +3,8 @@
 The prefilter and the project index both ask the whole tree for its calls
 and imports (the project index also for its functions and assignments). One
 breadth-first walk, in the order ``ast.walk`` yields nodes, files them by
-type for the tree read last. Walks of parts of a tree take a node's children
+type, once per :class:`FiledTree` (the tree and its table travel together
+from the prefilter to the project index). Walks of parts of a tree take a node's children
 from :func:`child_nodes`, a list built without ``ast.iter_child_nodes``'
 two generators and without the leaves no check reads.
 """
@@ -13,20 +14,35 @@ from __future__ import annotations
 import ast
 from collections import deque
 
-# The tree read last and its nodes by type: one file is read at a time, by the prefilter then the project index.
-_last: tuple[ast.AST, dict[type, list[ast.AST]]] | None = None
 # Fields whose nodes are leaves no check reads: an expression's load or store context, an operator.
 _LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
 _CODE_FIELDS: dict[type, tuple[str, ...]] = {}  # each node type's fields less those
 
 
+class FiledTree:
+    """Python's tree of one file, and its nodes filed by type (:func:`nodes_by_type`) on the first ask."""
+
+    __slots__ = ("tree", "_by_type")
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.tree = tree
+        self._by_type: dict[type, list[ast.AST]] | None = None
+
+    @classmethod
+    def of(cls, tree: ast.Module | FiledTree | None) -> FiledTree | None:
+        """``tree`` filed (or as it is, when it is filed already); None for None."""
+        return tree if tree is None or type(tree) is FiledTree else cls(tree)
+
+    def by_type(self) -> dict[type, list[ast.AST]]:
+        """Every node of the tree filed by exact type (computed once)."""
+        if self._by_type is None:
+            self._by_type = nodes_by_type(self.tree)
+        return self._by_type
+
+
 def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
     """Every node of ``tree`` (itself included) filed by exact type, each list in ``ast.walk``'s order; contexts
     and operators are left out (:data:`_LEAF_FIELDS`)."""
-    global _last
-    last = _last  # one read: another thread may replace it meanwhile
-    if last is not None and last[0] is tree:
-        return last[1]
     table: dict[type, list[ast.AST]] = {}
     pending = deque([tree])
     take, extend, node_type = pending.popleft, pending.extend, ast.AST
@@ -45,7 +61,6 @@ def nodes_by_type(tree: ast.AST) -> dict[type, list[ast.AST]]:
                 extend([item for item in value if isinstance(item, node_type)])
             elif isinstance(value, node_type):
                 pending.append(value)
-    _last = (tree, table)
     return table
 
 

@@ -397,11 +397,11 @@ def leaves_before(event: Event, later: Event) -> bool:
     return any(f.kind is FrameKind.BRANCH and f.exits and not later.inside(f) for f in event.frames)
 
 
-def rebuilt_in(loop: Frame, name: str | None) -> bool:
+def rebuilt_in(model: LoopModel, loop: Frame, name: str | None) -> bool:
     """Whether ``name`` is assigned anew inside ``loop``: an optimizer built per iteration starts clean each time."""
     if name is None:
         return False
-    for node in walk(loop.node.body):
+    for node in model.file.walk(loop.node.body):
         if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             value = node.value
         elif type(node) is cst.AnnAssign and dotted_name(node.target) == name:

@@ -5,16 +5,18 @@ updates each parameter from a ``register_post_accumulate_grad_hook`` as soon
 as its gradient is complete and frees that gradient at once. Code sets it up
 in several ways, all recognised here:
 
-- ``optimi``: ``AdamW(..., gradient_release=True)`` and ``prepare_for_gradient_release(model, opt)``;
+- a framework's calls, each named by the framework's style
+  (:class:`gradlint.frameworks.framework.ReleaseCall`: torch-optimi's
+  ``prepare_for_gradient_release`` and ``gradient_release=True``,
+  torchtune's optimizer-in-backward helpers);
 - ``hook``: PyTorch's own pattern, ``p.register_post_accumulate_grad_hook(hook)`` where ``hook`` steps;
-- ``torchtune``: ``register_optim_in_bwd_hooks``, ``create_optim_in_bwd_wrapper``,
-  ``OptimizerInBackwardWrapper``, ``OptimizerInBackward``;
 - ``apply_in_backward``: ``torch.distributed.optim._apply_optimizer_in_backward``;
 - ``flag``: code that branches on a configuration flag such as ``optimizer_in_bwd``.
 
 Besides the set-ups, :func:`find_release` notes what the release rules weigh
 against them: grad-scaler constructors, float16 autocasts, accumulation
-settings, optimi's ``optimizer_accumulation`` switch, and the ``raise``
+settings, the optimizer attribute that switches a framework's accumulation
+under release on (``optimizer_accumulation``), and the ``raise``
 statements with which a recipe refuses a combination. Every spelling
 recognised here contains one of :data:`RELEASE_TOKENS`, so a file without
 any of them can be skipped unparsed.
@@ -29,16 +31,15 @@ from typing import Any
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
-from gradlint.syntax import children as child_nodes
 
-# Substrings one of which every release set-up recognised here contains.
-RELEASE_TOKENS = ("gradient_release", "post_accumulate_grad_hook", "in_bwd", "in_backward", "InBackward")
+# Substrings one of which every release set-up recognised here contains: torch's and the frameworks'.
+RELEASE_TOKENS = ("post_accumulate_grad_hook", "in_backward", *frameworks.RELEASE_TOKENS)
 
 # A name or configuration key that switches gradient release on (``self._optimizer_in_bwd``).
 _FLAG = re.compile(r"in_bwd|in_backward|gradient_release")
-_TORCHTUNE_HOOKS = {"register_optim_in_bwd_hooks", "create_optim_in_bwd_wrapper", "OptimizerInBackwardWrapper"}
 # ``gradient_accumulation_steps``, ``grad_accum``, ``accum_iter``, ``accumulate_grad_batches``, ``accum``.
 _ACCUMULATION_SETTING = re.compile(r"accum\w*(grad|step|batch|iter)|(grad|step|batch|iter)\w*accum|^(n_|num_)?accum(ulation|ulate)?$", re.IGNORECASE)
 _SCALER_CALLEES = {"GradScaler", "ShardedGradScaler"}
@@ -60,7 +61,7 @@ Branch = tuple[cst.BaseExpression, str]
 class ReleaseSetup:
     """One gradient-release set-up: how it is written, where, and what it releases."""
 
-    style: str  # "optimi", "hook", "torchtune", "apply_in_backward", "flag"
+    style: str  # "hook", "apply_in_backward", "flag", or a framework's style (``frameworks.RELEASE_STYLES``)
     node: cst.CSTNode  # the call (or branch test) that sets it up
     function: cst.FunctionDef | None  # where it is set up (None: module level)
     optimizer: str | None = None  # the optimizer (or per-parameter optimizer dict) stepped in backward
@@ -87,8 +88,8 @@ class ReleaseInfo:
     hooks: frozenset[cst.FunctionDef] = frozenset()
     # Features the module refuses with a raise when release is on: "accumulation", "clipping", "scaler".
     refused: frozenset[str] = frozenset()
-    # Optimizers switched to optimi's optimizer accumulation (``opt.optimizer_accumulation = ...``).
-    optimizer_accumulation: frozenset[str] = frozenset()
+    # Optimizers switched to accumulating under release (``opt.optimizer_accumulation = ...``: ``frameworks.RELEASE_ACCUMULATES_INTO``).
+    accumulating_optimizers: frozenset[str] = frozenset()
     accumulation_settings: list[Site] = dataclasses.field(default_factory=list)  # ``accum_steps = 4``
     scalers: list[Site] = dataclasses.field(default_factory=list)  # ``GradScaler()`` constructors
     fp16_autocasts: list[Site] = dataclasses.field(default_factory=list)  # ``autocast(dtype=torch.float16)``
@@ -225,10 +226,11 @@ class _Finder:
 
     def __init__(self, index: Any) -> None:
         self.index = index
+        self._children = index.file.children  # the children the module index read
         self.setups: list[ReleaseSetup] = []
         self.hooks: set[cst.FunctionDef] = set()
         self.refused: set[str] = set()
-        self.optimizer_accumulation: set[str] = set()
+        self.accumulating_optimizers: set[str] = set()
         self.accumulation_settings: list[Site] = []
         self.scalers: list[Site] = []
         self.fp16_autocasts: list[Site] = []
@@ -251,7 +253,7 @@ class _Finder:
             setups=self.setups,
             hooks=frozenset(self.hooks),
             refused=frozenset(self.refused),
-            optimizer_accumulation=frozenset(self.optimizer_accumulation),
+            accumulating_optimizers=frozenset(self.accumulating_optimizers),
             accumulation_settings=self.accumulation_settings,
             scalers=self.scalers,
             fp16_autocasts=self.fp16_autocasts,
@@ -268,10 +270,10 @@ class _Finder:
             if ctx.class_name is not None:
                 self.method_class[node] = ctx.class_name
             inner = _Context(node, None, (), ())
-            return [(child, inner) for child in child_nodes(node)]
+            return [(child, inner) for child in self._children(node)]
         if kind is cst.ClassDef:
             inner = dataclasses.replace(ctx, class_name=node.name.value)
-            return [(child, inner) for child in child_nodes(node)]
+            return [(child, inner) for child in self._children(node)]
         if kind is cst.If or kind is cst.IfExp:
             return self._branches(node, ctx)
         if kind is cst.For:
@@ -288,7 +290,7 @@ class _Finder:
         elif kind is cst.DictElement and type(node.key) is cst.SimpleString:
             if _ACCUMULATION_SETTING.search(node.key.evaluated_value or "") and _more_than_one(node.value):
                 self.accumulation_settings.append(Site(node, ctx.function, ctx.branches))
-        return [(child, ctx) for child in child_nodes(node)]
+        return [(child, ctx) for child in self._children(node)]
 
     def _branches(self, node: cst.If | cst.IfExp, ctx: _Context) -> list[tuple[cst.CSTNode, _Context]]:
         test = node.test
@@ -314,13 +316,9 @@ class _Finder:
             self.calls.setdefault(ctx.function, set()).add(helper)
         name = callee_name(call) or ""
         args = positional_args(call)
-        if name == "prepare_for_gradient_release":
-            self._setup("optimi", call, ctx, optimizer=_argument(call, 1, "optimizer"), model=_argument(call, 0, "model"))
-        elif name in _TORCHTUNE_HOOKS:
-            optimizer = _argument(call, 1, "optim_dict") or _argument(call, 1, "optim_map")
-            self._setup("torchtune", call, ctx, optimizer=optimizer, model=_argument(call, 0, "model"))
-        elif name == "OptimizerInBackward":
-            self._setup("torchtune", call, ctx, optimizer=self._assigned_to.get(call), model=_parameters_owner(call))
+        release = frameworks.RELEASE_CALLS.get(name)
+        if release is not None:
+            self._setup(release.style, call, ctx, optimizer=self._named(release.optimizer, call), model=self._named(release.model, call))
         elif name == "_apply_optimizer_in_backward":
             self._setup("apply_in_backward", call, ctx, model=_parameters_owner(call))
         elif name == "register_post_accumulate_grad_hook" and args:
@@ -329,12 +327,29 @@ class _Finder:
             self.scalers.append(Site(call, ctx.function, ctx.branches))
         elif name == "autocast" and _enabled(call) and self._is_fp16_autocast(call):
             self.fp16_autocasts.append(Site(call, ctx.function, ctx.branches))
-        gradient_release = keyword_arg(call, "gradient_release")
-        if gradient_release is not None and bool_literal(gradient_release.value) is not False:
-            self._setup("optimi", call, ctx, optimizer=self._assigned_to.get(call), model=_parameters_owner(call))
+        for keyword, style in frameworks.RELEASE_KEYWORDS.items():  # ``AdamW(..., gradient_release=True)``
+            switch = keyword_arg(call, keyword)
+            if switch is not None and bool_literal(switch.value) is not False:
+                self._setup(style, call, ctx, optimizer=self._assigned_to.get(call), model=_parameters_owner(call))
         for arg in call.args:
             if arg.keyword is not None and _ACCUMULATION_SETTING.search(arg.keyword.value) and _more_than_one(arg.value):
                 self.accumulation_settings.append(Site(arg, ctx.function, ctx.branches))
+
+    def _named(self, where: tuple[tuple[int, str], ...] | tuple[int, str] | str | None, call: cst.Call) -> str | None:
+        """What a release call names where its framework says: arguments (the first found of several places),
+        ``"assigned"`` (the name the call is assigned to) or ``"parameters"`` (the owner of the parameters handed)."""
+        if where is None:
+            return None
+        if where == "assigned":
+            return self._assigned_to.get(call)
+        if where == "parameters":
+            return _parameters_owner(call)
+        places = (where,) if type(where[0]) is int else where
+        for position, keyword in places:
+            found = _argument(call, position, keyword)
+            if found is not None:
+                return found
+        return None
 
     def _setup(self, style: str, call: cst.Call, ctx: _Context, **fields: Any) -> None:
         fields["model"] = _unless_parameter(fields.get("model"), ctx.function)
@@ -414,10 +429,10 @@ class _Finder:
         if value is None:
             return
         for target in targets:
-            if type(target) is cst.Attribute and target.attr.value == "optimizer_accumulation":
+            if type(target) is cst.Attribute and target.attr.value == frameworks.RELEASE_ACCUMULATES_INTO:
                 owner = dotted_name(target.value)
                 if owner:
-                    self.optimizer_accumulation.add(last_name(owner))
+                    self.accumulating_optimizers.add(last_name(owner))
                 continue
             name = dotted_name(target)
             if name and _ACCUMULATION_SETTING.search(last_name(name)) and _more_than_one(value):

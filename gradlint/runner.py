@@ -127,7 +127,7 @@ def run(
             tree = None  # the check parses it again if it needs it
         else:
             kept_chars += len(text)
-        files.append(_File(item, rules, key, text, calls, tree, firing))
+        files.append(_File(item, rules, key, text, calls, tree.tree if tree is not None else None, firing))
     _scan_where_checked(files, cache)
     project = ProjectIndex((f.path, f.calls) for f in files)
     pending: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = []  # path, text, rule codes, context

@@ -42,6 +42,15 @@ def tracked_name(node: cst.CSTNode | None) -> str | None:
     return dotted_name(node)
 
 
+def terminal(node: cst.BaseExpression) -> str | None:
+    """The last name of ``x`` or ``a.b.x``."""
+    if type(node) is cst.Name:
+        return node.value
+    if type(node) is cst.Attribute:
+        return node.attr.value
+    return None
+
+
 def root_name(node: cst.CSTNode | None) -> str | None:
     """The leftmost name of an attribute/subscript/call chain: ``p`` for ``p.grad.data``."""
     while True:
@@ -120,8 +129,15 @@ def _is_node(value: object) -> bool:
     return known
 
 
-def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNode]:
+# The walks below read each node's children through ``children_of``: :func:`children` by default, or a
+# parsed file's own lookup (:meth:`gradlint.parsed_file.ParsedFile.children`), which answers from the
+# children the module index already read.
+ChildrenOf = Callable[[cst.CSTNode], list[cst.CSTNode]]
+
+
+def walk(node: cst.CSTNode, *, into_lambdas: bool = False, children_of: ChildrenOf | None = None) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), parents before children, never entering nested defs or classes."""
+    read = children_of or children
     stop = _DEFS if into_lambdas else _DEFS_AND_LAMBDAS
     stack = [node]
     while stack:
@@ -130,20 +146,21 @@ def walk(node: cst.CSTNode, *, into_lambdas: bool = False) -> Iterator[cst.CSTNo
         kind = type(current)
         if kind in TRIVIA or (current is not node and kind in stop):
             continue
-        stack.extend(reversed(children(current)))
+        stack.extend(reversed(read(current)))
 
 
-def every_node(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+def every_node(node: cst.CSTNode, children_of: ChildrenOf | None = None) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), nested defs, classes and lambdas too, in no particular order.
 
     Whitespace and punctuation are not entered: names and literals are the leaves.
     """
+    read = children_of or children
     stack = [node]
     while stack:
         current = stack.pop()
         yield current
         if type(current) not in TRIVIA:
-            stack.extend(children(current))
+            stack.extend(read(current))
 
 
 # LibCST's concrete node classes are never subclassed: exact type tests are safe and fast.
@@ -171,11 +188,12 @@ _DEFERRED = frozenset({cst.Lambda, cst.FunctionDef, cst.ClassDef, cst.ListComp, 
 _TRIVIA_OR_DEFERRED = TRIVIA | _DEFERRED
 
 
-def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
+def calls_in_evaluation_order(node: cst.CSTNode, children_of: ChildrenOf | None = None) -> list[cst.Call]:
     """The calls in an expression or simple statement, innermost first, as Python evaluates them.
 
     Lambda bodies and comprehensions are skipped: their code does not run where it is written.
     """
+    read = children_of or children
     result: list[cst.Call] = []
     if type(node) in TRIVIA:
         return result
@@ -190,7 +208,7 @@ def calls_in_evaluation_order(node: cst.CSTNode) -> list[cst.Call]:
             continue
         if type(current) is cst.Call:
             stack.append((current, True))
-        for child in reversed(children(current)):
+        for child in reversed(read(current)):
             if type(child) not in skipped:
                 stack.append((child, False))
     return result
@@ -212,13 +230,13 @@ def contains_division(node: cst.CSTNode) -> bool:
     return False
 
 
-def scales_down(node: cst.CSTNode) -> bool:
+def scales_down(node: cst.CSTNode, children_of: ChildrenOf | None = None) -> bool:
     """Whether an expression plausibly normalises a loss: a division, or a product with a non-literal factor.
 
     A product such as ``loss * grad_accum_scale`` may well be ``1 / n``: the
     model cannot tell, so it gives the code the benefit of the doubt.
     """
-    for sub in walk(node):
+    for sub in walk(node, children_of=children_of):
         kind = type(sub)
         if kind is cst.BinaryOperation:
             operator = type(sub.operator)
@@ -291,31 +309,11 @@ def _field_reader(node_type: type) -> Callable[[cst.CSTNode], tuple[object, ...]
     return operator.attrgetter(*order)
 
 
-# The children of each node of the module indexed last, by id. The module is kept
-# alongside, so every node listed stays alive and no other object can take its id.
-_known_children: tuple[cst.Module, dict[int, list[cst.CSTNode]]] | None = None
-
-
-def remember_children(module: cst.Module, table: dict[int, list[cst.CSTNode]]) -> None:
-    """Keep the children the module index read for each node of ``module`` (by id): later walks look them up."""
-    global _known_children
-    _known_children = (module, table)
-
-
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The direct children of a node in source order: LibCST's ``node.children``, read without rebuilding the node.
 
     The list may be shared: callers read it and never change it.
     """
-    known = _known_children  # one read: another thread may replace it meanwhile
-    if known is not None:
-        found = known[1].get(id(node))
-        if found is not None:
-            return found
-    return _read_children(node)
-
-
-def _read_children(node: cst.CSTNode) -> list[cst.CSTNode]:
     node_type = type(node)
     try:
         read = _FIELD_READERS[node_type]

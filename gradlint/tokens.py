@@ -110,7 +110,9 @@ def word(name: str) -> "re.Pattern[str]":
 
 
 # Tokens for what the loop model recognises. A BACKWARD event is a call of
-# ``backward``/``manual_backward`` or of ``torch.autograd.backward`` imported
+# ``backward`` or of a framework's backward method (``manual_backward``: the
+# registry's ``frameworks.BACKWARD_METHODS``, spelled out here so that start-up
+# loads no LibCST; tests/test_frameworks.py holds the two equal), of ``torch.autograd.backward`` imported
 # under another name (``backward as bw``), or a CUDA graph's ``replay()``;
 # a STEP is a call of ``step`` or ``optimizer_step``, or of a function of
 # another file handed an optimizer that it steps (``trainer.optimize(opt)``).

@@ -14,11 +14,12 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.accumulation import drop_division
-from gradlint.fixes.locate import parents
-from gradlint.frameworks import FrameworkSettings, counts_more_than_one, framework_settings
+from gradlint import frameworks
+from gradlint.frameworks.framework import Backward, LossHook, ReturnedLoss
+from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
-from gradlint.per_module import PerModule
 from gradlint.queries import (
     accumulation,
     accumulation_place,
@@ -34,7 +35,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import bool_literal, callee_name, dotted_name, every_node, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -137,22 +138,21 @@ class ClipPerMicroBatch(Rule):
                 )
 
     def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:
-        """Clips inside ``accelerator.accumulate()`` with no ``if accelerator.sync_gradients:`` around them."""
+        """Clips inside a framework's accumulation context with no test of its sync flag around them."""
         for clip in root.events_of(EventKind.CLIP):
             context = _accumulate_frame(clip)
             if context is None or not _clips(clip) or any(f.kind is FrameKind.BRANCH and f.accumulation for f in clip.frames):
                 continue
             if not root.events_of(EventKind.STEP, context) or not root.events_of(EventKind.BACKWARD, context):
                 continue  # no step, or nothing backpropagated in the block: no partial sums to clip
-            settings = framework_settings(model)
-            if settings.accelerator_built and not settings.accelerator_may_accumulate:
+            found = frameworks.accumulate_call(context)
+            if found is None:
+                continue
+            declared = found[0]
+            setting = framework_settings(model).accumulation_of(declared.settings)
+            if setting.built and not setting.may_accumulate:
                 return  # every batch syncs, so every batch may clip
-            yield Report(
-                clip.node,
-                f"`{model.code(clip.node)}` runs on every micro-batch inside `accumulate()` at line "
-                f"{model.line(context.node)}, also on those that do not step: it clips partial (and, under DDP, "
-                f"not yet all-reduced) gradients; clip under `if accelerator.sync_gradients:`",
-            )
+            yield Report(clip.node, declared.clip_message(model.code(clip.node), model.line(context.node)))
 
     def _after_step(self, model: LoopModel, root: Root) -> Iterator[Report]:
         """Clips that come after the step in the same iteration, with nothing after them that could use them."""
@@ -202,7 +202,7 @@ def _is_infinite(node: cst.BaseExpression) -> bool:
 
 
 def _accumulate_frame(event: Event) -> Frame | None:
-    """The innermost ``with accelerator.accumulate(...)`` around an event."""
+    """The innermost framework accumulation context around an event (``with accelerator.accumulate(...)``)."""
     return next((f for f in reversed(event.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
 
 
@@ -273,60 +273,59 @@ class LossDividedTwice(Rule):
     summary = "the loss is divided by the accumulation count by hand and again by the framework"
     severity = Severity.WARNING
     fix = FixKind.UNSAFE
-    # accelerate and DeepSpeed: a backward and the setting; Lightning: the setting and the training_step returning the loss.
-    needs = ((BACKWARD, "gradient_accumulation_steps"), ("accumulate_grad_batches", "training_step", "LightningModule"))
+    # A framework backward that divides: a backward and the setting; a method whose returned loss the framework
+    # divides: its own tokens (the setting, the method, the base class).
+    needs = (
+        *((BACKWARD, token) for token in frameworks.DIVIDED_COUNT_TOKENS),
+        *(returned.tokens for returned in frameworks.RETURNED_LOSSES),
+    )
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settings = framework_settings(model)
-        trainer_methods = {id(f) for cls in settings.hf_trainers for f in _methods(cls)}
+        owned = {id(f) for role in frameworks.OWNS_BACKWARDS_OF for cls in settings.classes_of(role) for f in _methods(cls)}
         for root in model.roots:
-            if id(root.node) in trainer_methods:
-                continue
+            if id(root.node) in owned:
+                continue  # a method the framework runs inside its own training step: it divides for itself
             for backward in root.events_of(EventKind.BACKWARD):
-                if backward.call_chain or backward.framework not in ("accelerate", "deepspeed"):
+                declared = frameworks.dividing_backward(backward)
+                if backward.call_chain or declared is None:
                     continue
-                yield from self._framework_backward(model, root, backward, settings)
-        for cls in settings.lightning_modules:
-            yield from self._lightning(model, cls, settings)
+                yield from self._framework_backward(model, root, backward, declared, settings)
+        for returned in frameworks.RETURNED_LOSSES:
+            for cls in settings.classes_of(returned.classes):
+                yield from self._returned(model, cls, returned, settings)
 
-    def _framework_backward(self, model: LoopModel, root: Root, backward: Event, settings: FrameworkSettings) -> Iterator[Report]:
+    def _framework_backward(
+        self, model: LoopModel, root: Root, backward: Event, declared: Backward, settings: FrameworkSettings
+    ) -> Iterator[Report]:
         call = backward.node
         if type(call) is not cst.Call or backward.loss is None:
             return
         owner = dotted_name(receiver(call))
-        if backward.framework == "accelerate":
-            counts = settings.accelerator_counts
-            framework = f"`{model.code(call.func)}` divides it again (`Accelerator(gradient_accumulation_steps=...)`)"
-        else:
-            wrt_gas = keyword_arg(call, "scale_wrt_gas")
-            if wrt_gas is not None and bool_literal(wrt_gas.value) is not True:
-                return
-            counts = settings.deepspeed_counts
-            framework = f"`{model.code(call.func)}` divides it again (the DeepSpeed config's `gradient_accumulation_steps`)"
+        count = declared.count
+        if count.opted_out is not None and count.opted_out(call):
+            return  # ``engine.backward(loss, scale_wrt_gas=False)``: the framework divides nothing this time
+        counts = settings.accumulation_of(count.settings).counts
+        framework = count.divides_again.format(call=model.code(call.func))
         position = model.position(call)[:2]
         for division, divisor in _divisions(model, root.node, backward.loss, position):
-            if _matches(model, divisor, counts) or _own_count(divisor, owner, backward.framework):
+            if _matches(model, divisor, counts) or (owner is not None and count.own_count(divisor, owner)):
                 yield _report(model, division, divisor, framework)
                 continue
-            read = _read_from_deepspeed_config(model, divisor) if backward.framework == "accelerate" else None
+            read = count.read_elsewhere(model, divisor) if count.read_elsewhere is not None else None
             if read is not None:
-                # No fix: without DeepSpeed the hand division is the only one, and dropping it would be wrong there.
-                yield Report(
-                    division,
-                    f"the loss is divided by `{model.code(divisor)}` here and, under DeepSpeed, where "
-                    f"`{model.code(divisor)}` is read from its config (line {model.line(read)}), "
-                    f"`{model.code(call.func)}` hands it to the engine's `backward`, which divides it again: each "
-                    f"step is that many times too small; build the `Accelerator` with `gradient_accumulation_steps`, "
-                    f"accumulate in `accelerator.accumulate(model)` and hand it the undivided loss",
-                )
+                # No fix: where the other engine does not run, the hand division is the only one.
+                yield Report(division, count.read_elsewhere_message(model.code(divisor), model.line(read), model.code(call.func)))
 
-    def _lightning(self, model: LoopModel, cls: cst.ClassDef, settings: FrameworkSettings) -> Iterator[Report]:
-        if _manual_optimization(cls):
+    def _returned(self, model: LoopModel, cls: cst.ClassDef, returned: ReturnedLoss, settings: FrameworkSettings) -> Iterator[Report]:
+        """Divisions of the loss a method returns to a framework that divides it by its count again."""
+        if returned.manual(cls):
             return
-        step = next((f for f in _methods(cls) if f.name.value == "training_step"), None)
+        step = next((f for f in _methods(cls) if f.name.value == returned.method), None)
         if step is None:
             return
-        framework = "Lightning's automatic optimization divides it again by `accumulate_grad_batches`"
+        framework = returned.divides_again
+        counts = settings.accumulation_of(returned.settings).counts
         for node in walk(step):
             if type(node) is not cst.Return or node.value is None:
                 continue
@@ -336,27 +335,8 @@ class LossDividedTwice(Rule):
                 if value is None:
                     continue
             for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
-                if _matches(model, divisor, settings.lightning_counts) or dotted_name(divisor) == "self.trainer.accumulate_grad_batches":
+                if _matches(model, divisor, counts) or dotted_name(divisor) == returned.own_count:
                     yield _report(model, division, divisor, framework)
-
-
-def _read_from_deepspeed_config(model: LoopModel, divisor: cst.BaseExpression) -> cst.CSTNode | None:
-    """Where the module sets the divisor from a DeepSpeed config's count:
-    ``args.gradient_accumulation_steps = accelerator.state.deepspeed_plugin.deepspeed_config["gradient_accumulation_steps"]``.
-
-    That count is what a DeepSpeed engine divides the loss by; accelerate's ``backward`` hands the loss to it.
-    """
-    name = dotted_name(divisor)
-    if name is None or model.index is None:
-        return None
-    for table in model.index.assignments.values():
-        for value in table.get(name, ()):
-            if type(value) is not cst.Subscript or len(value.slice) != 1 or type(value.slice[0].slice) is not cst.Index:
-                continue
-            key = value.slice[0].slice.value
-            if _is_key(key, "gradient_accumulation_steps") and "deepspeed" in model.code(value.value).lower():
-                return value
-    return None
 
 
 def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str) -> Report:
@@ -367,21 +347,18 @@ def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression
     )
 
 
-_assignments: PerModule[dict[str, list[cst.CSTNode]]] = PerModule()
-
-
-def _assignments_in(module: cst.Module, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+def _assignments_in(parsed: ParsedFile, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     """Every assignment under ``scope`` (nested functions included), by the dotted name it assigns.
 
-    One walk per scope and module: a module-level loop with many backwards
+    One walk per scope and file: a module-level loop with many backwards
     would otherwise walk the whole module once per backward.
     """
-    return _assignments.get(module, id(scope), lambda: _collect_assignments(scope))
+    return parsed.once((_assignments_in, id(scope)), lambda: _collect_assignments(parsed, scope))
 
 
-def _collect_assignments(scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
+def _collect_assignments(parsed: ParsedFile, scope: cst.CSTNode) -> dict[str, list[cst.CSTNode]]:
     found: dict[str, list[cst.CSTNode]] = {}
-    for node in walk(scope):
+    for node in parsed.walk(scope):
         if type(node) is cst.Assign:
             for name in {dotted_name(t.target) for t in node.targets} - {None}:
                 found.setdefault(name, []).append(node)
@@ -406,11 +383,11 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     if name is None:
         return []
     last: tuple[tuple[int, int], cst.CSTNode] | None = None
-    for node in _assignments_in(model.module, scope).get(name, ()):
+    for node in _assignments_in(model.file, scope).get(name, ()):
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)
-    if last is None or not _on_the_way(model.module, last[1], loss):
+    if last is None or not _on_the_way(model.file, last[1], loss):
         return []
     node = last[1]
     if type(node) is cst.AugAssign:
@@ -419,9 +396,9 @@ def _divisions(model: LoopModel, scope: cst.CSTNode, loss: cst.BaseExpression, b
     return [(value, value.right)] if value is not None and _is_division(value) else []
 
 
-def _on_the_way(module: cst.Module, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
+def _on_the_way(parsed: ParsedFile, assignment: cst.CSTNode, use: cst.CSTNode) -> bool:
     """Whether ``use`` lies in the block that holds ``assignment`` (not in another branch of an ``if``)."""
-    table = parents(module)
+    table = parsed.parent_map()
     block = table.get(assignment)
     while block is not None and type(block) not in (cst.IndentedBlock, cst.SimpleStatementSuite, cst.Module):
         block = table.get(block)
@@ -441,30 +418,9 @@ def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.Bas
     return any(counts_more_than_one(c) and model.code(c) == text for c in counts)
 
 
-def _own_count(divisor: cst.BaseExpression, owner: str | None, framework: str | None) -> bool:
-    """``accelerator.gradient_accumulation_steps`` / ``engine.gradient_accumulation_steps()`` of the object that backpropagates."""
-    if owner is None:
-        return False
-    if framework == "accelerate":
-        return dotted_name(divisor) == f"{owner}.gradient_accumulation_steps"
-    return type(divisor) is cst.Call and not divisor.args and dotted_name(divisor.func) == f"{owner}.gradient_accumulation_steps"
-
-
 def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
     body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
     return [s for s in body if type(s) is cst.FunctionDef]
-
-
-def _manual_optimization(cls: cst.ClassDef) -> bool:
-    """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property)."""
-    for function in _methods(cls):
-        if function.name.value == "automatic_optimization":
-            return True
-        for node in walk(function):
-            if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
-                if bool_literal(node.value) is not True:
-                    return True
-    return False
 
 
 def _is_key(node: cst.BaseExpression, key: str) -> bool:
@@ -577,163 +533,53 @@ class NumItemsInBatchIgnored(Rule):
     summary = "a Trainer's compute_loss ignores num_items_in_batch: a token mean, or a loss nothing divides by N"
     severity = Severity.WARNING
     fix = None  # the normalisation depends on how the loss is built
-    needs = (("compute_loss", "num_items_in_batch"),)
+    needs = tuple(hook.tokens for hook in frameworks.LOSS_HOOKS)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settings = framework_settings(model)
-        local = {c.name.value: c for c in settings.hf_trainers}
-        for cls in settings.hf_trainers:
-            function = next((f for f in _methods(cls) if f.name.value == "compute_loss"), None)
-            if function is None:
-                continue
-            parameter = _parameter(function, "num_items_in_batch")
-            if parameter is None or _uses_name(function, "num_items_in_batch") or _calls_super(function, "compute_loss"):
-                continue
-            losses = _returned_losses(model, function)
-            token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
-            undivided = _division_skipped(model, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
-            if token_mean is not None and _over_tokens(function):
-                also = (
-                    "; and for a model whose forward takes `**kwargs` (a causal LM) the Trainer takes it as "
-                    "normalised and does not divide it by the accumulation steps either"
-                    if undivided
-                    else ""
-                )
-                yield Report(
-                    parameter.name,
-                    f"`{cls.name.value}.compute_loss` takes `num_items_in_batch` but never uses it and returns a "
-                    f"mean over this micro-batch's tokens (line {model.line(token_mean)}): under gradient accumulation a "
-                    f"token of a short batch weighs more than one of a long batch{also}; sum the token losses and divide "
-                    f"by `num_items_in_batch`",
-                )
-            elif undivided:
-                yield Report(
-                    function.name,
-                    f"`{cls.name.value}.compute_loss` returns a loss of its own and ignores `num_items_in_batch`, "
-                    f"while `model_accepts_loss_kwargs` keeps the value the Trainer read from the model's forward: "
-                    f"for a model whose forward takes `**kwargs` (transformers' causal LMs) the Trainer takes the loss "
-                    f"as already normalised over the accumulated batch and skips its division by the gradient "
-                    f"accumulation steps (transformers 4.49-4.52 always, 4.48 and 4.53 on when the batch has `labels`), "
-                    f"so every step is that many times too large; set `self.model_accepts_loss_kwargs = False` after "
-                    f"`super().__init__(...)`",
-                )
+        for hook in frameworks.LOSS_HOOKS:
+            owners = settings.classes_of(hook.classes)
+            local = {c.name.value: c for c in owners}
+            for cls in owners:
+                yield from self._hook(model, hook, cls, local, settings)
 
-
-# The Trainer methods that decide whether the loss is divided by the accumulation steps (``training_step``)
-# or what ``num_items_in_batch`` is (``get_batch_samples``, ``_get_num_items_in_batch``).
-_SCALING_METHODS = {"training_step", "get_batch_samples", "_get_num_items_in_batch"}
-# The Trainer attributes that say whether the loss is already scaled for accumulation, and the model
-# attribute ``Trainer.__init__`` reads ``model_accepts_loss_kwargs`` from when the model has it.
-_SCALING_FLAGS = ("model_accepts_loss_kwargs", "loss_is_scaled_for_ga", "accepts_loss_kwargs")
+    def _hook(
+        self, model: LoopModel, hook: LossHook, cls: cst.ClassDef, local: dict[str, cst.ClassDef], settings: FrameworkSettings
+    ) -> Iterator[Report]:
+        function = next((f for f in _methods(cls) if f.name.value == hook.method), None)
+        if function is None:
+            return
+        parameter = _parameter(function, hook.count_parameter)
+        if parameter is None or _uses_name(function, hook.count_parameter) or _calls_super(function, hook.method):
+            return
+        losses = _returned_losses(model, function)
+        token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
+        undivided = _division_skipped(model, hook, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
+        if token_mean is not None and _over_tokens(function):
+            yield Report(parameter.name, hook.token_mean_message(cls.name.value, model.line(token_mean), undivided))
+        elif undivided:
+            yield Report(function.name, hook.undivided_message(cls.name.value))
 
 
 def _division_skipped(
     model: LoopModel,
+    hook: LossHook,
     cls: cst.ClassDef,
     function: cst.FunctionDef,
     losses: list[cst.BaseExpression],
     local: dict[str, cst.ClassDef],
     settings: FrameworkSettings,
 ) -> bool:
-    """Whether the Trainer visibly takes ``compute_loss``'s own loss as normalised and skips the division by the steps.
+    """Whether the framework visibly takes the hook's own loss as normalised and skips the division by the steps.
 
-    The caller has checked that ``compute_loss`` ignores ``num_items_in_batch``
-    and does not call the parent's. Left: the module trains a language
-    model (whose forward takes ``**kwargs``), nothing in it touches the
-    Trainer's scaling flags or methods, and the loss is neither divided by
-    the accumulation steps nor a sum.
+    The caller has checked that the hook ignores the count it is handed and
+    does not call the parent's. Left: the loss is neither unknown, nor a
+    sum, nor nothing, and the framework says it skips the division
+    (:attr:`gradlint.frameworks.framework.LossHook.skips_division`).
     """
-    if _touches_scaling_flag(model.module):
+    if not losses or any(_is_sum(loss) or _is_none(loss) for loss in losses):
         return False
-    text = model.text if model.text is not None else model.module.code
-    if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
-        return False
-    if not _trains_language_model(text, cls, settings) or not _reads_logits(cls, local):
-        return False
-    if _model_without_kwargs(model.module, settings):
-        return False
-    if _mentions_accumulation_steps(function) or not losses:
-        return False
-    return not any(_is_sum(loss) or _is_none(loss) for loss in losses)
-
-
-def _touches_scaling_flag(module: cst.Module) -> bool:
-    """Whether the module names ``model_accepts_loss_kwargs`` or ``loss_is_scaled_for_ga`` in code (not in a comment or docstring).
-
-    As an attribute (``self.model_accepts_loss_kwargs = False``, ``trainer.model_accepts_loss_kwargs = False``),
-    a class attribute, or a string (``setattr(trainer, "model_accepts_loss_kwargs", False)``): whatever the module
-    does with the flag, it has taken the question in hand.
-    """
-    return _scaling_flag.get(module, None, lambda: _names_scaling_flag(module))
-
-
-_scaling_flag: PerModule[bool] = PerModule()
-
-
-def _names_scaling_flag(module: cst.Module) -> bool:
-    for node in every_node(module):
-        kind = type(node)
-        if kind is cst.Name and node.value in _SCALING_FLAGS:
-            return True
-        if kind is cst.SimpleString and node.evaluated_value in _SCALING_FLAGS:
-            return True
-    return False
-
-
-def _class_chain(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> list[cst.ClassDef]:
-    """``cls`` and the Trainer subclasses of the module it derives from."""
-    chain: list[cst.ClassDef] = []
-    pending = [cls]
-    while pending:
-        current = pending.pop()
-        if any(current is c for c in chain):
-            continue
-        chain.append(current)
-        for arg in current.bases:
-            name = dotted_name(arg.value)
-            if name in local:
-                pending.append(local[name])
-    return chain
-
-
-def _trains_language_model(text: str, cls: cst.ClassDef, settings: FrameworkSettings) -> bool:
-    """Whether the module shows a causal language model (whose forward takes ``**kwargs``) or the class is a trl SFTTrainer."""
-    return "ForCausalLM" in text or "CAUSAL_LM" in text or any(cls is c for c in settings.sft_trainers)
-
-
-def _reads_logits(cls: cst.ClassDef, local: dict[str, cst.ClassDef]) -> bool:
-    """Whether the class (or a Trainer base of the module) reads ``.logits``: the model it trains returns a transformers output."""
-    return any(
-        type(node) is cst.Attribute and node.attr.value == "logits" for c in _class_chain(cls, local) for node in every_node(c)
-    )
-
-
-def _model_without_kwargs(module: cst.Module, settings: FrameworkSettings) -> bool:
-    """Whether the module defines a model of its own whose ``forward`` takes no ``**kwargs``.
-
-    It may be the model handed to the Trainer (a reward head around a causal
-    LM, say): the Trainer then sets ``model_accepts_loss_kwargs = False``
-    and divides.
-    """
-    trainers = {id(c) for c in settings.hf_trainers}
-    for node in every_node(module):
-        if type(node) is cst.ClassDef and id(node) not in trainers:
-            for function in _methods(node):
-                if function.name.value == "forward" and type(function.params.star_kwarg) is not cst.Param:
-                    return True
-    return False
-
-
-def _mentions_accumulation_steps(function: cst.FunctionDef) -> bool:
-    """Whether ``compute_loss`` reads ``gradient_accumulation_steps`` (or ``current_gradient_accumulation_steps``)."""
-    for node in walk(function.body, into_lambdas=True):
-        if type(node) is cst.Name and "gradient_accumulation_steps" in node.value:
-            return True
-        if type(node) is cst.Attribute and "gradient_accumulation_steps" in node.attr.value:
-            return True
-        if type(node) is cst.SimpleString and "gradient_accumulation_steps" in node.value:
-            return True
-    return False
+    return hook.skips_division(model, cls, function, local, settings)
 
 
 def _is_none(value: cst.BaseExpression) -> bool:
@@ -776,7 +622,7 @@ def _returned_losses(model: LoopModel, function: cst.FunctionDef, keep_unresolve
     place) is left out, or kept as the name with ``keep_unresolved``.
     """
     found: list[cst.BaseExpression] = []
-    for node in walk(function.body):
+    for node in model.file.walk(function.body):
         if type(node) is not cst.Return or node.value is None:
             continue
         pending = [node.value]
@@ -801,14 +647,14 @@ def _last_value(model: LoopModel, function: cst.FunctionDef, value: cst.BaseExpr
     if name is None or type(value) is not cst.Name:
         return value
     last: tuple[tuple[int, int], cst.Assign] | None = None
-    for node in walk(function.body):
+    for node in model.file.walk(function.body):
         if type(node) in (cst.AugAssign, cst.AnnAssign) and dotted_name(node.target) == name:
             return None  # changed in place or annotated: not followed
         if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             at = model.position(node)[:2]
             if at < before and (last is None or at > last[0]):
                 last = (at, node)
-    if last is None or not _on_the_way(model.module, last[1], value):
+    if last is None or not _on_the_way(model.file, last[1], value):
         return None
     return last[1].value
 
@@ -990,7 +836,7 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     if name is None:
         return None
     last = None
-    for node in _assignments_in(model.module, loop.node).get(name, ()):
+    for node in _assignments_in(model.file, loop.node).get(name, ()):
         at = model.position(node)[:2]
         if at < before and (last is None or at > last[0]):
             last = (at, node)
@@ -1005,7 +851,7 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
         return None
     if not _names_accumulation(found[1]):
         return None
-    if _on_the_way(model.module, node, loss) or _under_test_of(model.module, node, found[1], loss):
+    if _on_the_way(model.file, node, loss) or _under_test_of(model.file, node, found[1], loss):
         return found
     return None
 
@@ -1016,10 +862,10 @@ def _names_accumulation(divisor: cst.BaseExpression) -> bool:
     return name is not None and "accum" in name.rsplit(".", 1)[-1].lower()
 
 
-def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.BaseExpression, use: cst.CSTNode) -> bool:
+def _under_test_of(parsed: ParsedFile, assignment: cst.CSTNode, divisor: cst.BaseExpression, use: cst.CSTNode) -> bool:
     """``if accum > 1: loss /= accum``: the assignment sits in an ``if`` (without ``else``) that tests the divisor
     itself, and that ``if`` lies in the block that holds the use."""
-    table = parents(module)
+    table = parsed.parent_map()
     node = table.get(assignment)
     while node is not None and type(node) is not cst.If:
         if type(node) in (cst.For, cst.While, cst.FunctionDef, cst.With, cst.Try):
@@ -1030,7 +876,7 @@ def _under_test_of(module: cst.Module, assignment: cst.CSTNode, divisor: cst.Bas
     text = dotted_name(divisor)
     if not any(dotted_name(n) == text for n in walk(node.test) if type(n) in (cst.Name, cst.Attribute)):
         return False
-    return _on_the_way(module, node, use)
+    return _on_the_way(parsed, node, use)
 
 
 class StepOutsideAccumulationGuard(Rule):

@@ -10,7 +10,9 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
-from gradlint.frameworks import counts_more_than_one, framework_settings
+from gradlint import frameworks
+from gradlint.frameworks.framework import AccumulateContext
+from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import (
@@ -36,7 +38,6 @@ from gradlint.queries import (
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import callee_name, dotted_name, method_name, walk
-from gradlint.rules.unprepared import prepared_in
 
 
 class MissingZeroGrad(Rule):
@@ -139,7 +140,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
-                if rebuilt_in(loop, step.target) and not param_sources(model, step.target or ""):
+                if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 yield Report(
                     step.node,
@@ -212,7 +213,7 @@ def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> 
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
     return any(
         type(node) is cst.Call and last_name(dotted_name(node.func) or "") in sources
-        for expression in expressions for node in walk(expression)
+        for expression in expressions for node in model.file.walk(expression)
     )
 
 
@@ -502,33 +503,38 @@ class ZeroGradInAccumulation(Rule):
 
 
 def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
-    """Clears inside ``with accelerator.accumulate(model):`` that accelerate does not skip between steps.
+    """Clears inside a framework's accumulation context (``with accelerator.accumulate(model):``) that the framework
+    does not skip between steps.
 
-    accelerate's ``accumulate()`` skips a prepared optimizer's ``step()`` and
-    ``zero_grad()`` until the micro-batch that syncs (``AcceleratedOptimizer``
-    checks ``gradient_state.sync_gradients``); ``model.zero_grad()`` and a
+    The framework skips a prepared optimizer's ``step()`` and ``zero_grad()``
+    until the micro-batch that syncs; ``model.zero_grad()`` and a
     hand-written ``p.grad = None`` loop are plain PyTorch and run every time.
-    Only where the module builds its ``Accelerator`` with an accumulation
+    Only where the module builds the framework's object with an accumulation
     count that may be above 1: without one, every micro-batch syncs.
     """
     settings = framework_settings(model)
-    built_accumulating = any(counts_more_than_one(count) for count in settings.accelerator_counts)
-    if not built_accumulating and settings.accelerator_built:
-        return
     for step in root.events_of(EventKind.STEP):
         if step.via_scaler is not None or step.framework is not None:
             continue
         block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
         if block is None or any(f.accumulation for f in frames_inside(step, block)):
             continue
+        found = frameworks.accumulate_call(block)
+        if found is None:
+            continue
+        declared = found[0]
+        setting = settings.accumulation_of(declared.settings)
+        built_accumulating = any(counts_more_than_one(count) for count in setting.counts)
+        if not built_accumulating and setting.built:
+            continue  # built without a count that may exceed 1: every micro-batch syncs
         if not root.events_of(EventKind.BACKWARD, block):
             continue  # nothing is backpropagated in the block: no gradients for the clear to lose
-        if not built_accumulating and not _tests_sync_gradients(model, root, block):
-            continue  # an accelerator from elsewhere, and nothing here says a micro-batch may not sync
+        if not built_accumulating and not _tests_sync_flag(model, root, block, declared):
+            continue  # the framework's object comes from elsewhere, and nothing here says a micro-batch may not sync
         backwards = root.events_of(EventKind.BACKWARD, block)
         for zero in root.events_of(EventKind.ZERO, block):
             if zero.target_kind is ObjKind.OPTIMIZER:
-                report = _prepared_clear_before_backward(model, root, zero, step, block, backwards)
+                report = _prepared_clear_before_backward(model, root, zero, step, block, backwards, declared)
                 if report is not None:
                     yield report
                 continue
@@ -536,13 +542,7 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
-            yield Report(
-                zero.node,
-                f"`{model.code(zero.node)}` runs on every micro-batch inside `accumulate()` at line "
-                f"{model.line(block.node)}, which skips only the prepared optimizer's `step()` and `zero_grad()` "
-                f"until the micro-batch that syncs: only the last micro-batch's gradients reach `{step.target}`'s step; "
-                f"clear with `{step.target}.zero_grad()`",
-            )
+            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target))
 
 
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
@@ -594,32 +594,35 @@ def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
     return False
 
 
-def _tests_sync_gradients(model: LoopModel, root, block) -> bool:
-    """Whether the ``accumulate()`` block branches on ``sync_gradients``: it expects micro-batches that do not sync."""
+def _tests_sync_flag(model: LoopModel, root, block, declared: AccumulateContext) -> bool:
+    """Whether the accumulation block branches on the framework's sync flag (``sync_gradients``): it expects
+    micro-batches that do not sync."""
     return any(
-        f.accumulation and type(f.node) is cst.If and "sync_gradients" in model.code(f.node.test)
+        f.accumulation and type(f.node) is cst.If and declared.sync_flag in model.code(f.node.test)
         for event in root.events_in(block)
         for f in frames_inside(event, block)
     )
 
 
-def _prepared_clear_before_backward(model: LoopModel, root, zero: Event, step: Event, block, backwards) -> Report | None:
-    """The prepared optimizer cleared inside ``accumulate()`` before the block's backward.
+def _prepared_clear_before_backward(
+    model: LoopModel, root, zero: Event, step: Event, block, backwards, declared: AccumulateContext
+) -> Report | None:
+    """The prepared optimizer cleared inside the framework's accumulation block before the block's backward.
 
-    ``AcceleratedOptimizer.zero_grad`` runs only when ``sync_gradients`` is set,
-    which ``accumulate()`` does on entering the block of the micro-batch that
-    steps: a clear before that micro-batch's backward throws away what the
-    earlier ones accumulated. Only for an optimizer handed to ``prepare`` in
-    the function of the block (a plain one clears and steps on every
-    micro-batch), and where every ``Accelerator`` of the module is given an
-    accumulation count that may exceed 1.
+    The prepared optimizer's ``zero_grad`` runs only on the micro-batch that
+    syncs, which the block marks on entering it: a clear before that
+    micro-batch's backward throws away what the earlier ones accumulated.
+    Only for an optimizer handed to the framework's ``prepare`` in the
+    function of the block (a plain one clears and steps on every
+    micro-batch), and where every construction of the framework's object in
+    the module is given an accumulation count that may exceed 1.
     """
-    settings = framework_settings(model)
-    if settings.accelerators_without_count or not all(counts_more_than_one(c) for c in settings.accelerator_counts):
-        return None  # some Accelerator of the module syncs on every micro-batch: the clear may be the plain one
+    setting = framework_settings(model).accumulation_of(declared.settings)
+    if setting.without_count or not all(counts_more_than_one(c) for c in setting.counts):
+        return None  # some construction of the module syncs on every micro-batch: the clear may be the plain one
     name = last_name(zero.target or "")
     function = _function_around(model, block.node)
-    if not name or name != last_name(step.target or "") or function is None or not prepared_in(function, name):
+    if not name or name != last_name(step.target or "") or function is None or not declared.prepared_in(model.file, function, name):
         return None
     if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
         return None
@@ -628,10 +631,7 @@ def _prepared_clear_before_backward(model: LoopModel, root, zero: Event, step: E
         return None
     return Report(
         zero.node,
-        f"`{model.code(zero.node)}` comes before the backward at line {model.line(after[0].node)} inside "
-        f"`accumulate()` at line {model.line(block.node)}: accelerate lets the prepared optimizer's `zero_grad()` "
-        f"run only on the micro-batch that syncs, so there it clears the gradients the earlier micro-batches "
-        f"accumulated before the last backward; clear after `{model.code(step.node)}` instead",
+        declared.early_clear_message(model.code(zero.node), model.line(after[0].node), model.line(block.node), model.code(step.node)),
     )
 
 
@@ -653,7 +653,8 @@ def _divided_for_step(backward: Event) -> bool:
     """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
     return (
         backward.normalised
-        or backward.framework in _DIVIDING_FRAMEWORKS
+        or backward.framework == "closure"  # the step's closure backpropagates: nothing accumulates
+        or frameworks.divides_by_count(backward)
         or backward.with_context("accumulate")
         or backward.upstream
     )
@@ -800,7 +801,6 @@ class UnscaledAccumulatedLoss(Rule):
 
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
-_DIVIDING_FRAMEWORKS = ("accelerate", "deepspeed", "closure")
 
 
 def _by_running_counter(model: LoopModel, backward: Event) -> cst.BinaryOperation | None:
@@ -883,18 +883,18 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     ``(loss * 2 ** lg_loss_scale).backward()`` then ``p.grad.mul_(1 / 2 ** lg_loss_scale)`` unscales an fp16
     loss scale: the micro-batches are still summed.
     """
-    divisor = {dotted_name(n) for n in walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
+    divisor = {dotted_name(n) for n in model.file.walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
     for backward in backwards:
         assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
         if backward.loss is None:
             continue
         loss_name = dotted_name(backward.loss)
-        factors = {dotted_name(n) for n in walk(backward.loss) if type(n) in (cst.Name, cst.Attribute)} - {None, loss_name}
+        factors = {dotted_name(n) for n in model.file.walk(backward.loss) if type(n) in (cst.Name, cst.Attribute)} - {None, loss_name}
         factors = {f for f in factors if "grad" not in f and f != "loss"}
         for name in list(factors):  # ``loss_scale = 2 ** self.lg_loss_scale``: what the factor was made of
             for value in assignments.get(name, []):
                 if isinstance(value, cst.BaseExpression):
-                    factors |= {dotted_name(n) for n in walk(value) if type(n) in (cst.Name, cst.Attribute)} - {None}
+                    factors |= {dotted_name(n) for n in model.file.walk(value) if type(n) in (cst.Name, cst.Attribute)} - {None}
         if factors & divisor:
             return True
     return False
@@ -935,22 +935,22 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
             if any(type(n) is cst.Arg and n.keyword is not None and n.keyword.value == "reduction"
-                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in walk(value)):
+                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in model.file.walk(value)):
                 return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
             # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
             if type(value) is cst.Call and type(value.func) is cst.Attribute and method_name(value) == "sum" and not any(
-                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in walk(value)
+                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in model.file.walk(value)
             ):
                 return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
-    for node in walk(_function_around(model, acc.frame.node) or model.module):
+    for node in model.file.walk(_function_around(model, acc.frame.node) or model.module):
         kind = type(node)
         if kind is cst.Assign or kind is cst.AugAssign:
-            if not {n.value for n in walk(node.value) if type(n) is cst.Name} & counts:
+            if not {n.value for n in model.file.walk(node.value) if type(n) is cst.Name} & counts:
                 continue  # checked first: reading a target's code renders it
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
@@ -1134,7 +1134,7 @@ def _kept_on_purpose(model: LoopModel, root, event: Event) -> bool:
     start, _, end, _ = model.position(root.node)
     if any(_KEEP_COMMENT.search(text) for text in lines[start - 1 : end] if "#" in text):
         return True
-    for node in walk(root.node):
+    for node in model.file.walk(root.node):
         if type(node) is cst.Call and callee_name(node) in ("patch", "object"):
             if any(type(a.value) is cst.SimpleString and "zero_grad" in (a.value.evaluated_value or "") for a in node.args):
                 return True

@@ -9,14 +9,16 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import Severity
-from gradlint.frameworks import framework_settings
+from gradlint import frameworks
+from gradlint.frameworks.framework import Wrap
+from gradlint.frameworks.settings import framework_settings
 from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
-from gradlint.per_module import PerModule
+from gradlint.parsed_file import ParsedFile
 from gradlint.queries import accumulation, accumulation_place, frames_inside, lies_in, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, calls_in_evaluation_order, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
 
 class AccumulationWithoutNoSync(Rule):
@@ -136,8 +138,8 @@ class AccumulationWithoutNoSync(Rule):
                     continue
                 if _framework_accumulates(root, loop, acc):
                     continue
-                if by == ACCELERATE and _count_from_deepspeed(model, acc.count):
-                    continue  # above 1 only under DeepSpeed, whose engine reduces at its own boundary
+                if by.quiet_for_count is not None and by.quiet_for_count(model, acc.count):
+                    continue  # above 1 only under another engine of the framework, which reduces at its own boundary
                 for backward in acc.backwards:
                     if acc.style == "guard" and backward.inside(acc.frame):
                         continue  # the stepping micro-batch's backward must all-reduce
@@ -150,49 +152,59 @@ class AccumulationWithoutNoSync(Rule):
                     break
 
 
-# How each kind of wrapper is named in messages, and what it says about the all-reduce.
-DDP, ACCELERATE, FABRIC, FSDP2 = "ddp", "accelerate", "fabric", "fsdp2"
-# Methods that return the data-parallel model they are given: the accelerator's and Fabric's.
-_PREPARES = {"prepare": ACCELERATE, "prepare_model": ACCELERATE, "setup": FABRIC, "setup_module": FABRIC}
-_NOT_MODELS = (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER, ObjKind.ACCELERATOR, ObjKind.ENGINE)
+# What a framework object's ``prepare`` is never handed as a model.
+_NOT_MODELS = (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER, ObjKind.PREPARER, ObjKind.ENGINE)
+# The wrap of a data-parallel model whose wrap the module index did not note (the first wrapper class declared).
+_SOME_WRAPPER = next(wrap for wrap in frameworks.WRAPS.values() if wrap.constructors)
 
 
-def _wrapped_models(model: LoopModel) -> tuple[dict[str, str], dict[str, set]]:
-    """Every name that holds a data-parallel model and what wrapped it (``ddp``, ``accelerate``, ``fabric``,
-    ``fsdp2``); and, for each name wrapped by an assignment of the module, the functions it is assigned in (None: at
-    module level), so that a local of one function is not taken for the same name in another."""
-    wrapped = {name: DDP for name, info in model.objects.items() if info.kind is ObjKind.DDP_MODEL}
+def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
+    """Every name that holds a data-parallel model and the framework wrap that made it (a wrapper class, a framework
+    object's ``prepare``, a sharding function); and, for each name wrapped by an assignment of the module, the
+    functions it is assigned in (None: at module level), so that a local of one function is not taken for the same
+    name in another."""
+    wrapped = {
+        name: frameworks.WRAPS.get(info.wrapped_by or "", _SOME_WRAPPER)
+        for name, info in model.objects.items() if info.kind is ObjKind.PARALLEL_MODEL
+    }
     scopes: dict[str, set] = {}
     index = model.index
     if index is None:
         return wrapped, scopes
     settings = framework_settings(model)
-    ddp_calls = {id(call) for call in settings.ddp_wraps}
+    wrap_calls = {
+        id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
+    }
     for function, table in index.assignments.items():
         for name, values in table.items():
             for value in values:
-                by = DDP if _holds_ddp_call(value, ddp_calls) else _wrapped_by(model, function, value, ddp_calls)
+                by = _constructed(value, wrap_calls) or _wrapped_by(model, function, value, wrap_calls)
                 if by is not None:
                     wrapped.setdefault(name, by)
                     scopes.setdefault(name, set()).add(function)
                     break
-    for call in settings.fsdp2_shards:
-        args = positional_args(call)
-        target = dotted_name(args[0].value) if args else None
-        if target is not None:
-            wrapped.setdefault(target, FSDP2)
+    for key, calls in settings.wraps.items():
+        wrap = frameworks.WRAPS[key]
+        if wrap.function is None:
+            continue
+        for call in calls:
+            args = positional_args(call)
+            target = dotted_name(args[0].value) if args else None
+            if target is not None:
+                wrapped.setdefault(target, wrap)
     return wrapped, scopes
 
 
-def _holds_ddp_call(value, ddp_calls: set[int]) -> bool:
-    """``DistributedDataParallel(model, ...)`` assigned, perhaps unpacked from a tuple."""
+def _constructed(value, wrap_calls: dict[int, Wrap]) -> Wrap | None:
+    """The wrap of a wrapper class's construction assigned (``DistributedDataParallel(model, ...)``), perhaps unpacked
+    from a tuple."""
     value = value.value if isinstance(value, Unpacked) else value
-    return id(value) in ddp_calls
+    return wrap_calls.get(id(value))
 
 
-def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str | None:
-    """What wrapped the model an assigned value holds: ``accelerator.prepare(model, ...)``, ``fabric.setup(model)``,
-    or a helper of the module that returns a ``DistributedDataParallel(...)``."""
+def _wrapped_by(model: LoopModel, function, value, wrap_calls: dict[int, Wrap]) -> Wrap | None:
+    """What wrapped the model an assigned value holds: a framework object's ``prepare`` (``accelerator.prepare(model,
+    ...)``, ``fabric.setup(model)``), or a helper of the module that returns a wrapper class's construction."""
     position = 0
     if isinstance(value, Unpacked):
         value, position = value.value, value.position
@@ -202,7 +214,8 @@ def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str |
     elif type(value) is not cst.Call:
         return None
     method = method_name(value)
-    if method in _PREPARES and model.info(dotted_name(receiver(value))).kind is ObjKind.ACCELERATOR:
+    wrap = frameworks.PREPARE_METHODS.get(method) if method is not None else None
+    if wrap is not None and model.info(dotted_name(receiver(value))).kind is ObjKind.PREPARER:
         if listed is None:
             args = positional_args(value)
             if position >= len(args) or any(a.star for a in args[: position + 1]):
@@ -211,14 +224,12 @@ def _wrapped_by(model: LoopModel, function, value, ddp_calls: set[int]) -> str |
         if given is None or model.info(given).kind in _NOT_MODELS:
             return None
         built = _constructors(model, dotted_name(receiver(value)))
-        if _PREPARES[method] == FABRIC and built and all(_one_device(call) for call in built):
-            return None  # ``Fabric(devices=1)``: a single-device strategy, nothing to all-reduce
-        if _PREPARES[method] == ACCELERATE and built and all(_not_ddp_plugin(call) for call in built):
-            return None  # ``Accelerator(fsdp_plugin=...)``: FSDP, DeepSpeed or Megatron-LM, never DDP
-        return _PREPARES[method]
+        if wrap.quiet_when_built is not None and built and all(wrap.quiet_when_built(call) for call in built):
+            return None  # ``Fabric(devices=1)``, ``Accelerator(fsdp_plugin=...)``: nothing all-reduces as DDP does
+        return wrap
     helper = model.index.resolve_function(value, function) if listed is None else None
-    if helper is not None and not isinstance(value, Unpacked) and _returns_ddp(model, helper, ddp_calls):
-        return DDP
+    if helper is not None and not isinstance(value, Unpacked):
+        return _returns_wrapped(model, helper, wrap_calls)
     return None
 
 
@@ -249,69 +260,54 @@ def _prepared_list_item(model: LoopModel, function, value: cst.Subscript) -> tup
 
 
 def _constructors(model: LoopModel, name: str | None) -> list[cst.Call]:
-    """The calls the module assigns to ``name`` (an accelerator's or Fabric's constructor), in any function."""
+    """The calls the module assigns to ``name`` (a framework object's constructor), in any function."""
     return [
         value for table in model.index.assignments.values() for value in table.get(name, [])
         if type(value) is cst.Call
     ]
 
 
-def _one_device(call: cst.Call) -> bool:
-    """``Fabric(devices=1)``."""
-    arg = keyword_arg(call, "devices")
-    return arg is not None and number(arg.value) == 1
-
-
-# Accelerator settings under which a prepared model is sharded or handed to another engine, not wrapped in DDP.
-_NOT_DDP_PLUGINS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin")
-
-
-def _not_ddp_plugin(call: cst.Call) -> bool:
-    """``Accelerator(fsdp_plugin=...)`` and the like."""
-    return any(keyword_arg(call, keyword) is not None for keyword in _NOT_DDP_PLUGINS)
-
-
-def _returns_ddp(model: LoopModel, helper: cst.FunctionDef, ddp_calls: set[int]) -> bool:
-    """Whether a helper of the module returns a ``DistributedDataParallel(...)`` it builds (directly or through a name)."""
-    built = {
-        name for name, values in model.index.assignments.get(helper, {}).items()
-        if any(id(v) in ddp_calls for v in values)
-    }
-    for node in walk(helper.body):
+def _returns_wrapped(model: LoopModel, helper: cst.FunctionDef, wrap_calls: dict[int, Wrap]) -> Wrap | None:
+    """The wrap of a wrapper class's construction a helper of the module returns (directly or through a name)."""
+    built = {}
+    for name, values in model.index.assignments.get(helper, {}).items():
+        wrap = next((wrap_calls[id(v)] for v in values if id(v) in wrap_calls), None)
+        if wrap is not None:
+            built[name] = wrap
+    for node in model.file.walk(helper.body):
         if type(node) is cst.Return and node.value is not None:
-            if id(node.value) in ddp_calls or dotted_name(node.value) in built:
-                return True
-    return False
+            wrap = wrap_calls.get(id(node.value)) or built.get(dotted_name(node.value))
+            if wrap is not None:
+                return wrap
+    return None
 
 
-_names: PerModule[frozenset[str]] = PerModule()
-
-
-def _names_in(module: cst.Module, scope: cst.CSTNode) -> frozenset[str]:
-    """Every dotted name written under ``scope``, one walk per scope and module (the rule asks once per event)."""
-    return _names.get(
-        module, id(scope), lambda: frozenset(dotted_name(n) for n in walk(scope) if type(n) in (cst.Name, cst.Attribute))
+def _names_in(parsed: ParsedFile, scope: cst.CSTNode) -> frozenset[str]:
+    """Every dotted name written under ``scope``, one walk per scope and file (the rule asks once per event)."""
+    return parsed.once(
+        (_names_in, id(scope)),
+        lambda: frozenset(dotted_name(n) for n in parsed.walk(scope) if type(n) in (cst.Name, cst.Attribute)),
     )
 
 
 class _NamesIn:
     """``name in`` the dotted names written under a scope, walked on the first question only."""
 
-    def __init__(self, module: cst.Module, scope: cst.CSTNode) -> None:
-        self._module, self._scope = module, scope
+    def __init__(self, parsed: ParsedFile, scope: cst.CSTNode) -> None:
+        self._file, self._scope = parsed, scope
 
     def __contains__(self, name: str) -> bool:
-        return name in _names_in(self._module, self._scope)
+        return name in _names_in(self._file, self._scope)
 
 
-def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, str], scopes: dict[str, set]) -> dict[str, str]:
+def _models_seen_by(model: LoopModel, root: Root, wrapped: dict[str, Wrap], scopes: dict[str, set]) -> dict[str, Wrap]:
     """The wrapped models code in ``root`` can reach: ``self.`` attributes of its class, a name wrapped in its own
     function (or one it is nested in), or at module level and not a local of its function; a name wrapped where
     the module does not show (a DDP object) when its function names it."""
     index = model.index
     if index is None:
         return wrapped
-    named = _NamesIn(model.module, root.node)
+    named = _NamesIn(model.file, root.node)
     method = type(root.node) is cst.FunctionDef and _in_class(index, root.node)
     module_level = index.assignments.get(None, {})
     function = root.node if type(root.node) is cst.FunctionDef else None
@@ -353,7 +349,7 @@ def _parameters(function: cst.FunctionDef) -> set[str]:
     return {p.name.value for p in (*every, *extra)}
 
 
-def _handed_in(model: LoopModel, root: Root) -> dict[str, str]:
+def _handed_in(model: LoopModel, root: Root) -> dict[str, Wrap]:
     """The parameters of ``root``'s function that a caller of the run hands a data-parallel model
     (``train_one_epoch(model, ...)`` after ``model = DistributedDataParallel(model)`` in another module)."""
     function = root.node
@@ -369,8 +365,9 @@ def _handed_in(model: LoopModel, root: Root) -> dict[str, str]:
         if name != function.name.value:
             continue
         param = positional[int(argument)] if argument.isdigit() and int(argument) < len(positional) else argument
-        if param in every:
-            handed.setdefault(param, by)
+        wrap = frameworks.WRAPS.get(by)
+        if param in every and wrap is not None:
+            handed.setdefault(param, wrap)
     return handed
 
 
@@ -382,21 +379,21 @@ def _in_class(index, function: cst.FunctionDef) -> bool:
     return False
 
 
-def _model_of(model: LoopModel, region: Frame, seen: dict[str, str], scope: cst.CSTNode) -> tuple[str, str] | None:
+def _model_of(model: LoopModel, region: Frame, seen: dict[str, Wrap], scope: cst.CSTNode) -> tuple[str, Wrap] | None:
     """The wrapped model whose backward the micro-batches of ``region`` run, and what wrapped it; None when they forward
     through something else.
 
-    A DDP model counts unless the loop calls only a model other than the DDP ones (the module a DDP model wraps, or a
-    model an optimizer trains); a model prepared by accelerate or Fabric, or sharded with ``fully_shard``, only when
+    A wrapper object (a DDP model) counts unless the loop calls only a model other than the wrapper objects (the
+    module one wraps, or a model an optimizer trains); a model prepared by a framework object, or sharded, only when
     the loop calls it, itself or in a function of the module it calls (``self.calculate_train_batch_loss(batch)``).
     """
     called = _called_names(model, region.node, scope if type(scope) is cst.FunctionDef else None)
     called_last = {last_name(c) for c in called}
-    ddp = sorted((name for name, by in seen.items() if by == DDP), key=lambda name: last_name(name) not in called_last)
-    if ddp and not _forwards_around_ddp(model, called_last, ddp):
-        return ddp[0], DDP  # the one the loop calls, if it calls one
+    wrappers = sorted((name for name, by in seen.items() if by.wrapper_object), key=lambda name: last_name(name) not in called_last)
+    if wrappers and not _forwards_around(model, called_last, wrappers):
+        return wrappers[0], seen[wrappers[0]]  # the one the loop calls, if it calls one
     for name, by in seen.items():
-        if by != DDP and last_name(name) in called_last:
+        if not by.wrapper_object and last_name(name) in called_last:
             return name, by
     return None
 
@@ -408,7 +405,7 @@ def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef
     visited: set[int] = set()
     while pending:
         node, function = pending.pop()
-        for call in walk(node):
+        for call in model.file.walk(node):
             if type(call) is not cst.Call:
                 continue
             name = dotted_name(call.func)
@@ -421,12 +418,12 @@ def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef
     return called
 
 
-def _forwards_around_ddp(model: LoopModel, called_last: set[str], ddp: list[str]) -> bool:
-    """Whether the loop calls a model other than the DDP ones (the module a DDP model wraps, or a model an optimizer
-    trains), and never a DDP model: its backward all-reduces nothing."""
-    other_models = {model.info(name).wraps for name in ddp} | {m for sources in model.all_param_sources().values() for m in sources}
-    other_models -= {None} | {last_name(name) for name in ddp}
-    if called_last & {last_name(name) for name in ddp}:
+def _forwards_around(model: LoopModel, called_last: set[str], wrappers: list[str]) -> bool:
+    """Whether the loop calls a model other than the wrapper objects (the module one wraps, or a model an optimizer
+    trains), and never a wrapper object: its backward all-reduces nothing."""
+    other_models = {model.info(name).wraps for name in wrappers} | {m for sources in model.all_param_sources().values() for m in sources}
+    other_models -= {None} | {last_name(name) for name in wrappers}
+    if called_last & {last_name(name) for name in wrappers}:
         return False
     return bool(called_last & other_models)
 
@@ -482,28 +479,12 @@ def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
 
 
 def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
-    """Accelerate decides the micro-batches: the loop runs ``accelerator.accumulate()`` or steps on ``sync_gradients``."""
+    """A framework decides the micro-batches: the loop runs its accumulation context (``accelerator.accumulate()``)
+    or steps on its sync flag (``sync_gradients``)."""
     guard = acc.frame.node if acc.style == "guard" and type(acc.frame.node) is cst.If else None
-    if guard is not None and any(type(n) is cst.Attribute and n.attr.value == "sync_gradients" for n in walk(guard.test)):
+    if guard is not None and any(type(n) is cst.Attribute and n.attr.value in frameworks.SYNC_STEP_FLAGS for n in walk(guard.test)):
         return True
     return any(event.with_context("accumulate") for event in root.events_in(loop))
-
-
-def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) -> bool:
-    """Whether the accumulation count is 1 unless read from a DeepSpeed config
-    (``steps = plugin.deepspeed_config["gradient_accumulation_steps"]`` / ``else: steps = 1``)."""
-    name = dotted_name(count) if count is not None else None
-    if name is None or model.index is None:
-        return False
-    values = [v for table in model.index.assignments.values() for v in table.get(name, [])]
-    return any("deepspeed" in model.code(v) for v in values if not isinstance(v, Unpacked)) and all(
-        not isinstance(v, Unpacked) and (number(v) == 1 or "deepspeed" in model.code(v)) for v in values
-    )
-
-
-# Backwards that decide the all-reduce themselves: a DeepSpeed engine's (it reduces at its own accumulation boundary),
-# Lightning's, an optimizer closure's, a replayed CUDA graph's. accelerate's and Fabric's only divide or forward.
-_PASSES_THROUGH = (None, "accelerate", "fabric")
 
 
 def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
@@ -528,7 +509,7 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
             helper = model.index.resolve_function(call, None) if model.index is not None else None
             if helper is None:
                 return True
-            if any(type(n) is cst.Call and callee_name(n) == "no_sync" for n in walk(helper)):
+            if any(type(n) is cst.Call and callee_name(n) in frameworks.MODEL_NO_SYNC for n in walk(helper)):
                 return True
     return False
 
@@ -536,54 +517,16 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
 def _synced_for_you(backward: Event) -> bool:
     """A backward whose framework decides when to all-reduce, or that runs inside ``no_sync()`` / ``accumulate()``."""
     return (
-        backward.framework not in _PASSES_THROUGH
+        not frameworks.all_reduces_as_plain(backward)
         or backward.with_context("no_sync")
         or backward.with_context("accumulate")
     )
 
 
-def _message(model: LoopModel, name: str, by: str, step: Event, acc) -> str:
+def _message(model: LoopModel, name: str, by: Wrap, step: Event, acc) -> str:
+    """GL302's message in the words of the framework that wrapped ``name``: how to skip its all-reduce."""
     where = f"`{step.target}` only steps {accumulation_place(model, acc)}"
-    if by == ACCELERATE:
-        return (
-            f"`{name}` is prepared by accelerate, which wraps it in DistributedDataParallel when the script runs on "
-            f"several processes, and `accelerator.backward` does not skip the all-reduce: every micro-batch all-reduces, "
-            f"but {where}: run the micro-batches that do not step inside `accelerator.no_sync({name})`, or set "
-            f"`gradient_accumulation_steps` and use `accelerator.accumulate({name})`"
-        )
-    if by == FABRIC:
-        return (
-            f"`{name}` is set up by Fabric, whose multi-device strategies all-reduce the gradients of every backward, "
-            f"but {where}: run the micro-batches that do not step inside "
-            f"`fabric.no_backward_sync({name}, enabled=...)`"
-        )
-    if by == FSDP2:
-        return (
-            f"`{name}` is sharded with `fully_shard`, which reduce-scatters the gradients of every backward, but "
-            f"{where}: call `{name}.set_requires_gradient_sync(False)` for the micro-batches that do not step "
-            f"(FSDP2 then keeps unsharded gradients until the step: memory traded for communication)"
-        )
-    if _built_by_apex(model, name):
-        return (
-            f"the apex DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
-            f"but {where}: apex's `DistributedDataParallel` has no `no_sync()`; call `{name}.disable_allreduce()` "
-            f"before the micro-batches that do not step and `{name}.enable_allreduce()` before the one that does"
-        )
-    return (
-        f"the DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
-        f"but {where}: run the micro-batches that do not step "
-        f"inside `{name}.no_sync()` (or set `require_backward_grad_sync = False` for them)"
-    )
-
-
-def _built_by_apex(model: LoopModel, name: str) -> bool:
-    """Whether ``name`` is assigned an ``apex.parallel.DistributedDataParallel(...)``."""
-    if model.index is None:
-        return False
-    return any(
-        any(q.startswith("apex.parallel.") for q in model.index.qualified_names(call.func))
-        for call in _constructors(model, name)
-    )
+    return frameworks.wrap_in_words(model, name, by).message(name, where)
 
 
 # Casts that change every floating-point parameter's dtype, and the dtype each gives.
@@ -678,22 +621,25 @@ class DdpModelChangedAfterWrap(Rule):
     summary = "a DDP model is moved to another device or cast after wrapping, or wrapped inside the training loop"
     severity = Severity.ERROR
     fix = None  # where to move, cast or wrap depends on the whole script
-    needs = (("DistributedDataParallel", BACKWARD),)
+    # A wrapper class that hooks the parameters' gradient accumulators when it wraps: its name, and a backward.
+    needs = tuple((token, BACKWARD) for wrap in frameworks.HOOKED_WRAPS for token in wrap.tokens)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        wraps = {id(call) for call in framework_settings(model).ddp_wraps}
-        if not wraps:
+        settings = framework_settings(model)
+        calls = [call for wrap in frameworks.HOOKED_WRAPS for call in settings.wrap_calls(wrap.key)]
+        if not calls:
             return
+        hooked = {id(call): wrap for wrap in frameworks.HOOKED_WRAPS for call in settings.wrap_calls(wrap.key)}
         roots = {id(root.node): root for root in model.roots}
-        for scope in _scopes_of(model, framework_settings(model).ddp_wraps):
-            sites = _Sites(scope, wraps)
+        for scope in _scopes_of(model, calls):
+            sites = _Sites(model.file, scope, set(hooked))
             if not sites.wraps:
                 continue
             trains = _Training(roots.get(id(scope)), sites)
-            yield from self._changes(model, sites, trains)
+            yield from self._changes(model, sites, trains, hooked)
             yield from self._wraps_in_loop(model, sites, trains)
 
-    def _changes(self, model: LoopModel, sites: "_Sites", trains: "_Training") -> Iterator[Report]:
+    def _changes(self, model: LoopModel, sites: "_Sites", trains: "_Training", hooked: dict[int, Wrap]) -> Iterator[Report]:
         for wrap in sites.wraps:
             names = _names_after(wrap)
             before = [s for s in sites.moves if s.order < wrap.site.order and dotted_name(receiver(s.call)) in _names_before(wrap)]
@@ -705,10 +651,11 @@ class DdpModelChangedAfterWrap(Rule):
                 change = _change(site.call, on_gpu, casts_before)
                 if change is None or not trains.after(site):
                     continue
+                short = hooked[id(wrap.site.call)].short
                 yield Report(
                     site.call,
-                    f"`{model.code(site.call)}` {change} the DDP model wrapped at line {model.line(wrap.site.call)}: "
-                    f"its parameters get new gradient accumulators and DDP's all-reduce hooks stay on the old ones, so "
+                    f"`{model.code(site.call)}` {change} the {short} model wrapped at line {model.line(wrap.site.call)}: "
+                    f"its parameters get new gradient accumulators and {short}'s all-reduce hooks stay on the old ones, so "
                     f"its gradients are no longer all-reduced; move or cast the model before wrapping it",
                 )
 
@@ -769,7 +716,8 @@ def walk_all(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
 class _Sites:
     """The wraps, moves and casts of one function, in program order, with their loops and branches."""
 
-    def __init__(self, scope: cst.CSTNode, wrap_calls: set[int]) -> None:
+    def __init__(self, parsed: ParsedFile, scope: cst.CSTNode, wrap_calls: set[int]) -> None:
+        self._calls_in_order = parsed.calls_in_evaluation_order
         self.wraps: list[_Wrap] = []
         self.moves: list[_Site] = []
         self.order_of: dict[int, int] = {}
@@ -818,7 +766,7 @@ class _Sites:
             wrap.target = dotted_name(small.targets[-1].target)
 
     def _expression(self, node: cst.CSTNode, loops, branches) -> None:
-        for call in calls_in_evaluation_order(node):
+        for call in self._calls_in_order(node):
             self._count += 1
             self.order_of[id(call)] = self._count
             site = _Site(self._count, call, loops, branches)
@@ -1014,7 +962,7 @@ class GradSyncSetAfterForward(Rule):
     summary = "require_backward_grad_sync is set after the DDP forward it is meant for: it applies to the next one"
     severity = Severity.ERROR
     fix = None  # moving the assignment above the forward is simple, but which forward is meant is the author's call
-    needs = (("require_backward_grad_sync", BACKWARD),)
+    needs = tuple((attribute, BACKWARD) for attribute in frameworks.SYNC_FLAGS)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -1026,7 +974,8 @@ class GradSyncSetAfterForward(Rule):
         if not (type(node) is cst.Assign and type(node.targets[-1].target) is cst.Attribute):
             return
         target = node.targets[-1].target
-        if target.attr.value != "require_backward_grad_sync" or not flag.loops:
+        declared = frameworks.SYNC_FLAGS.get(target.attr.value)
+        if declared is None or not flag.loops:
             return
         owner = dotted_name(target.value)
         loop = flag.loops[-1]
@@ -1044,13 +993,13 @@ class GradSyncSetAfterForward(Rule):
         if any(model.position(_anchor(e))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
                if e is not flag and _sets_flag_of(e, owner)):
             return  # the flag was set before the forward as well
-        if any(type(n) is cst.Call and callee_name(n) == "prepare_for_backward" for n in walk(loop.node)):
-            return  # ``model.reducer.prepare_for_backward([])`` after the flag: the loop makes DDP apply it now
+        if any(type(n) is cst.Call and callee_name(n) == declared.applied_by for n in walk(loop.node)):
+            return  # ``model.reducer.prepare_for_backward([])`` after the flag: the loop makes the wrapper apply it now
         forward = earlier[-1]
         yield Report(
             node,
             f"`{model.code(target)}` is set after the forward `{model.code(forward)}` at line {model.line(forward)} "
-            f"and before the backward at line {model.line(_anchor(backward))}: DDP reads the flag in the forward "
+            f"and before the backward at line {model.line(_anchor(backward))}: {declared.reader} reads the flag in the forward "
             f"(only then does it prepare the all-reduce), so this setting applies to the next micro-batch, and this one "
             f"all-reduces or not as the previous micro-batch's setting said; set it before the forward",
         )
@@ -1147,7 +1096,7 @@ class NoSyncOnSteppingMicroBatch(Rule):
     code = "GL305"
     name = "no-sync-on-stepping-micro-batch"
     summary = "no_sync() covers the micro-batch that steps, so the step's gradients are never all-reduced"
-    needs = (("no_sync", BACKWARD, STEP),)
+    needs = tuple((method, BACKWARD, STEP) for method in sorted(frameworks.MODEL_NO_SYNC))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -1277,7 +1226,7 @@ def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[boo
 
 
 def _mentions_no_sync(node: cst.CSTNode) -> bool:
-    return type(node) is cst.Attribute and node.attr.value in ("no_sync", "no_backward_sync")
+    return type(node) is cst.Attribute and node.attr.value in frameworks.NO_SYNC
 
 
 def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: Frame) -> bool:
@@ -1287,7 +1236,7 @@ def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: 
     if type(choice.node) is cst.Assign and len(choice.node.targets) == 1:
         assigned = dotted_name(choice.node.targets[0].target)
     blocks = [
-        node for node in walk(loop.node) if type(node) is cst.With and any(
+        node for node in model.file.walk(loop.node) if type(node) is cst.With and any(
             lies_in(model, choice.node, item)
             or (assigned is not None and type(item.item) is cst.Call and dotted_name(item.item.func) == assigned)
             for item in node.items

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
@@ -39,12 +40,11 @@ def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
     """How a message names a set-up: what it is and where."""
     line = model.line(setup.node)
     callee = callee_name(setup.node) if type(setup.node) is cst.Call else None
-    if setup.style == "optimi":
-        return f"optimi's gradient release (`{callee}`) at line {line}"
+    style = frameworks.RELEASE_STYLES.get(setup.style)
+    if style is not None:  # a framework's set-up, in its words
+        return style.describe(callee, line)
     if setup.style == "hook":
         return f"the optimizer step in the `register_post_accumulate_grad_hook` hook at line {line}"
-    if setup.style == "torchtune":
-        return f"optimizer-in-backward (`{callee}`) at line {line}"
     if setup.style == "apply_in_backward":
         return f"`_apply_optimizer_in_backward` at line {line}"
     return f"the optimizer-in-backward mode tested by `{model.code(setup.node)}` at line {line}"
@@ -216,7 +216,7 @@ class AccumulationWithGradientRelease(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         release = model.release
-        if not release.setups or "accumulation" in release.refused or release.optimizer_accumulation:
+        if not release.setups or "accumulation" in release.refused or release.accumulating_optimizers:
             return
         reported = False
         for root, setups in released_roots(model):
@@ -226,7 +226,7 @@ class AccumulationWithGradientRelease(Rule):
                     node,
                     f"{how}, but {_describe(model, setups[0])} steps each parameter during every backward and "
                     f"frees its gradient: nothing accumulates and every micro-batch is a full step; drop the "
-                    f"accumulation or use optimi's optimizer accumulation (`optimizer_accumulation`)",
+                    f"accumulation or {frameworks.RELEASE_ACCUMULATION_FIX}",
                 )
         if reported:
             return
@@ -235,7 +235,7 @@ class AccumulationWithGradientRelease(Rule):
                 site.node,
                 f"`{model.code(site.node)}` asks for gradient accumulation, but {_describe(model, setup)} steps each "
                 f"parameter during every backward and frees its gradient: nothing accumulates; drop the "
-                f"accumulation or use optimi's optimizer accumulation (`optimizer_accumulation`)",
+                f"accumulation or {frameworks.RELEASE_ACCUMULATION_FIX}",
             )
 
 
@@ -331,8 +331,13 @@ class ClippingWithGradientRelease(Rule):
                     clip.node,
                     f"`{model.code(clip.node)}` needs every gradient at once, but {_describe(model, setups[0])} has "
                     f"already applied and freed each one during backward: nothing is clipped; clip per parameter "
-                    f"inside the hook, or use an optimizer with update clipping such as StableAdamW",
+                    f"inside the hook, or {frameworks.RELEASE_CLIPPING_FIX}",
                 )
+
+
+def _names_its_optimizer(setup: ReleaseSetup) -> bool:
+    style = frameworks.RELEASE_STYLES.get(setup.style)
+    return style is not None and style.names_its_optimizer
 
 
 def _clips_another_model(clip: Event, setups: list[ReleaseSetup]) -> bool:
@@ -356,8 +361,9 @@ def _clipped_model(clip: Event) -> str | None:
 
 
 def _steps_only_plain_optimizers(root: Root, clip: Event, setups: list[ReleaseSetup]) -> bool:
-    """Whether the clip's loop steps only optimizers other than the released ones (optimi set-ups, where they are known)."""
-    if any(s.style != "optimi" or s.optimizer is None for s in setups):
+    """Whether the clip's loop steps only optimizers other than the released ones (set-ups that name the optimizer
+    they release, where it is known)."""
+    if any(not _names_its_optimizer(s) or s.optimizer is None for s in setups):
         return False
     released = {last_name(s.optimizer) for s in setups if s.optimizer}
     loop = clip.loops[-1] if clip.loops else None
@@ -444,10 +450,11 @@ class GradientReleaseCandidate(Rule):
 
 
 def _plain_module(model: LoopModel) -> bool:
-    """No scaler, no DDP model, no CUDA graphs, no code of its own on ``.grad``: nothing release would break."""
+    """No scaler, no data-parallel model or framework object, no CUDA graphs, no code of its own on ``.grad``: nothing
+    release would break."""
     if model.uses_cuda_graphs or model.release.touches_grads:
         return False
-    return not any(info.kind in (ObjKind.SCALER, ObjKind.DDP_MODEL, ObjKind.ACCELERATOR) for info in model.objects.values())
+    return not any(info.kind in (ObjKind.SCALER, ObjKind.PARALLEL_MODEL, ObjKind.PREPARER) for info in model.objects.values())
 
 
 def _plain_loop(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:

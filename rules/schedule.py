@@ -7,14 +7,15 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
-from gradlint.model import Event, Frame, FrameKind, LoopModel
+from gradlint.frameworks.framework import AccumulateContext
+from gradlint.model import Event, LoopModel
 from gradlint.queries import accumulation, accumulation_place, frames_inside, runs_every_micro_batch, split_by_setting, steps_with_loops
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
-from gradlint.syntax import callee_name, dotted_name, walk
-from gradlint.rules.unprepared import certainly_unprepared, terminal
+from gradlint.syntax import callee_name, dotted_name, terminal, walk
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -87,22 +88,14 @@ class SchedulerStepsPerMicroBatch(Rule):
         settled = Settled()
         horizon_in_micro_batches: bool | None = None  # read off the module once, on the first accumulating step
         for root in model.roots:
-            accelerated: dict[int, bool] = {}
+            framework_decides: dict[int, bool] = {}
             for step, loop in steps_with_loops(root):
                 scheds = root.events_of(EventKind.SCHED_STEP, loop)
                 if not scheds:
                     continue
-                for sched in _unprepared_in_accumulate(model, step, scheds):
+                for sched, declared in _unprepared_in_accumulate(model, step, scheds):
                     if sched.node not in settled:
-                        yield settled.note(
-                            Report(
-                                sched.node,
-                                f"`{sched.target}.step()` runs on every micro-batch inside `accumulate()`, but "
-                                f"`{sched.target}` never goes through `accelerator.prepare`: unlike the prepared "
-                                f"`{step.target}`, it does not skip the micro-batches that do not step, so the "
-                                f"schedule runs that many times too fast; prepare it with the optimizer",
-                            )
-                        )
+                        yield settled.note(Report(sched.node, declared.scheduler_message(sched.target, step.target)))
                 acc = accumulation(root, step, loop)
                 if acc is None:
                     continue
@@ -110,11 +103,11 @@ class SchedulerStepsPerMicroBatch(Rule):
                     horizon_in_micro_batches = _horizon_in_micro_batches(model)
                 if horizon_in_micro_batches:
                     continue
-                if id(loop) not in accelerated:
-                    # accelerate's prepared schedulers skip the micro-batches that do not step
+                if id(loop) not in framework_decides:
+                    # a framework's prepared schedulers skip the micro-batches that do not step
                     events = root.events_in(loop)
-                    accelerated[id(loop)] = any(e.framework == "accelerate" or e.with_context("accumulate") for e in events)
-                if accelerated[id(loop)]:
+                    framework_decides[id(loop)] = any(frameworks.prepared_steps_wait(e) or e.with_context("accumulate") for e in events)
+                if framework_decides[id(loop)]:
                     continue
                 for sched in scheds:
                     if sched.node in settled:
@@ -161,29 +154,19 @@ def _batches_times_epochs(value: cst.BaseExpression) -> bool:
     return batches and any("epoch" in n and n not in _EPOCH_LENGTH for n in last)
 
 
-def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]) -> Iterator[Event]:
-    """The argument-less scheduler steps beside ``step`` in one ``accelerator.accumulate`` block that no
-    ``accelerator.prepare`` of the module can have wrapped (its prepared schedulers skip non-stepping micro-batches)."""
+def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]) -> Iterator[tuple[Event, AccumulateContext]]:
+    """The argument-less scheduler steps beside ``step`` in one framework accumulation block (``accelerator.accumulate``)
+    that no ``prepare`` of the module can have wrapped (its prepared schedulers skip non-stepping micro-batches)."""
     for block in step.frames:
-        accelerator = _accumulating_accelerator(block)
-        if accelerator is None:
+        found = frameworks.accumulate_owner(block)
+        if found is None or found[1] is None:
             continue
+        declared, owner = found
         for sched in scheds:
             if sched.has_args or not sched.inside(block) or not sched.target or not step.target:
                 continue
             if any(not step.inside(f) for f in frames_inside(sched, block)):
                 continue  # under a test of its own (``if accelerator.sync_gradients:``)
             scheduler, optimizer = terminal(cst.parse_expression(sched.target)), terminal(cst.parse_expression(step.target))
-            if scheduler and optimizer and model.index is not None and certainly_unprepared(model.index, scheduler, optimizer, accelerator):
-                yield sched
-
-
-def _accumulating_accelerator(frame: Frame) -> str | None:
-    """``accelerator`` for the frame of ``with self.accelerator.accumulate(model):``."""
-    if frame.kind is not FrameKind.WITH or frame.context != "accumulate" or type(frame.node) is not cst.With:
-        return None
-    for item in frame.node.items:
-        call = item.item
-        if type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "accumulate":
-            return terminal(call.func.value)
-    return None
+            if scheduler and optimizer and model.index is not None and declared.certainly_unprepared(model.index, scheduler, optimizer, owner):
+                yield sched, declared

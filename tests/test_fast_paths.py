@@ -8,6 +8,7 @@ import libcst as cst
 import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from gradlint.parsed_file import ParsedFile
 from gradlint.positions import Positions
 from gradlint.syntax import children
 
@@ -118,7 +119,7 @@ def _nodes(module: cst.Module):
 def test_children_and_positions_match_libcst(name, source):
     module = cst.parse_module(source)
     expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    positions = Positions(module)
+    positions = Positions(ParsedFile(module))
     for node in _nodes(module):
         real = list(node.children)
         fast = children(node)
@@ -165,7 +166,7 @@ def test_nodes_go_unchecked_only_while_parsing_text_python_reads(monkeypatch):
         return real_validate(node)
 
     monkeypatch.setattr(cst.Name, "_validate", validate_counted)
-    module = linter.parse("import torch\nfor batch in data:\n    loss.backward()\n")
+    module = linter.parse("import torch\nfor batch in data:\n    loss.backward()\n").module
     assert module.code.startswith("import torch") and checked == []  # the parser's own nodes: not checked
     cst.Name("built_by_hand")
     assert checked == ["built_by_hand"]  # restored once the parse is over
@@ -232,51 +233,50 @@ def test_noqa_lines_read_per_statement_agree_with_the_whole_text():
 
 
 def test_the_framework_walk_runs_only_when_the_text_names_a_framework(monkeypatch):
-    from gradlint import frameworks
     from gradlint.build import build_model
+    from gradlint.frameworks import settings as frameworks
     from gradlint.linter import parse
 
     walked = []
     real = frameworks._read
-    monkeypatch.setattr(frameworks, "_read", lambda module: walked.append(module) or real(module))
+    monkeypatch.setattr(frameworks, "_read", lambda module, *rest: walked.append(module) or real(module, *rest))
     loop = "for x in data:\n    loss = model(x)\n    loss.backward()\n    opt.step()\n"
     wrapped = "from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(net)\n" + loop
-    plain = frameworks.framework_settings(build_model(parse(loop), loop))
+    plain = frameworks.framework_settings(build_model(parse(loop)))
     assert walked == [] and plain == frameworks.FrameworkSettings()
-    settings = frameworks.framework_settings(build_model(parse(wrapped), wrapped))
-    assert len(walked) == 1 and len(settings.ddp_wraps) == 1
+    settings = frameworks.framework_settings(build_model(parse(wrapped)))
+    assert len(walked) == 1 and len(settings.wrap_calls("ddp")) == 1
 
 
 def test_the_framework_shortcut_loses_no_setting_on_any_fixture():
     # A module whose walk finds any setting must name one of the framework names in its text; a
-    # framework set that grows without its last name in _LAST_NAMES fails here.
-    from gradlint import frameworks
+    # framework declaration whose names the shortcut does not know fails here.
+    from gradlint.frameworks import settings as frameworks
     from gradlint.linter import parse
 
     missed = []
     for path in sorted((ROOT / "fixtures").rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         try:
-            module = parse(text)
+            module = parse(text).module
         except Exception:
             continue  # the unparsable fixtures test the error path
         if frameworks._read(module) != frameworks.FrameworkSettings():
-            if not any(name in text for name in frameworks._LAST_NAMES):
+            if not any(name in text for name in frameworks.LAST_NAMES):
                 missed.append(path.relative_to(ROOT).as_posix())
     assert missed == []
 
 
-def test_per_module_values_are_computed_once_per_key_and_dropped_with_the_module():
+def test_per_file_values_are_computed_once_per_key_and_belong_to_their_file():
     import libcst as cst
 
-    from gradlint.per_module import PerModule
+    from gradlint.parsed_file import ParsedFile
 
-    memo: PerModule[int] = PerModule()
-    first, second = cst.parse_module("a = 1\n"), cst.parse_module("a = 1\n")
+    first, second = ParsedFile(cst.parse_module("a = 1\n")), ParsedFile(cst.parse_module("a = 1\n"))
     calls = []
     compute = lambda: calls.append(1) or len(calls)  # noqa: E731
-    assert memo.get(first, "k", compute) == 1
-    assert memo.get(first, "k", compute) == 1  # cached
-    assert memo.get(first, "other", compute) == 2  # another key
-    assert memo.get(second, "k", compute) == 3  # another module: computed anew
-    assert memo.get(first, "k", compute) == 4  # the first module's values were dropped
+    assert first.once("k", compute) == 1
+    assert first.once("k", compute) == 1  # cached
+    assert first.once("other", compute) == 2  # another key
+    assert second.once("k", compute) == 3  # another file: computed anew
+    assert first.once("k", compute) == 1  # the first file's value is its own, whatever was asked of others meanwhile

@@ -7,6 +7,7 @@ import pytest
 
 from gradlint.fixes.edits import AddImport, CannotApply, Insert, Remove, Replace, apply_edits, parse_statements
 from gradlint.fixes.locate import descendants, statement_of
+from gradlint.parsed_file import ParsedFile
 
 
 def _call(module: cst.Module, text: str) -> cst.Call:
@@ -15,7 +16,7 @@ def _call(module: cst.Module, text: str) -> cst.Call:
 
 
 def _statement(module, text):
-    return statement_of(module, _call(module, text))
+    return statement_of(ParsedFile(module), _call(module, text))
 
 
 def test_insert_after_a_statement_on_its_own_line_adds_a_line_at_its_indentation():

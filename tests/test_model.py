@@ -322,7 +322,7 @@ def test_an_object_built_by_a_helper_of_the_module_has_the_kind_the_helper_const
                 return AdamW(net.parameters())
         """
     )
-    assert model.info("self._accelerator").kind is ObjKind.ACCELERATOR
+    assert model.info("self._accelerator").kind is ObjKind.PREPARER
     # only constructors written in the return are read: a returned name or two kinds give no kind
     assert model.info("self.tool").kind is ObjKind.UNKNOWN
     assert model.info("self.other").kind is ObjKind.UNKNOWN

@@ -8,6 +8,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from gradlint.build import build_model
 from gradlint.linter import parse
+from gradlint.parsed_file import ParsedFile
 from gradlint.positions import Positions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +67,9 @@ def _expected(module: cst.Module) -> dict:
 
 
 def _check_model(text: str) -> int:
-    module = parse(text)
-    model = build_model(module, text)
+    parsed = parse(text)
+    module = parsed.module
+    model = build_model(parsed)
     checked = 0
     for node, code_range in _expected(module).items():
         if node is module or isinstance(node, _WHITESPACE) or node not in model.parents:
@@ -91,7 +93,7 @@ def test_decorators_comments_and_semicolons():
 def test_without_the_parsers_lines_or_the_parent_map():
     """A module LibCST parsed alone: start lines from Python's parser run on demand, statements found by walking."""
     module = cst.parse_module(DECORATED)
-    positions = Positions(module, DECORATED)
+    positions = Positions(ParsedFile(module, DECORATED))
     for node, code_range in _expected(module).items():
         if node is not module and not isinstance(node, _WHITESPACE):
             assert positions[node] == code_range
@@ -100,7 +102,7 @@ def test_without_the_parsers_lines_or_the_parent_map():
 def test_code_python_cannot_read_falls_back_to_counting_lines():
     text = "x = 1\n\ntype Alias = int\ny = f(\n  2)\n"  # a type alias statement: newer than this Python's parser
     module = cst.parse_module(text)
-    positions = Positions(module, text)
+    positions = Positions(ParsedFile(module, text))
     for node, code_range in _expected(module).items():
         if node is not module and not isinstance(node, _WHITESPACE):
             assert positions[node] == code_range

@@ -20,6 +20,7 @@ from gradlint import linter, runner
 from gradlint.config import Config
 from gradlint.linter import lint_text, might_fire, needed_tokens
 from gradlint.rule import BACKWARD, SCALER, STEP, call_of, word
+from gradlint.python_nodes import FiledTree
 from gradlint.rules import ALL_RULES
 from gradlint.rules.clearing import GRAD_ASSIGNED, GRAD_ZEROED_BY_METHOD, ZEROING_VALUE
 from gradlint.rules.parameters import FREEZES
@@ -231,7 +232,7 @@ for i in range(3):
 def test_call_tokens_need_a_real_call_where_pythons_tree_is_known(tmp_path, monkeypatch):
     from gradlint.prefilter import called_names, rules_that_might_fire
 
-    tree = ast.parse(LIBRARY)
+    tree = FiledTree(ast.parse(LIBRARY))
     assert might_fire(LIBRARY, ALL_RULES)  # the text alone lets it through: backward( and step( are spelled
     assert not rules_that_might_fire(LIBRARY, ALL_RULES, called_names(tree))
     parsed = []
@@ -268,4 +269,4 @@ def test_call_tokens_on_pythons_tree(token, code, present):
 
     rule = type("R", (), {"needs": (token,)})
     assert might_fire(code, [rule])  # every case spells the call in its text
-    assert bool(rules_that_might_fire(code, [rule], called_names(ast.parse(code)))) is present
+    assert bool(rules_that_might_fire(code, [rule], called_names(FiledTree(ast.parse(code))))) is present

@@ -252,7 +252,7 @@ def test_scalers_autocasts_and_settings():
         "torch.cuda.amp.autocast()",
     ]
     assert len(release.accumulation_settings) == 2
-    assert release.optimizer_accumulation == {"opt"}
+    assert release.accumulating_optimizers == {"opt"}
 
 
 def test_together_follows_calls_classes_and_the_module_body():

@@ -14,7 +14,7 @@ def drop_division(model: LoopModel, division: cst.CSTNode) -> Fix:
     """``x / n`` → ``x``; a statement left doing nothing (``loss = loss / n``, ``loss /= n``) is removed."""
 
     def build() -> list[Edit] | None:
-        statement = statement_of(model.module, division)
+        statement = statement_of(model.file, division)
         if type(division) is cst.AugAssign:
             return [Remove(division)] if statement is division else None
         if type(division) is not cst.BinaryOperation or type(division.operator) is not cst.Divide:

@@ -56,7 +56,7 @@ def unscale_before_clip(model: LoopModel, events: Sequence[Event], clip: Event, 
         if scaler is None or step is None or step.frames != clip.frames or step.call_chain != clip.call_chain:
             return None
         optimizer = optimizer_of_step(module, step)
-        statement = statement_of(module, clip.node)
+        statement = statement_of(model.file, clip.node)
         if optimizer is None or statement is None:
             return None
         return [Insert(statement, parse_statements(f"{scaler}.unscale_({optimizer})\n"), before=True)]
@@ -69,7 +69,7 @@ def add_scaler_update(model: LoopModel, step: Event) -> Fix:
 
     def build() -> list[Edit] | None:
         scaler = scaler_of_step(model.module, step)
-        statement = statement_of(model.module, step.node)
+        statement = statement_of(model.file, step.node)
         if scaler is None or statement is None:
             return None
         return [Insert(statement, parse_statements(f"{scaler}.update()\n"))]
@@ -89,13 +89,13 @@ def move_update_after_step(model: LoopModel, update: Event, step: Event) -> Fix:
             return None
         if any(a is not b for a, b in zip(update.frames, step.frames)):
             return None
-        unit = statement_of(model.module, update.node)
-        anchor = statement_of(model.module, step.node)
+        unit = statement_of(model.file, update.node)
+        anchor = statement_of(model.file, step.node)
         if not (type(unit) is cst.Expr and unit.value is update.node):
             return None
         if not (type(anchor) is cst.Expr and anchor.value is step.node):
             return None
-        return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
+        return [Remove(unit), Insert(anchor, (movable(model.file, unit),))]
 
     return Fix("update the scaler once, right after its step", build)
 

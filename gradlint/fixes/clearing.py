@@ -7,6 +7,7 @@ import libcst as cst
 from gradlint.fixes.edits import Edit, Fix, Insert, Remove, Replace, parse_statements
 from gradlint.fixes.locate import after_step, code, movable, optimizer_of_step, statement_of, tensor_backward_receiver
 from gradlint.model import Event, Frame, FrameKind, LoopModel
+from gradlint.parsed_file import ParsedFile
 from gradlint.queries import Accumulation
 from gradlint.syntax import callee_name, is_grad, keyword_arg, positional_args, receiver, walk
 
@@ -18,7 +19,7 @@ def add_zero_grad(model: LoopModel, step: Event) -> Fix:
         if step.framework == "closure":
             return None  # the clear belongs inside the closure, which may run several times per step
         optimizer = optimizer_of_step(model.module, step)
-        anchor = after_step(model.module, step)
+        anchor = after_step(model.file, step)
         if optimizer is None or anchor is None:
             return None
         return [Insert(anchor, parse_statements(f"{optimizer}.zero_grad()\n"))]
@@ -32,16 +33,16 @@ def move_after_step(model: LoopModel, zero: Event, step: Event) -> Fix:
     def build() -> list[Edit] | None:
         if zero.call_chain != step.call_chain:
             return None  # the clear and the step live in different functions
-        unit = _clear_statement(model.module, zero, step)
-        anchor = after_step(model.module, step)
+        unit = _clear_statement(model.file, zero, step)
+        anchor = after_step(model.file, step)
         if unit is None or anchor is None or unit is anchor:
             return None
-        return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
+        return [Remove(unit), Insert(anchor, (movable(model.file, unit),))]
 
     return Fix("move the clear to just after the step", build)
 
 
-def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNode | None:
+def _clear_statement(parsed: ParsedFile, zero: Event, step: Event) -> cst.CSTNode | None:
     """The statement that clears: the call's own statement, or the whole ``for p in ...parameters()`` loop.
 
     The frames the clear has beyond those it shares with the step may only be
@@ -58,7 +59,7 @@ def _clear_statement(module: cst.Module, zero: Event, step: Event) -> cst.CSTNod
         if not _only_clears(unit):
             return None  # the loop does more (copies gradients before freeing them): moving it moves that too
     else:
-        unit = statement_of(module, zero.node)
+        unit = statement_of(parsed, zero.node)
         if not (type(unit) is cst.Expr and unit.value is zero.node):
             return None
     if any(f.kind is FrameKind.BRANCH for f in extra):
@@ -139,7 +140,7 @@ def divide_loss(model: LoopModel, backward: Event, acc: Accumulation) -> Fix:
         loss, count = backward.loss, acc.count
         if loss is None or count is None or backward.call_chain:
             return None
-        statement = statement_of(module, backward.node)
+        statement = statement_of(model.file, backward.node)
         if statement is None:
             return None
         if type(loss) is cst.Name and model.index.divides_by_assignment:

@@ -20,6 +20,7 @@ from gradlint.events import EventKind
 from gradlint.fixes.edits import AddImport, Edit, Fix, Insert, Remove, Replace, parse_statements
 from gradlint.fixes.locate import code, statement_of
 from gradlint.model import Event, LoopModel
+from gradlint.parsed_file import ParsedFile
 from gradlint.objects import last_name
 from gradlint.syntax import callee_name, keyword_arg, method_name, receiver
 
@@ -100,12 +101,12 @@ def gradient_release(model: LoopModel, step: Event, zeros: Sequence[Event], cons
         module = model.module
         if not _is_torch_optimizer(module, construction, name):
             return None
-        assignment = statement_of(module, construction)
+        assignment = statement_of(model.file, construction)
         if type(assignment) is not cst.Assign or assignment.value is not construction:
             return None
         args = _optimi_arguments(module, construction, EQUIVALENTS[name])
         owner = _parameter_owner(construction)
-        removals = _loop_removals(module, step, zeros)
+        removals = _loop_removals(model.file, step, zeros)
         if args is None or owner is None or removals is None:
             return None
         qualified = _name_taken(model, name) or _name_taken(model, "prepare_for_gradient_release")
@@ -195,14 +196,14 @@ def _parameter_owner(call: cst.Call) -> cst.BaseExpression | None:
     return None
 
 
-def _loop_removals(module: cst.Module, step: Event, zeros: Sequence[Event]) -> list[Edit] | None:
+def _loop_removals(parsed: ParsedFile, step: Event, zeros: Sequence[Event]) -> list[Edit] | None:
     """Remove the step and the ``zero_grad()`` calls: the hooks now do both."""
     removals: list[Edit] = []
     for event in (step, *zeros):
         call = event.node
         if event.kind is EventKind.ZERO and (event.manual or type(call) is not cst.Call):
             continue  # a hand-written clear is harmless with gradient release: leave it
-        statement = statement_of(module, call)
+        statement = statement_of(parsed, call)
         if type(statement) is not cst.Expr or statement.value is not call:
             return None  # the call's result is used: the loop needs a human
         removals.append(Remove(statement))

@@ -1,8 +1,8 @@
 """Finding one's way around a module for a fix: which statement holds a call, what comes after it.
 
 Events point at calls; fixes edit statements. These helpers climb from a
-node to its statement and look at the statements around it, using a parent
-map computed once per module.
+node to its statement and look at the statements around it, using the
+parent map the module index made (:meth:`gradlint.parsed_file.ParsedFile.parent_map`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,8 @@ import libcst as cst
 
 from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
-from gradlint.module_index import parents_of
+from gradlint.parsed_file import ParsedFile
 from gradlint.syntax import children, dotted_name, method_name, positional_args, receiver
-
-def parents(module: cst.Module) -> dict[cst.CSTNode, cst.CSTNode]:
-    """Each node's parent (names and literals are children, never parents): the module index's map when it has one."""
-    return parents_of(module)
-
 
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), nested functions and classes too."""
@@ -30,34 +25,34 @@ def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         stack.extend(children(current))
 
 
-def statement_of(module: cst.Module, node: cst.CSTNode) -> Statement | None:
+def statement_of(parsed: ParsedFile, node: cst.CSTNode) -> Statement | None:
     """The small or compound statement that holds ``node``."""
-    table = parents(module)
+    table = parsed.parent_map()
     current: cst.CSTNode | None = node
     while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
         current = table.get(current)
     return current
 
 
-def line_of(module: cst.Module, statement: Statement) -> cst.BaseStatement:
+def line_of(parsed: ParsedFile, statement: Statement) -> cst.BaseStatement:
     """The line (or compound statement) a statement is written as."""
     if isinstance(statement, cst.BaseSmallStatement):
-        return parents(module)[statement]
+        return parsed.parent_map()[statement]
     return statement
 
 
-def alone_on_line(module: cst.Module, statement: Statement) -> bool:
+def alone_on_line(parsed: ParsedFile, statement: Statement) -> bool:
     """Whether a small statement has a line of its own (not ``a; b``, not ``if x: a``)."""
     if isinstance(statement, cst.BaseCompoundStatement):
         return True
-    line = line_of(module, statement)
+    line = line_of(parsed, statement)
     return type(line) is cst.SimpleStatementLine and len(line.body) == 1
 
 
-def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
+def following(parsed: ParsedFile, statement: Statement) -> Iterator[Statement]:
     """The statements after ``statement`` in its block: the rest of its line first, then the later lines."""
-    table = parents(module)
-    line = line_of(module, statement)
+    table = parsed.parent_map()
+    line = line_of(parsed, statement)
     if line is not statement:
         body = list(line.body)
         yield from body[body.index(statement) + 1 :]
@@ -74,10 +69,10 @@ def following(module: cst.Module, statement: Statement) -> Iterator[Statement]:
             yield later
 
 
-def movable(module: cst.Module, statement: Statement) -> cst.BaseStatement:
+def movable(parsed: ParsedFile, statement: Statement) -> cst.BaseStatement:
     """What to insert elsewhere when ``statement`` moves: its whole line (comments kept) when it has one."""
-    if alone_on_line(module, statement):
-        return without_blank_lines(line_of(module, statement))
+    if alone_on_line(parsed, statement):
+        return without_blank_lines(line_of(parsed, statement))
     return as_line(statement)
 
 
@@ -100,15 +95,15 @@ def scaler_of_step(module: cst.Module, step: Event) -> str | None:
     return code(module, receiver(step.node))
 
 
-def after_step(module: cst.Module, step: Event) -> Statement | None:
+def after_step(parsed: ParsedFile, step: Event) -> Statement | None:
     """Where code that belongs right after a step goes: after the step, or after the ``scaler.update()`` that follows it."""
-    statement = statement_of(module, step.node)
+    statement = statement_of(parsed, step.node)
     if not isinstance(statement, cst.BaseSmallStatement):
         return None  # a step inside an if/while test: no obvious "right after"
-    scaler = scaler_of_step(module, step)
+    scaler = scaler_of_step(parsed.module, step)
     if scaler is not None:
-        for later in following(module, statement):
-            if is_call_to(later, "update", scaler, module):
+        for later in following(parsed, statement):
+            if is_call_to(later, "update", scaler, parsed.module):
                 return later
     return statement
 

@@ -21,10 +21,10 @@ def move_scheduler_step(model: LoopModel, sched: Event, step: Event) -> Fix:
             return None
         if any(a is not b for a, b in zip(sched.frames, step.frames)):
             return None
-        unit = statement_of(model.module, sched.node)
-        anchor = after_step(model.module, step)
+        unit = statement_of(model.file, sched.node)
+        anchor = after_step(model.file, step)
         if not (type(unit) is cst.Expr and unit.value is sched.node) or anchor is None:
             return None
-        return [Remove(unit), Insert(anchor, (movable(model.module, unit),))]
+        return [Remove(unit), Insert(anchor, (movable(model.file, unit),))]
 
     return Fix("step the scheduler under the accumulation guard, after the optimizer", build)

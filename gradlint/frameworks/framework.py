@@ -1,0 +1,333 @@
+"""What a framework module declares: what its calls do, in the loop model's neutral terms.
+
+Each module of :mod:`gradlint.frameworks` builds one :class:`Framework`.
+Every field is optional: a framework declares only what it has. The event
+builder, the module index, the project index, the release walk and the
+rules read these declarations through the registry
+(:mod:`gradlint.frameworks`), never a framework's own names.
+
+The terms, and who reads them:
+
+- objects (:class:`Framework.builds`, ``optimizer_modules``, ``named``,
+  ``returns_given``, ``returns_by_position``): what its constructors and
+  calls return (:mod:`gradlint.objects`, :mod:`gradlint.module_index`);
+- :class:`Backward`: a call that backpropagates the loss, and whether it
+  divides it by the framework's accumulation count and decides the
+  all-reduce itself (the event builder; GL004, GL007, GL301, GL302);
+- :class:`NoSyncContext`, :class:`SyncSwitch`, :class:`SyncFlag`: ways to
+  keep a backward from all-reducing (the event builder; GL302, GL304, GL305);
+- :class:`AccumulateContext`: a block in which the framework decides the
+  micro-batches, its prepared optimizers and schedulers stepping and
+  clearing only on the one that syncs (GL003, GL006, GL301, GL302);
+- :class:`Wrap`: a call that wraps a model so that its backward
+  all-reduces, and the framework's spelling of how to skip that for the
+  micro-batches that do not step (the project index; GL302, GL303);
+- :class:`AccumulationSetting`, :class:`ConfigSetting`, :class:`Subclasses`:
+  what one walk of the module reads (:mod:`gradlint.frameworks.settings`);
+- :class:`ReturnedLoss`, :class:`LossHook`: methods the framework calls,
+  whose returned loss it divides, or does not (GL007, GL008);
+- :class:`ReleaseCall`: a gradient-release set-up (:mod:`gradlint.release_setups`; GL201-GL204);
+- ``owns_backwards_of``: classes whose methods' backwards the framework
+  divides for itself (GL007 leaves them alone);
+- ``clip_methods``, ``clip_owner_kinds``, ``prepared_steps_wait``,
+  ``comm_hooks``, ``averaging_steps``, ``step_functions``,
+  ``loss_scalers``, ``per_batch``: the rest of what the event builder,
+  the model builder and GL301 ask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from gradlint.kinds import ObjKind
+
+if TYPE_CHECKING:
+    from gradlint.model import LoopModel
+    from gradlint.module_index import ModuleIndex
+    from gradlint.parsed_file import ParsedFile
+
+
+@dataclasses.dataclass(frozen=True)
+class CountSetting:
+    """How a dividing backward's accumulation count is spelled, for GL007 (the loss divided twice)."""
+
+    settings: str  # whose :class:`AccumulationSetting`/:class:`ConfigSetting` values hold the count
+    tokens: tuple[str, ...]  # what a file must spell for the count to be set (a rule's prefilter tokens)
+    # ``divisor, owner -> bool``: the divisor is the count as the object that backpropagates holds it
+    own_count: Callable[[cst.BaseExpression, str], bool]
+    divides_again: str  # ``{call}`` divides it again (...): how the message says the framework divides too
+    # ``call -> bool``: the call asks the framework not to divide (``scale_wrt_gas=False``)
+    opted_out: Callable[[cst.Call], bool] | None = None
+    # ``model, divisor -> node``: where the module reads the divisor from another engine's configuration that divides
+    # by it as well; and the message then (``divisor code, line, call code``)
+    read_elsewhere: Callable[[LoopModel, cst.BaseExpression], cst.CSTNode | None] | None = None
+    read_elsewhere_message: Callable[[str, int, str], str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backward:
+    """A call through which a framework backpropagates the loss: ``owner.method(loss)``.
+
+    A call matches by the receiver's last name (``owners``) first, whatever
+    framework declares it; then, framework by framework in the registry's
+    order, by the receiver's kind (``owner_kinds``) or spelling (``owner_pattern``).
+    """
+
+    by: str | None  # the event's ``framework``: who does the bookkeeping (None: nobody, the loss goes through as is)
+    method: str = "backward"
+    owners: frozenset[str] = frozenset()
+    owner_kinds: frozenset[ObjKind] = frozenset()
+    owner_pattern: re.Pattern[str] | None = None
+    any_owner: bool = False  # the method alone says it, whatever the receiver (and with no loss handed)
+    divides_by_count: bool = False  # divides the loss by the framework's accumulation count: it needs no division
+    decides_sync: bool = False  # decides itself when to all-reduce (at its own accumulation boundary)
+    count: CountSetting | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSyncContext:
+    """A context manager inside which a backward does not all-reduce: ``model.no_sync()``.
+
+    ``model_argument`` is where the call names the model: a position among
+    its arguments, or None for the receiver (a method of the wrapped model,
+    often picked into a variable and entered later, chosen by a test).
+    """
+
+    method: str
+    model_argument: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncSwitch:
+    """A call that switches the all-reduce off until switched on again (``model.disable_allreduce()``)."""
+
+    method: str
+    switches_off: Callable[[cst.Call], bool]  # whether this call (its arguments) switches it off
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncFlag:
+    """An attribute of the wrapped model that says whether the coming backward all-reduces.
+
+    The wrapper reads it in the forward (only then does it prepare the
+    all-reduce): set after the forward, it applies to the next micro-batch.
+    """
+
+    attribute: str
+    applied_by: str  # the call that applies the flag after a forward, when a loop makes it itself
+    reader: str  # how messages name the wrapper that reads it
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulateContext:
+    """A ``with`` block in which the framework decides the micro-batches: it all-reduces only on the one that syncs,
+    and the optimizers and schedulers it prepared step and clear only there.
+
+    The messages are the framework's words for what the rules find inside
+    such a block; each takes the code and lines the rule points at.
+    """
+
+    method: str  # the context manager's method (``with owner.method(model):``)
+    settings: str  # whose :class:`AccumulationSetting` says whether it may accumulate at all
+    sync_flag: str  # the attribute that is true on the micro-batch that syncs
+    # ``file, function, last name -> bool``: the function hands an object of that last name to the framework's prepare
+    prepared_in: Callable[[ParsedFile, cst.FunctionDef, str], bool]
+    # ``index, scheduler, optimizer, owner -> bool``: the scheduler is certainly not prepared, the optimizer is
+    certainly_unprepared: Callable[[ModuleIndex, str, str, str], bool]
+    clip_message: Callable[[str, int], str]  # a clip on every micro-batch (clip code, block line)
+    clear_message: Callable[[str, int, str], str]  # a plain clear on every micro-batch (clear code, block line, optimizer)
+    # the prepared optimizer cleared before the block's backward (clear code, backward line, block line, step code)
+    early_clear_message: Callable[[str, int, int, str], str]
+    scheduler_message: Callable[[str, str], str]  # an unprepared scheduler stepped in the block (scheduler, optimizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrap:
+    """A call that wraps a model so that its backward all-reduces (or reduce-scatters) the gradients.
+
+    ``key`` names the wrap in the project index's ``wrapped:`` facts. A wrap
+    is one of: a wrapper class (``constructors``; the project index, which
+    reads Python's tree without imports, matches ``class_name`` and its
+    aliases), a sharding function (``function``, of a module under
+    ``function_module``), or a method of a framework's object
+    (``prepare_methods``, on an object of kind PREPARER; the project index
+    matches ``owner_names``).
+    """
+
+    key: str
+    # ``name, where -> str``: GL302's message, the framework's spelling of the fix; ``where`` says when the optimizer steps
+    message: Callable[[str, str], str]
+    constructors: frozenset[str] = frozenset()
+    class_name: str | None = None
+    # A class of this name whose constructors come from modules under this prefix is this wrap, not another's of the
+    # same name (the project index, reading no imports, takes it for the first wrap that declares the name).
+    constructor_prefix: str | None = None
+    function: str | None = None
+    function_module: str | None = None
+    prepare_methods: frozenset[str] = frozenset()
+    owner_names: frozenset[str] = frozenset()
+    wrapper_object: bool = False  # returns a new object around the module: a loop that calls the module bypasses it
+    hooks_at_wrap: bool = False  # registers the all-reduce hooks on the parameters' gradient accumulators when wrapping
+    short: str = ""  # how messages name a model it wrapped (``DDP``)
+    # ``constructor calls of the owner -> bool``: every framework object was built so that nothing is all-reduced
+    # (one device, a plugin that shards instead): a prepared model is then no data-parallel one
+    quiet_when_built: Callable[[cst.Call], bool] | None = None
+    # ``model, count -> bool``: the accumulation count says another engine of the framework, not this wrap, reduces
+    quiet_for_count: Callable[[LoopModel, cst.BaseExpression | None], bool] | None = None
+    tokens: tuple[str, ...] = ()  # what a file must spell to wrap a model so (a rule's prefilter tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulationSetting:
+    """A constructor whose keyword argument sets the framework's accumulation count (``Accelerator(gradient_accumulation_steps=N)``)."""
+
+    constructors: frozenset[str]
+    keyword: str
+    # Keywords that let it accumulate however the count is given (a plugin); ``**kwargs`` may hold anything.
+    may_accumulate_keywords: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigSetting:
+    """A function handed a configuration dict whose key sets the accumulation count (``initialize(config={...})``)."""
+
+    functions: frozenset[str]
+    keywords: tuple[str, ...]  # the arguments that hand over the configuration
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Subclasses:
+    """Classes of the module that derive from one of ``bases`` (directly or through classes of the module)."""
+
+    role: str  # under which name the settings keep them
+    bases: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReturnedLoss:
+    """A method the framework calls once per batch, whose returned loss it backpropagates, divided by its count."""
+
+    classes: str  # the :class:`Subclasses` role of the classes that define it
+    method: str
+    tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
+    settings: str  # whose :class:`AccumulationSetting` values hold the count
+    own_count: str  # the count as the method reads it from the framework
+    divides_again: str  # how the message says the framework divides too
+    manual: Callable[[cst.ClassDef], bool]  # the class takes the gradient work in hand: nothing is divided for it
+
+
+@dataclasses.dataclass(frozen=True)
+class LossHook:
+    """A method the framework calls for the loss, handed the number of items of the whole accumulated batch.
+
+    ``skips_division`` says whether the framework visibly takes what the
+    method returns as normalised and does not divide it by the accumulation
+    steps (the hook's own loss left undivided): ``model, class, method,
+    classes of the module by name, settings -> bool``.
+    """
+
+    classes: str  # the :class:`Subclasses` role of the classes that define it
+    method: str
+    count_parameter: str
+    tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
+    skips_division: Callable[..., bool]
+    token_mean_message: Callable[[str, int, bool], str]  # class name, line, skips_division -> message
+    undivided_message: Callable[[str], str]  # class name -> message
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseCall:
+    """A call that sets gradient release up: each parameter steps from a hook as its gradient completes.
+
+    ``optimizer`` and ``model`` say where the call names them: argument
+    positions and keywords, ``"assigned"`` (the name the call is assigned
+    to) or ``"parameters"`` (the owner of the ``.parameters()`` it is handed).
+    """
+
+    names: frozenset[str]
+    style: str
+    optimizer: tuple[tuple[int, str], ...] | str = ()
+    model: tuple[int, str] | str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseStyle:
+    """How messages name a set-up of one style, and what is known of it."""
+
+    style: str
+    describe: Callable[[str | None, int], str]  # callee, line -> words
+    names_its_optimizer: bool = False  # a set-up names the one optimizer it releases
+
+
+@dataclasses.dataclass(frozen=True)
+class Framework:
+    """Everything one framework module declares (see the module docstring for the terms)."""
+
+    name: str
+    # -- objects
+    builds: dict[str, ObjKind] = dataclasses.field(default_factory=dict)  # constructors by qualified name
+    optimizer_modules: tuple[str, ...] = ()  # module prefixes whose capitalised callables build optimizers
+    schedule_factory_modules: tuple[str, ...] = ()  # modules whose ``get_*schedule*`` functions build schedulers
+    named: dict[str, ObjKind] = dataclasses.field(default_factory=dict)  # an object's last name that says its kind
+    returns_given: frozenset[str] = frozenset()  # calls returning what they are handed, element by element
+    returns_given_alone: frozenset[str] = frozenset()  # calls that, handed one object, return it
+    returns_by_position: dict[str, dict[int, ObjKind]] = dataclasses.field(default_factory=dict)
+    # -- backward, sync, accumulation
+    backwards: tuple[Backward, ...] = ()
+    no_sync: tuple[NoSyncContext, ...] = ()
+    sync_switches: tuple[SyncSwitch, ...] = ()
+    sync_flags: tuple[SyncFlag, ...] = ()
+    accumulate: tuple[AccumulateContext, ...] = ()
+    wraps: tuple[Wrap, ...] = ()
+    # -- settings read by one walk of the module
+    accumulation_settings: dict[str, AccumulationSetting] = dataclasses.field(default_factory=dict)
+    config_settings: dict[str, ConfigSetting] = dataclasses.field(default_factory=dict)
+    subclasses: tuple[Subclasses, ...] = ()
+    returned_losses: tuple[ReturnedLoss, ...] = ()
+    loss_hooks: tuple[LossHook, ...] = ()
+    # The :class:`Subclasses` roles of classes whose methods' backwards are the framework's business (it divides itself).
+    owns_backwards_of: tuple[str, ...] = ()
+    # -- the rest the event builder and the model builder ask
+    clip_methods: frozenset[str] = frozenset()  # clipping calls of its own (whatever the receiver)
+    clip_owner_kinds: dict[ObjKind, str] = dataclasses.field(default_factory=dict)  # a clip on such a receiver is ``by``'s
+    # The schedulers it prepared step only on the micro-batch that syncs: a loop with any event of its own (a
+    # backward, a clip) needs no guard around theirs.
+    prepared_steps_wait: bool = False
+    # Methods of a wrapped model that install a communication hook: ``method -> (position, keyword)`` of the hook;
+    # a hook that divides by more than the world size normalises the accumulated gradients as it all-reduces them.
+    comm_hooks: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
+    averaging_steps: frozenset[str] = frozenset()  # an optimizer's method that averages the accumulated gradients itself
+    step_functions: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> module prefix: steps its first argument
+    loss_scalers: frozenset[str] = frozenset()  # calls that multiply the loss they are handed by a loss scale
+    # ``index -> {function: why}``: functions the framework calls once per batch, leaving them the gradient work
+    per_batch: Callable[[ModuleIndex], dict[cst.FunctionDef, str]] | None = None
+    # -- gradient release
+    release_calls: tuple[ReleaseCall, ...] = ()
+    release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases
+    release_styles: tuple[ReleaseStyle, ...] = ()
+    release_tokens: tuple[str, ...] = ()  # substrings every set-up of this framework contains
+    release_accumulation_fix: str | None = None  # how a message says to accumulate under release
+    release_accumulates_into: str | None = None  # the optimizer attribute that switches that on
+    release_clipping_fix: str | None = None  # how a message says to clip under release
+
+    def settings_names(self) -> tuple[str, ...]:
+        """The last part of every qualified name its settings walk matches (for the walk's shortcut)."""
+        names: list[str] = []
+        for setting in self.accumulation_settings.values():
+            names.extend(n.rsplit(".", 1)[-1] for n in setting.constructors)
+        for setting in self.config_settings.values():
+            names.extend(n.rsplit(".", 1)[-1] for n in setting.functions)
+        for subclasses in self.subclasses:
+            names.extend(n.rsplit(".", 1)[-1] for n in subclasses.bases)
+        for wrap in self.wraps:
+            names.extend(n.rsplit(".", 1)[-1] for n in wrap.constructors)
+            if wrap.function is not None:
+                names.append(wrap.function)
+        return tuple(dict.fromkeys(names))
+

@@ -1,0 +1,191 @@
+"""What one walk of a module reads for the frameworks: accumulation settings, framework subclasses, wraps.
+
+Each framework module declares the constructors whose keyword sets its
+accumulation count (:class:`~gradlint.frameworks.framework.AccumulationSetting`),
+the functions handed a configuration that does
+(:class:`~gradlint.frameworks.framework.ConfigSetting`), the bases whose
+subclasses it calls (:class:`~gradlint.frameworks.framework.Subclasses`)
+and the wrapper classes and sharding functions it wraps models with
+(:class:`~gradlint.frameworks.framework.Wrap`). One walk of the module
+answers for all of them, skipped when the text names none of the last
+parts of the names they match (:data:`LAST_NAMES`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from gradlint.frameworks import FRAMEWORKS
+from gradlint.imports import ImportMap
+from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number
+
+if TYPE_CHECKING:
+    from gradlint.model import LoopModel
+
+_ACCUMULATION = [(key, setting) for framework in FRAMEWORKS for key, setting in framework.accumulation_settings.items()]
+_CONFIGS = [(key, setting) for framework in FRAMEWORKS for key, setting in framework.config_settings.items()]
+_SUBCLASSES = [subclasses for framework in FRAMEWORKS for subclasses in framework.subclasses]
+_WRAP_CONSTRUCTORS = [(wrap.key, wrap.constructors) for framework in FRAMEWORKS for wrap in framework.wraps if wrap.constructors]
+_WRAP_FUNCTIONS = [
+    (wrap.key, f"{wrap.function_module}.", f".{wrap.function}")
+    for framework in FRAMEWORKS for wrap in framework.wraps if wrap.function is not None
+]
+# The last part of every name above: a module names one of them (in the call, the base class or its
+# import) wherever a setting, subclass or wrap can be read.
+LAST_NAMES = tuple(dict.fromkeys(name for framework in FRAMEWORKS for name in framework.settings_names()))
+
+
+@dataclasses.dataclass
+class AccumulationSettings:
+    """What a module shows of one framework's accumulation count."""
+
+    counts: list[cst.BaseExpression] = dataclasses.field(default_factory=list)  # the value given to each construction
+    # Whether the module builds the framework's object, and whether one of them may accumulate (a count that may
+    # exceed 1, a plugin, ``**kwargs``); one that cannot syncs on every batch.
+    built: bool = False
+    without_count: int = 0  # constructions given no count
+    may_accumulate: bool = False
+
+
+_NONE = AccumulationSettings()
+
+
+@dataclasses.dataclass
+class FrameworkSettings:
+    """The accumulation settings, framework subclasses and wraps one module shows."""
+
+    accumulation: dict[str, AccumulationSettings] = dataclasses.field(default_factory=dict)  # by setting name
+    classes: dict[str, list[cst.ClassDef]] = dataclasses.field(default_factory=dict)  # by subclass role
+    wraps: dict[str, list[cst.Call]] = dataclasses.field(default_factory=dict)  # wrapping calls by wrap key
+
+    def accumulation_of(self, name: str) -> AccumulationSettings:
+        """The settings named ``name`` (empty when the module shows none)."""
+        return self.accumulation.get(name, _NONE)
+
+    def classes_of(self, role: str) -> list[cst.ClassDef]:
+        """The classes of one role (empty when there are none)."""
+        return self.classes.get(role, [])
+
+    def wrap_calls(self, key: str) -> list[cst.Call]:
+        """The calls of one wrap (empty when there are none)."""
+        return self.wraps.get(key, [])
+
+
+def framework_settings(model: LoopModel) -> FrameworkSettings:
+    """The framework settings of ``model``'s module (computed once per file)."""
+    return model.file.once(framework_settings, lambda: _settings_of(model))
+
+
+def _settings_of(model: LoopModel) -> FrameworkSettings:
+    if model.text is not None and not any(name in model.text for name in LAST_NAMES):
+        return FrameworkSettings()  # nothing below can match: the walk is skipped
+    return _read(model.module, model.file.children)
+
+
+def counts_more_than_one(value: cst.BaseExpression) -> bool:
+    """Whether an accumulation setting may be above 1: anything but a literal 0 or 1."""
+    literal = number(value)
+    return literal is None or literal > 1
+
+
+def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSettings:
+    imports = ImportMap()
+    calls: list[cst.Call] = []
+    classes: list[cst.ClassDef] = []
+    dicts: dict[str, list[cst.Dict]] = {}
+    stack: list[cst.CSTNode] = [module]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind in (cst.Import, cst.ImportFrom):
+            imports.add(node)
+            continue
+        if kind is cst.Call:
+            calls.append(node)
+        elif kind is cst.ClassDef:
+            classes.append(node)
+        elif kind is cst.Assign and type(node.value) is cst.Dict:
+            for target in node.targets:
+                name = dotted_name(target.target)
+                if name:
+                    dicts.setdefault(name, []).append(node.value)
+        if kind not in TRIVIA:
+            stack.extend(children_of(node))
+    settings = FrameworkSettings()
+    for call in calls:
+        _read_call(call, imports.qualify(call.func), dicts, settings)
+    local = {c.name.value: c for c in classes}
+    for cls in classes:
+        for subclasses in _SUBCLASSES:
+            if _subclasses(cls, subclasses.bases, imports, local, set()):
+                settings.classes.setdefault(subclasses.role, []).append(cls)
+    return settings
+
+
+def _read_call(call: cst.Call, names: set[str], dicts: dict[str, list[cst.Dict]], settings: FrameworkSettings) -> None:
+    """What one call sets: the first declaration whose names it matches (the declarations' names never overlap)."""
+    for key, setting in _ACCUMULATION:
+        if names & setting.constructors:
+            found = settings.accumulation.setdefault(key, AccumulationSettings())
+            found.built = True
+            arg = keyword_arg(call, setting.keyword)
+            if arg is not None:
+                found.counts.append(arg.value)
+            else:
+                found.without_count += 1
+            if (
+                (arg is not None and counts_more_than_one(arg.value))
+                or any(keyword_arg(call, keyword) is not None for keyword in setting.may_accumulate_keywords)
+                or any(a.star for a in call.args)
+            ):
+                found.may_accumulate = True
+            return
+    for key, constructors in _WRAP_CONSTRUCTORS:
+        if names & constructors:
+            settings.wraps.setdefault(key, []).append(call)
+            return
+    for key, prefix, suffix in _WRAP_FUNCTIONS:
+        if any(n.startswith(prefix) and n.endswith(suffix) for n in names):
+            settings.wraps.setdefault(key, []).append(call)
+            return
+    for key, setting in _CONFIGS:
+        if names & setting.functions:
+            found = settings.accumulation.setdefault(key, AccumulationSettings())
+            for keyword in setting.keywords:
+                arg = keyword_arg(call, keyword)
+                if arg is not None:
+                    found.counts.extend(_config_counts(arg.value, setting.key, dicts))
+            return
+
+
+def _config_counts(value: cst.BaseExpression, key: str, dicts: dict[str, list[cst.Dict]]) -> list[cst.BaseExpression]:
+    """The ``key`` of a config dict written inline or assigned to a name of the module."""
+    name = dotted_name(value)
+    candidates = [value] if type(value) is cst.Dict else dicts.get(name, []) if name else []
+    found = []
+    for config in candidates:
+        for element in config.elements:
+            if type(element) is cst.DictElement and type(element.key) is cst.SimpleString:
+                if element.key.evaluated_value == key:
+                    found.append(element.value)
+    return found
+
+
+def _subclasses(
+    cls: cst.ClassDef, bases: frozenset[str], imports: ImportMap, local: dict[str, cst.ClassDef], seen: set[str]
+) -> bool:
+    """Whether ``cls`` derives from one of ``bases``, directly or through classes of the same module."""
+    if cls.name.value in seen:
+        return False
+    seen.add(cls.name.value)
+    for arg in cls.bases:
+        if imports.qualify(arg.value) & bases:
+            return True
+        name = dotted_name(arg.value)
+        parent = local.get(name) if name else None
+        if parent is not None and _subclasses(parent, bases, imports, local, seen):
+            return True
+    return False

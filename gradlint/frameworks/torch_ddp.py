@@ -1,0 +1,79 @@
+"""PyTorch's own data parallelism: ``DistributedDataParallel`` (DDP) and FSDP2's ``fully_shard``.
+
+What it does to gradients. DDP's constructor builds a ``Reducer`` that
+hooks every parameter's gradient accumulator: each backward all-reduces
+(averages over the ranks) the gradients as they complete, but only after a
+forward that prepared it: ``_post_forward`` calls
+``reducer.prepare_for_backward`` only while ``require_backward_grad_sync``
+is true, and ``no_sync()`` sets that attribute to False for its block.
+``register_comm_hook(state, hook)`` replaces the all-reduce by the hook.
+FSDP2's ``fully_shard(module)`` reduce-scatters each backward's gradients;
+``set_requires_gradient_sync(False)`` ("the equivalent of ``no_sync`` in
+FSDP1") keeps them unsharded and unreduced until switched back.
+``ShardedGradScaler`` is FSDP's grad scaler.
+
+Where it was read: torch 2.13.0 (the wheel this project pins),
+``torch/nn/parallel/distributed.py``: ``DistributedDataParallel._ddp_init_helper``
+(``self.reducer = dist.Reducer(...)``), ``_post_forward``, ``no_sync``,
+``register_comm_hook``; ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``:
+``fully_shard``, ``FSDPModule.set_requires_gradient_sync``;
+``torch/distributed/fsdp/sharded_grad_scaler.py``. ``fully_shard`` is
+exported both as ``torch.distributed.fsdp.fully_shard`` and, where FSDP2
+first appeared, ``torch.distributed._composable.fsdp.fully_shard``: any
+``fully_shard`` under ``torch.distributed`` is this one (other libraries
+have functions of that name). Versions: read at 2.13.0, the version this
+project pins; earlier releases were not read.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from gradlint.frameworks.framework import Framework, NoSyncContext, SyncFlag, SyncSwitch, Wrap
+from gradlint.kinds import ObjKind
+from gradlint.syntax import bool_literal, keyword_arg, positional_args
+
+_DDP = frozenset({"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"})
+
+
+def _ddp_message(name: str, where: str) -> str:
+    return (
+        f"the DDP model `{name}` all-reduces the gradients of this backward on every micro-batch, "
+        f"but {where}: run the micro-batches that do not step "
+        f"inside `{name}.no_sync()` (or set `require_backward_grad_sync = False` for them)"
+    )
+
+
+def _fsdp2_message(name: str, where: str) -> str:
+    return (
+        f"`{name}` is sharded with `fully_shard`, which reduce-scatters the gradients of every backward, but "
+        f"{where}: call `{name}.set_requires_gradient_sync(False)` for the micro-batches that do not step "
+        f"(FSDP2 then keeps unsharded gradients until the step: memory traded for communication)"
+    )
+
+
+def _switches_off_sync(call: cst.Call) -> bool:
+    """``model.set_requires_gradient_sync(flag)``: told not to reduce (anything but a literal True)."""
+    args = positional_args(call)
+    arg = args[0] if args else keyword_arg(call, "requires_gradient_sync")
+    return arg is not None and bool_literal(arg.value) is not True
+
+
+FRAMEWORK = Framework(
+    name="PyTorch DDP and FSDP",
+    builds={
+        **dict.fromkeys(_DDP, ObjKind.PARALLEL_MODEL),
+        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler": ObjKind.SCALER,
+    },
+    no_sync=(NoSyncContext("no_sync"),),
+    sync_switches=(SyncSwitch("set_requires_gradient_sync", _switches_off_sync),),
+    sync_flags=(SyncFlag("require_backward_grad_sync", applied_by="prepare_for_backward", reader="DDP"),),
+    wraps=(
+        Wrap(
+            "ddp", _ddp_message, constructors=_DDP, class_name="DistributedDataParallel", wrapper_object=True,
+            hooks_at_wrap=True, short="DDP", tokens=("DistributedDataParallel",),
+        ),
+        Wrap("fsdp2", _fsdp2_message, function="fully_shard", function_module="torch.distributed"),
+    ),
+    comm_hooks={"register_comm_hook": (1, "hook")},
+)

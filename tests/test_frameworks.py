@@ -1,0 +1,125 @@
+"""The framework modules: what each declares, how the registry orders them, and that rules name none of them."""
+
+from __future__ import annotations
+
+import ast
+import io
+import pkgutil
+import re
+import tokenize
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from gradlint import frameworks
+from gradlint.build import build_model
+from gradlint.events import EventKind
+from gradlint.frameworks.framework import Framework
+from gradlint.kinds import ObjKind
+
+ROOT = Path(__file__).resolve().parent.parent
+_SUPPORT = {"framework", "settings"}  # the package's modules that are no framework's
+# Spellings that belong to one framework: a rule's code (outside its documentation) must ask the registry instead.
+_FRAMEWORK_WORDS = re.compile(
+    r"accelerat|lightning|fabric|deepspeed|\bapex\b|torchtune|optimi\b|transformers|\btrl\b|fairseq|megatron|opacus|"
+    r"mmengine|torch_xla|\bddp\b|fsdp|sync_gradients|no_backward_sync|require_backward_grad_sync|"
+    r"gradient_accumulation_steps|accumulate_grad_batches|num_items_in_batch|compute_loss|prepare_for_backward|"
+    r"DistributedDataParallel|fully_shard|LightningModule|scale_wrt_gas|virtual_step|StableAdamW|manual_backward|"
+    r"disable_allreduce|optimizer_accumulation",
+    re.IGNORECASE,
+)
+
+
+def _code_tokens(path: Path):
+    """The names and strings of a module outside its documentation: docstrings, comments, a rule's ``name`` and ``summary``."""
+    source = path.read_text(encoding="utf-8")
+    documentation: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                documentation.update(range(body[0].lineno, body[0].end_lineno + 1))
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) in ("name", "summary") for t in statement.targets):
+                    documentation.update(range(statement.lineno, statement.end_lineno + 1))
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type in (tokenize.NAME, tokenize.STRING) and token.start[0] not in documentation:
+            yield token.start[0], token.string
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "rules").glob("*.py")), ids=lambda p: p.name)
+def test_no_rule_module_names_a_framework_outside_its_documentation(path):
+    named = [(line, text) for line, text in _code_tokens(path) if _FRAMEWORK_WORDS.search(text)]
+    assert named == []
+
+
+def test_the_word_check_sees_a_framework_in_a_rules_code(tmp_path):
+    # The check above must be able to fail: a framework's spelling in code is caught, in a docstring it is not.
+    module = tmp_path / "rule.py"
+    module.write_text('"""Quiet inside ``accelerator.accumulate()``."""\n\nif event.framework == "deepspeed":\n    pass\n')
+    assert [text for _, text in _code_tokens(module) if _FRAMEWORK_WORDS.search(text)] == ['"deepspeed"']
+
+
+def test_every_framework_module_is_registered_and_says_what_it_does_and_where_that_was_read():
+    modules = [m.name for m in pkgutil.iter_modules(frameworks.__path__) if m.name not in _SUPPORT]
+    registered = {id(f) for f in frameworks.FRAMEWORKS}
+    for name in modules:
+        module = __import__(f"gradlint.frameworks.{name}", fromlist=["FRAMEWORK"])
+        assert isinstance(module.FRAMEWORK, Framework), name
+        assert id(module.FRAMEWORK) in registered, f"{name} is not in FRAMEWORKS"
+        assert re.search(r"What (it does|they do) to gradients\.", module.__doc__) and "Where it was read:" in module.__doc__, name
+    assert len(modules) == len(frameworks.FRAMEWORKS)
+
+
+@pytest.mark.parametrize(
+    ("method", "owner", "kind", "expected"),
+    [
+        ("backward", "fabric", ObjKind.PREPARER, "fabric"),  # a receiver's name wins over its kind
+        ("backward", "engine", ObjKind.PREPARER, "deepspeed"),  # whichever framework names it
+        ("backward", "acc", ObjKind.PREPARER, "accelerate"),  # then the kinds, in the registry's order
+        ("backward", "deepspeed_opt", ObjKind.OPTIMIZER, "deepspeed"),  # a spelling before a later framework's kind
+        ("backward", "opt", ObjKind.OPTIMIZER, None),  # an fp16 optimizer's: the loss goes through as it is
+        ("manual_backward", "self", ObjKind.UNKNOWN, "lightning"),  # whatever the receiver
+        ("backward", "loss", ObjKind.UNKNOWN, "no declaration"),
+    ],
+)
+def test_a_backward_is_read_by_name_first_then_by_kind_in_the_registrys_order(method, owner, kind, expected):
+    declared = frameworks.backward_of(method, owner, kind)
+    assert (declared.by if declared is not None else "no declaration") == expected
+
+
+def _backward(source: str):
+    model = build_model(cst.parse_module(source))
+    return next(e for root in model.roots for e in root.events if e.kind is EventKind.BACKWARD)
+
+
+def test_the_registry_answers_for_an_events_framework_in_neutral_terms():
+    divided = _backward("from accelerate import Accelerator\nacc = Accelerator()\nfor b in data:\n    acc.backward(f(b))\n")
+    synced = _backward("for b in data:\n    model_engine.backward(f(b))\n")
+    plain = _backward("for b in data:\n    f(b).backward()\n")
+    assert (divided.framework, frameworks.divides_by_count(divided), frameworks.all_reduces_as_plain(divided)) == ("accelerate", True, True)
+    assert (synced.framework, frameworks.divides_by_count(synced), frameworks.all_reduces_as_plain(synced)) == ("deepspeed", True, False)
+    assert (plain.framework, frameworks.divides_by_count(plain), frameworks.all_reduces_as_plain(plain)) == (None, False, True)
+
+
+def test_the_smallest_example_of_the_architecture_document_declares_a_framework():
+    document = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = document[document.index("### How to add a framework"):]
+    code = section[section.index("```python\n") + len("```python\n"):section.index("```\n", section.index("```python\n") + 10)]
+    namespace: dict = {}
+    exec(compile(code, "example.py", "exec"), namespace)  # noqa: S102 - the document's own example
+    example = namespace["FRAMEWORK"]
+    assert isinstance(example, Framework) and example.backwards[0].by == "trainkit"
+    count = example.backwards[0].count
+    assert count.own_count(cst.parse_expression("runner.accumulation"), "runner")
+    assert count.divides_again.format(call="runner.backward") == "`runner.backward` divides it again (`Runner(accumulation=...)`)"
+
+
+def test_the_backward_prefilter_token_names_every_frameworks_backward_method():
+    """The prefilter's BACKWARD names are spelled out in gradlint/tokens.py (importing the registry there would load
+    LibCST at start-up): they must stay the registry's backward methods, plus ``backward`` and a graph's ``replay``."""
+    from gradlint.tokens import BACKWARD
+
+    assert BACKWARD.names == frozenset({"backward", "replay", *frameworks.BACKWARD_METHODS})
