@@ -53,12 +53,14 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         objects=index.objects,
         roots=roots,
         uses_cuda_graphs=index.uses_cuda_graphs,
-        release=find_release(index),
+        release=find_release(index, known.release_helpers),
         index=index,
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,
         wrapped_by_caller=known.wrapped_by_caller,
         keeps_handed=known.keeps_handed,
+        handed_scaler=known.handed_scaler,
+        scaled_dispatch=known.scaled_dispatch,
     )
 
 

@@ -10,7 +10,7 @@ import libcst as cst
 
 from gradlint import frameworks
 from gradlint.events import EventKind
-from gradlint.model import GRAD_DIVIDE, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
+from gradlint.model import GRAD_DIVIDE, GRAD_READ, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
 from gradlint.module_index import ModuleIndex, Unpacked
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.syntax import (
@@ -396,6 +396,9 @@ class EventBuilder:
             return
         if method in ("div_",) and is_grad(recv):
             emit(GRAD_DIVIDE)
+            return
+        if _reads_grad_statistic(call, method, recv):  # ``p.grad.norm()``, ``writer.add_histogram(n, p.grad, step)``
+            emit(GRAD_READ)
             return
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)
@@ -1020,6 +1023,43 @@ def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
         if divisor is not None and not _WORLD_SIZE.search(module.code_for_node(divisor)):
             return True
     return False
+
+
+# Reductions whose value depends on the gradients' scale, read as statistics (``p.grad.norm()``, ``p.grad.abs().max()``).
+_STATISTICS = frozenset({"norm", "vector_norm", "max", "min", "amax", "amin", "mean", "sum", "std", "var"})
+# Functions that take the tensor first: ``torch.norm(p.grad)``, ``torch.linalg.vector_norm(p.grad)``.
+_STATISTIC_FUNCTIONS = frozenset({"norm", "vector_norm"})
+_NORM_MODULES = frozenset({"torch", "torch.linalg", "linalg", "np.linalg", "numpy.linalg"})
+_HISTOGRAMS = frozenset({"add_histogram", "Histogram", "histogram", "histc"})
+# What keeps a tensor the gradient it came from, as far as its scale goes.
+_SAME_SCALE = frozenset({"detach", "float", "double", "half", "cpu", "clone", "abs", "flatten", "view", "reshape", "to", "contiguous", "numpy"})
+
+
+def _reads_grad_statistic(call: cst.Call, method: str | None, recv: cst.BaseExpression | None) -> bool:
+    """A statistic of a gradient: a reduction of ``p.grad`` (``p.grad.norm()``, ``p.grad.detach().abs().max()``,
+    ``torch.norm(p.grad)``) or a histogram of it (``writer.add_histogram(name, p.grad, step)``)."""
+    if method in _STATISTICS and type(call.func) is cst.Attribute and _of_grad(recv):
+        return True
+    name = callee_name(call)
+    args = positional_args(call)
+    if name in _STATISTIC_FUNCTIONS and (type(call.func) is not cst.Attribute or dotted_name(call.func.value) in _NORM_MODULES):
+        return bool(args) and _of_grad(args[0].value)
+    if name in _HISTOGRAMS:
+        return any(_of_grad(arg.value) for arg in call.args)
+    return False
+
+
+def _of_grad(node: cst.BaseExpression | None) -> bool:
+    """Whether a tensor expression is a gradient at its own scale: ``p.grad``, ``p.grad.data``, ``p.grad.detach().cpu()``."""
+    while True:
+        if is_grad(node):
+            return True
+        if type(node) is cst.Attribute and node.attr.value == "data":
+            node = node.value
+        elif type(node) is cst.Call and method_name(node) in _SAME_SCALE:
+            node = receiver(node)
+        else:
+            return False
 
 
 def _scales_gradients(call: cst.Call, method: str | None) -> bool:

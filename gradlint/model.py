@@ -32,6 +32,7 @@ from gradlint.release_setups import ReleaseInfo
 HANDOFF = "HANDOFF"  # an optimizer is passed to code the model cannot see
 GRAD_DIVIDE = "GRAD_DIVIDE"  # gradients are divided in place (p.grad /= n): accumulation normalised by hand
 NO_SYNC = "NO_SYNC"  # gradient all-reduce switched off: model.no_sync(), model.require_backward_grad_sync = flag
+GRAD_READ = "GRAD_READ"  # a statistic of the gradients is read: p.grad.norm(), torch.norm(p.grad), a histogram of p.grad
 
 Kind = Union[EventKind, str]
 
@@ -183,6 +184,8 @@ class LoopModel:
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: a caller hands it a data-parallel model
     keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
+    handed_scaler: frozenset[str] = frozenset()  # functions some call of the run hands a grad scaler
+    scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property

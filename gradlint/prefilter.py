@@ -94,6 +94,32 @@ def _names_optimizer(node: ast.expr) -> bool:
     return last is not None and "opt" in last.lower() and kind_from_name(last) is ObjKind.OPTIMIZER
 
 
+# What the prefilter reads in place of what another file of the run does for this one: a release set-up (a call of a
+# function of another file that sets gradient release up), and a scaled backward (before a callback of this file
+# that the run runs while the gradients are still scaled).
+RELEASE_STAND_IN = "register_post_accumulate_grad_hook"
+SCALED_BACKWARD_STAND_IN = "scaler.scale(loss).backward()"
+
+
+def text_in_context(text: str, context: Iterable[str]) -> str:
+    """The text as the prefilter reads it, knowing the file's context (:meth:`gradlint.project_index.ProjectIndex.context_of`).
+
+    A call of a function of another file of the run that sets gradient
+    release up (``releases:``) is a release set-up the text does not spell,
+    and a callback of this file that the run runs after a scaled backward
+    (``scaled:``) sees gradients the text does not scale: the text reads as
+    if it spelled them. The same text is returned when nothing applies.
+    """
+    from gradlint.project_index import RELEASES, SCALED_DISPATCH
+
+    added = []
+    if any(name.startswith(RELEASES) and name[len(RELEASES):] in text for name in context):
+        added.append(RELEASE_STAND_IN)
+    if any(name.startswith(SCALED_DISPATCH) for name in context):
+        added.append(SCALED_BACKWARD_STAND_IN)
+    return "\n".join((text, *added)) if added else text
+
+
 class _TokenSearch:
     """Whether a text contains prefilter tokens, each token searched for once."""
 

@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator
 
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
+from gradlint.scaler_release_facts import scaler_release_facts
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -61,6 +62,12 @@ class FileCalls:
     clears_handed: frozenset[str] = frozenset()  # functions defined here, some definition of which may clear gradients
     classes: frozenset[str] = frozenset()  # the names of the classes the file defines
     wraps_optimizer: frozenset[str] = frozenset()  # those whose step() and zero_grad() call an optimizer's (_wraps_optimizer)
+    # What the file tells about grad scalers and gradient release (:mod:`gradlint.scaler_release_facts`): names it
+    # calls with a scaler as an argument, its functions that set gradient release up, the callbacks it runs by name
+    # while the gradients are still scaled.
+    hands_scaler: frozenset[str] = frozenset()
+    releases: frozenset[str] = frozenset()
+    scaled_dispatch: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -69,6 +76,7 @@ class FileCalls:
             sorted(self.after_unscale), sorted(self.passes_wrapped),
             sorted(self.hands), sorted(self.steps_handed), sorted(self.clears_handed),
             sorted(self.classes), sorted(self.wraps_optimizer),
+            sorted(self.hands_scaler), sorted(self.releases), sorted(self.scaled_dispatch),
         ]
 
     @classmethod
@@ -89,6 +97,12 @@ STEPS_HANDED = "steps:"
 KEEPS_HANDED = "keeps:"
 # In a file's context, the classes of the run that wrap an optimizer (every definition of the name in the unit does).
 WRAPS_OPTIMIZER = "wraps:"
+# In a file's context: its functions some call of the run hands a grad scaler; the functions of the run's other files
+# that set gradient release up (every definition of the name does); its callbacks some function of the run runs by
+# name while the gradients are still scaled.
+HANDED_SCALER = "scaler:"
+RELEASES = "releases:"
+SCALED_DISPATCH = "scaled:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,11 +116,17 @@ class Context:
     steps_handed: frozenset[str] = frozenset()  # called with an optimizer here; every definition in the run steps it
     keeps_handed: frozenset[str] = frozenset()  # called with an optimizer here; defined in the run, never clearing
     wraps_optimizer: frozenset[str] = frozenset()  # classes of the run whose step() and zero_grad() are an optimizer's
+    handed_scaler: frozenset[str] = frozenset()  # its functions some call of the run hands a grad scaler
+    release_helpers: frozenset[str] = frozenset()  # functions of the run's other files that set gradient release up
+    scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs its callback while gradients are scaled
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
         """The context a file's context names (:meth:`ProjectIndex.context_of`) stand for."""
-        prefixes = (CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER)
+        prefixes = (
+            CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
+            HANDED_SCALER, RELEASES, SCALED_DISPATCH,
+        )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
             prefix = next((p for p in prefixes if name.startswith(p)), "")
@@ -139,6 +159,9 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
         if tree is None:
             return FileCalls()
     calls = _Scan(_lines_naming("unscale_", text)).file(tree.tree)
+    facts = scaler_release_facts(text, tree)
+    if facts:
+        calls = dataclasses.replace(calls, **facts)
     return _with_handed_and_wrapped(calls, text, tree)
 
 
@@ -686,6 +709,10 @@ class ProjectIndex:
         clearing: dict[str, set[str]] = {}
         wrapping: dict[str, set[str]] = {}
         not_wrapping: dict[str, set[str]] = {}
+        scalers_handed: dict[str, set[str]] = {}
+        releasing: dict[str, set[str]] = {}
+        not_releasing: dict[str, set[str]] = {}
+        dispatched: dict[str, set[str]] = {}
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
@@ -699,6 +726,10 @@ class ProjectIndex:
             clearing.setdefault(unit, set()).update(calls.clears_handed)
             wrapping.setdefault(unit, set()).update(calls.wraps_optimizer)
             not_wrapping.setdefault(unit, set()).update(calls.classes - calls.wraps_optimizer)
+            scalers_handed.setdefault(unit, set()).update(calls.hands_scaler)
+            releasing.setdefault(unit, set()).update(calls.releases)
+            not_releasing.setdefault(unit, set()).update((calls.defines | calls.classes) - calls.releases)
+            dispatched.setdefault(unit, set()).update(calls.scaled_dispatch)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
@@ -707,6 +738,9 @@ class ProjectIndex:
         self._steps_handed = {unit: frozenset(stepping[unit] - not_stepping[unit]) for unit in stepping}
         self._keeps_handed = {unit: frozenset(defined[unit] - clearing[unit]) for unit in defined}
         self._wraps_optimizer = {unit: frozenset(wrapping[unit] - not_wrapping[unit]) for unit in wrapping}
+        self._handed_scaler = {unit: frozenset(names) for unit, names in scalers_handed.items()}
+        self._releases = {unit: frozenset(releasing[unit] - not_releasing[unit]) for unit in releasing}
+        self._scaled_dispatch = {unit: frozenset(names) for unit, names in dispatched.items()}
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -720,7 +754,11 @@ class ProjectIndex:
         of which in the unit steps the optimizer it is handed; prefixed ``keeps:``, those
         defined in the unit and never clearing. Prefixed ``wraps:``, the classes of the unit's other
         files whose ``step()`` and ``zero_grad()`` are an optimizer's (every definition agreeing), which
-        this file may build (:class:`Context` reads them back).
+        this file may build. Prefixed ``scaler:``, its functions some call of the unit hands a grad
+        scaler; prefixed ``releases:``, the functions of the unit's other files that set gradient release
+        up (every definition agreeing), which this file may call; prefixed ``scaled:``, ``callback:function``
+        for its callbacks some function of the unit runs by name while the gradients are still scaled
+        (:mod:`gradlint.scaler_release_facts`; :class:`Context` reads them all back).
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -731,6 +769,10 @@ class ProjectIndex:
         keeps = self._keeps_handed.get(unit, frozenset()) & calls.hands
         # A file's own wrappers it reads itself; a class of another file is named here only if this file may build it.
         wrappers = sorted(self._wraps_optimizer.get(unit, frozenset()) - calls.classes)
+        handed_scaler = self._handed_scaler.get(unit, frozenset()) & calls.defines
+        # A file's own release set-ups it reads itself; those of other files apply where it calls them.
+        releases = self._releases.get(unit, frozenset()) - calls.defines - calls.classes
+        scaled = [fact for fact in self._scaled_dispatch.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
@@ -739,6 +781,9 @@ class ProjectIndex:
             + tuple(STEPS_HANDED + name for name in sorted(steps))
             + tuple(KEEPS_HANDED + name for name in sorted(keeps))
             + tuple(WRAPS_OPTIMIZER + name for name in wrappers)
+            + tuple(HANDED_SCALER + name for name in sorted(handed_scaler))
+            + tuple(RELEASES + name for name in sorted(releases))
+            + tuple(SCALED_DISPATCH + name for name in sorted(scaled))
         )
 
 

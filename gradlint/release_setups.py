@@ -53,6 +53,8 @@ _REFUSALS = {
     "scaler": re.compile(r"scaler|fp16|float16|half|amp\b|mixed_precision", re.IGNORECASE),
 }
 
+_HOOK_CALL_DEPTH = 2  # how many calls deep a release hook is followed to the optimizer step it makes
+
 # A branch test and which side of it a node is on: ("if" or "else").
 Branch = tuple[cst.BaseExpression, str]
 
@@ -206,17 +208,20 @@ class _Context:
     loops: tuple[cst.For, ...]
 
 
-def find_release(index: Any) -> ReleaseInfo:
+def find_release(index: Any, helpers: frozenset[str] = frozenset()) -> ReleaseInfo:
     """Find the release set-ups of a module and what the release rules weigh against them.
 
     ``index`` is the loop model's module index: it resolves qualified names
-    and calls into the module's own functions.
+    and calls into the module's own functions. ``helpers`` are the functions
+    of other files of the run that set gradient release up (the project
+    index's ``releases:``): a call of one here is a set-up of style ``"helper"``.
     """
     code = index.text if index.text is not None else index.module.code
     touches_grads = bool(_GRAD_ATTRIBUTE.search(code))
-    if not any(token in code for token in RELEASE_TOKENS):
+    helpers = frozenset(name for name in helpers if name in code)
+    if not helpers and not any(token in code for token in RELEASE_TOKENS):
         return ReleaseInfo(touches_grads=touches_grads)
-    finder = _Finder(index)
+    finder = _Finder(index, helpers)
     finder.run()
     return dataclasses.replace(finder.info(), touches_grads=touches_grads)
 
@@ -224,8 +229,9 @@ def find_release(index: Any) -> ReleaseInfo:
 class _Finder:
     """One pass over the module, keeping the function, branches and loops around each node."""
 
-    def __init__(self, index: Any) -> None:
+    def __init__(self, index: Any, helpers: frozenset[str] = frozenset()) -> None:
         self.index = index
+        self.helpers = helpers  # functions of other files of the run that set release up
         self._children = index.file.children  # the children the module index read
         self.setups: list[ReleaseSetup] = []
         self.hooks: set[cst.FunctionDef] = set()
@@ -312,9 +318,11 @@ class _Finder:
 
     def _call(self, call: cst.Call, ctx: _Context) -> None:
         helper = self.index.resolve_function(call, ctx.function)
+        name = callee_name(call) or ""
+        if helper is None and type(call.func) is cst.Name and name in self.index.class_methods:
+            helper = self.index.method_of(name, "__init__")  # ``OptimizerInBackward(...)`` runs the class's ``__init__``
         if helper is not None:
             self.calls.setdefault(ctx.function, set()).add(helper)
-        name = callee_name(call) or ""
         args = positional_args(call)
         release = frameworks.RELEASE_CALLS.get(name)
         if release is not None:
@@ -323,6 +331,8 @@ class _Finder:
             self._setup("apply_in_backward", call, ctx, model=_parameters_owner(call))
         elif name == "register_post_accumulate_grad_hook" and args:
             self._hook(call, args[0].value, ctx)
+        elif name in self.helpers and helper is None:  # ``setup_fused_optimizers(model, lr)`` of another module
+            self._setup("helper", call, ctx, optimizer=self._assigned_to.get(call))
         elif self._builds_scaler(call, name, ctx) and _enabled(call):
             self.scalers.append(Site(call, ctx.function, ctx.branches))
         elif name == "autocast" and _enabled(call) and self._is_fp16_autocast(call):
@@ -400,16 +410,24 @@ class _Finder:
             return
         if function is not None:
             self.hooks.add(function)  # registered as a hook: its code runs per parameter, whatever it steps
-        optimizer = self._stepped_optimizer(body)
+        optimizer = self._stepped_optimizer(body, function if function is not None else ctx.function)
         if optimizer is None:
             return
         model = _unless_parameter(_parameters_owner_of_loop(receiver(call), ctx.loops), ctx.function)
         self._learn_flags(ctx)
         self.setups.append(ReleaseSetup("hook", call, ctx.function, optimizer, model, function, _frees_grad(body)))
 
-    def _stepped_optimizer(self, body: cst.CSTNode) -> str | None:
-        """The optimizer a hook body steps (``optimizer_dict[p].step()`` → ``optimizer_dict``), if any."""
+    def _stepped_optimizer(self, body: cst.CSTNode, scope: cst.FunctionDef | None, depth: int = 0) -> str | None:
+        """The optimizer a hook body steps (``optimizer_dict[p].step()`` → ``optimizer_dict``), if any: in its own
+        body, or in a function of the module it calls (``self._apply_update(param)``), up to two calls deep.
+        ``scope`` is the function the body's names are resolved in (the hook itself, or the function around a lambda)."""
         for node in walk(body, into_lambdas=True):
+            if type(node) is cst.Call and depth < _HOOK_CALL_DEPTH and method_name(node) != "step":
+                callee = self.index.resolve_function(node, scope)
+                if callee is not None and callee is not body:
+                    found = self._stepped_optimizer(callee, callee, depth + 1)
+                    if found is not None:
+                        return found
             if type(node) is cst.Call and method_name(node) == "step":
                 recv = receiver(node)
                 name = dotted_name(recv) if type(recv) is not cst.Subscript else dotted_name(recv.value)

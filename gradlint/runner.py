@@ -22,7 +22,8 @@ from gradlint.config import Config
 from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
 from gradlint.gc_pause import cyclic_gc_paused
-from gradlint.prefilter import called_names, rules_that_might_fire
+from gradlint.prefilter import called_names, rules_that_might_fire, text_in_context
+from gradlint.tokens import RELEASE_SPELLINGS
 from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.project_index import FileCalls, ProjectIndex, join_scope, python_tree, scan_calls
 from gradlint.source import SourceError, decode, read_bytes
@@ -110,7 +111,8 @@ def run(
                 cache.put(key, result)
             continue
         firing = rules_that_might_fire(text, rules) if prefilter else rules
-        if not firing:  # never checked: its calls matter only if a file of its unit is checked (scanned below)
+        if not firing and not _may_decide_for_others(text):
+            # never checked: its calls matter only if a file of its unit is checked (scanned below)
             files.append(_File(item, rules, key, text, firing=firing, scanned=False))
             continue
         with cyclic_gc_paused():  # Python's tree holds no cycles either
@@ -152,6 +154,8 @@ def run(
                 continue
         if firing is None:
             firing = rules_that_might_fire(text, file.rules) if prefilter else file.rules
+        if prefilter and (read_as := text_in_context(text, context)) is not text:
+            firing = rules_that_might_fire(read_as, file.rules)  # what another file of the run stands in for
         if firing:  # checked with the rules whose tokens it holds: the others cannot fire
             pending.append((file.path, text, tuple(rule.code for rule in firing), context))
             pending_keys.append(key)
@@ -182,7 +186,12 @@ def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
     never parses them. A file known only from the cache counts as one that may be checked.
     """
     scopes: dict[str, str | None] = {}
-    checked = {join_scope(f.path, scopes) for f in files if f.scanned and (f.text is None or f.firing)}
+    # A file that sets gradient release up for others, or runs their callbacks on scaled gradients, may make a file of
+    # its unit that fires nothing by its own text a checked one.
+    checked = {
+        join_scope(f.path, scopes) for f in files
+        if f.scanned and (f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch)
+    }
     for file in files:
         if file.scanned or join_scope(file.path, scopes) not in checked:
             continue
@@ -191,6 +200,13 @@ def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
         file.scanned = True
         if cache is not None:
             cache.put_calls(file.key, file.calls)
+
+
+def _may_decide_for_others(text: str) -> bool:
+    """Whether a file no rule fires on may still decide what another file of its run does: it spells a gradient-release
+    set-up (a function of it may set release up for its callers) or a scaled backward (it may run another file's
+    callbacks on scaled gradients). The project index reads such a file (:mod:`gradlint.scaler_release_facts`)."""
+    return RELEASE_SPELLINGS.search(text) is not None or (".scale(" in text and "backward" in text)
 
 
 def _stat(path: str) -> os.stat_result | None:

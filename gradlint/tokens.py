@@ -123,6 +123,12 @@ STEP = call_of("step", handed=True)
 SCALER = re.compile("caler", re.IGNORECASE)
 
 
+# What every gradient-release set-up spells (torch's hook and ``_apply_optimizer_in_backward``, and the frameworks'
+# ``release_tokens``: ``gradlint.release_setups.RELEASE_TOKENS``, spelled out here so that start-up loads no LibCST;
+# tests/test_frameworks.py holds the two equal). A file that spells one may set release up for another file of its run.
+RELEASE_SPELLINGS = AnyOf("post_accumulate_grad_hook", "in_backward", "gradient_release", "in_bwd", "InBackward")
+
+
 def token_key(token: Need) -> tuple:
     """What ``token`` searches for, as a hashable value: two tokens with the same key match the same texts."""
     if isinstance(token, tuple):

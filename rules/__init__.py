@@ -3,7 +3,7 @@
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
 - ``parameters``: which parameters an optimizer holds (GL009)
-- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL105)
+- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL107)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
 - ``distributed``: distributed data-parallel training (GL302–GL305)
@@ -22,7 +22,9 @@ from gradlint.rules.accumulation import (
 from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
+    ScaledGradientStatistic,
     ScalerUnscalePerMicroBatch,
+    ScalerUpdateSkipped,
     ScalerWithoutUpdate,
     StepBypassesScaler,
 )
@@ -65,6 +67,8 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ClipBeforeUnscale,
     ScalerWithoutUpdate,
     ScalerUnscalePerMicroBatch,
+    ScalerUpdateSkipped,
+    ScaledGradientStatistic,
     GradScalerWithGradientRelease,
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,

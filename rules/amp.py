@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
-from gradlint.model import Event, LoopModel
+from gradlint.model import GRAD_READ, Event, Frame, FrameKind, LoopModel
 from gradlint.objects import last_name
 from gradlint.queries import (
     Accumulation,
@@ -18,6 +19,7 @@ from gradlint.queries import (
     backwards_reaching,
     exclusive,
     home_loop,
+    in_other_branch,
     innermost_loop,
     leaves_before,
     loop_phrase,
@@ -28,7 +30,8 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
-from gradlint.syntax import dotted_name, receiver
+from gradlint.rules.accumulation import _clips as clips_gradients
+from gradlint.syntax import callee_name, dotted_name, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -46,6 +49,49 @@ def _scaler_name(event: Event) -> str:
     return event.via_scaler or event.target or "scaler"
 
 
+def _presence(test: cst.BaseExpression, scaler: str) -> tuple[bool | None, bool | None]:
+    """What a branch test tells about an optional scaler when it holds and when it fails: True present, False absent
+    (None), None unknown. ``scaler``, ``scaler is not None``, ``not scaler``, ``self.scaler is None`` and their
+    ``and``/``or`` combinations."""
+    kind = type(test)
+    if kind is cst.UnaryOperation and type(test.operator) is cst.Not:
+        when_true, when_false = _presence(test.expression, scaler)
+        return when_false, when_true
+    if kind is cst.BooleanOperation:
+        (left_true, left_false), (right_true, right_false) = _presence(test.left, scaler), _presence(test.right, scaler)
+        if type(test.operator) is cst.And:  # holds: both hold; fails: either fails
+            return (left_true if left_true is not None else right_true), (left_false if left_false == right_false else None)
+        return (left_true if left_true == right_true else None), (left_false if left_false is not None else right_false)
+    if kind is cst.Comparison and len(test.comparisons) == 1:
+        comparison = test.comparisons[0]
+        if type(comparison.comparator) is cst.Name and comparison.comparator.value == "None" and _names(test.left, scaler):
+            if type(comparison.operator) in (cst.Is, cst.Equal):
+                return False, True
+            if type(comparison.operator) in (cst.IsNot, cst.NotEqual):
+                return True, False
+        return None, None
+    if kind in (cst.Name, cst.Attribute) and _names(test, scaler):
+        return True, False
+    return None, None
+
+
+def _names(node: cst.BaseExpression, scaler: str) -> bool:
+    name = dotted_name(node)
+    return name is not None and last_name(name) == last_name(scaler)
+
+
+def _without_scaler(event: Event, scaler: str) -> bool:
+    """Whether ``event`` runs only when ``scaler`` is None (``if scaler is None: loss.backward()``, the ``else`` of
+    ``if scaler:``): no call through the scaler meets it, since a call through None raises."""
+    for frame in event.frames:
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch not in ("if", "else"):
+            continue
+        when_true, when_false = _presence(frame.node.test, scaler)
+        if (when_true if frame.branch == "if" else when_false) is False:
+            return True
+    return False
+
+
 class BackwardWithoutScaler(Rule):
     """A ``GradScaler`` steps the optimizer, but the loss is backpropagated without ``scaler.scale()``.
 
@@ -59,7 +105,8 @@ class BackwardWithoutScaler(Rule):
     **Stays quiet when**
 
     - another backward of the same loop is scaled (the scaler is optional:
-      ``if scaler: ... else: loss.backward()``);
+      ``if scaler: ... else: loss.backward()``), or the backward runs only
+      when the scaler is None (``if scaler is None: loss.backward()``);
     - a framework backpropagates (``accelerator.backward``, Lightning, a
       DeepSpeed engine), or the loss is rebound to ``scaler.scale(loss)``
       (also through ``typing.cast``).
@@ -94,11 +141,13 @@ class BackwardWithoutScaler(Rule):
                 if id(loop) in done:
                     continue
                 events = region(root, user)
-                backwards = [e for e in events if e.kind is EventKind.BACKWARD and e.framework is None]
+                scaler = _scaler_name(user)
+                backwards = [
+                    e for e in events if e.kind is EventKind.BACKWARD and e.framework is None and not _without_scaler(e, scaler)
+                ]
                 if any(b.scaled for b in backwards):
                     done.add(id(loop))
                     continue
-                scaler = _scaler_name(user)
                 for backward in backwards:
                     if backward.node in settled:
                         continue
@@ -200,8 +249,18 @@ class ClipBeforeUnscale(Rule):
     **Stays quiet when**
 
     - ``scaler.unscale_(optimizer)`` runs between the scaled backward and the
-      clip, or the clip only runs on the unscaled branch;
-    - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales first).
+      clip on every path (also under the backward's own condition, ``if amp:``
+      around both, or under ``if scaler is not None:``), or the clip only runs
+      on the unscaled branch (the ``else`` of ``if scaler is not None:``, or of
+      a test the scaled backward sits on the other side of);
+    - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales
+      first), or clips nothing (an infinite ``max_norm``: GL107 reads it as a
+      statistic).
+
+    An ``unscale_`` that runs only under a setting of its own (``if
+    max_grad_norm > 0: scaler.unscale_(opt)``) leaves a later clip under
+    another setting clipping scaled gradients on the other path: flagged, and
+    the message names that path.
 
     **Bad**::
 
@@ -219,12 +278,20 @@ class ClipBeforeUnscale(Rule):
     Also flagged: a step function that clips and then calls
     ``scaler.step(opt)`` with no ``unscale_`` before the clip, called from a
     loop of the run (in this module or another of its package) that does
-    the scaled backward.
+    the scaled backward, or handed the scaler it steps through by a caller of
+    the run (``def step(self, loss, scaler=None)``, called as
+    ``updater.step(loss, scaler=self.scaler)``); its own backward may run
+    only without the scaler (``if scaler is None: loss.backward()``). And a
+    callback that clips, which a function of the run runs by name right
+    after its scaled backward and before it unscales
+    (``self.call_hook("after_backward")``, ``for hook in self._hooks:
+    hook.after_backward(self)``, in an engine class of another module).
 
     **Stays quiet when** an ``unscale_`` runs between the scaled backward and
-    the clip (in the step function, or in any function of the run that calls
-    it), the clip is accelerate's or another framework's (they unscale
-    first), or the backward that reaches the clip is not scaled.
+    the clip (in the step function or the callback, or in any function of
+    the run that calls the step function), the clip is accelerate's or
+    another framework's (they unscale first), or the backward that reaches
+    the clip is not scaled.
     """
 
     code = "GL103"
@@ -237,33 +304,147 @@ class ClipBeforeUnscale(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
             for event in root.events:
-                if event.kind is EventKind.CLIP and event.framework is None:
+                if event.kind is EventKind.CLIP and event.framework is None and not _clips_nothing(event):
                     position = root.order(event)
-                    reaching = backwards_reaching(root.events, event, stop=_unscales, position=position)
-                    last_backward = next((b for b in reaching if b.scaled), None)
-                    if last_backward is not None:
+                    reaching = _backwards_reaching_unscaled(model, root, event, position)
+                    scaled = _still_scaled(model, root, reaching, event)
+                    if scaled is not None:
+                        last_backward, skipped = scaled
                         scaler = _scaler_of(last_backward, model)
+                        if skipped:
+                            yield Report(
+                                event.node,
+                                f"gradients are clipped while still scaled by `{scaler}` (backward at line "
+                                f"{model.line(last_backward.node)}) {_where_skipped(model, skipped[0], event)}: call "
+                                f"`{model.code(skipped[0].node)}` on every path before the clip",
+                            )
+                            continue
                         yield Report(
                             event.node,
                             f"gradients are clipped while still scaled by `{scaler}` (backward at line "
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
                             fix=fixes.unscale_before_clip(model, root.events[position:], event, last_backward),
                         )
-                    elif not reaching:
-                        yield from _clip_before_scaler_step(model, root, event, position)
+                    else:
+                        yield from _clip_before_scaler_step(model, root, event, position, reaching)
+                        if not reaching:
+                            yield from _clip_in_scaled_callback(model, root, event, position)
 
 
-def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int) -> Iterator[Report]:
+def _same_condition(model: LoopModel, a: Frame, b: Frame) -> bool:
+    """Whether two branch frames hold on the same passes: one branch, or the same side of two ``if``s with one test
+    (``if clip: scaler.unscale_(opt)`` ... ``if clip: clip_grad_norm_(...)``)."""
+    if a is b:
+        return True
+    return (
+        a.branch == b.branch and a.branch in ("if", "else") and type(a.node) is cst.If and type(b.node) is cst.If
+        and model.code(a.node.test) == model.code(b.node.test)
+    )
+
+
+def _conditions(model: LoopModel, event: Event, around: Event) -> list[Frame]:
+    """The branches ``event`` runs under that ``around`` does not: when those fail, only ``around`` runs."""
+    return [
+        f for f in event.frames
+        if f.kind is FrameKind.BRANCH and not any(_same_condition(model, f, g) for g in around.frames)
+    ]
+
+
+def _covers(model: LoopModel, unscale: Event, read: Event, backward: Event | None = None) -> bool:
+    """Whether an ``unscale_`` (or a scaler's step) runs on every path to ``read``; with ``backward``, on every path
+    from that scaled backward to ``read``: its extra conditions are the backward's own (``if amp:`` around both), or
+    say that the scaler is there (``if scaler is not None:``), which a scaled backward implies."""
+    if exclusive(unscale, read) or (backward is not None and exclusive(unscale, backward)):
+        return False
+    extra = _conditions(model, unscale, read)
+    if backward is None:
+        return not extra
+    scaler = unscale.via_scaler
+    return all(
+        any(_same_condition(model, f, g) for g in backward.frames) or (scaler is not None and _says_present(f, scaler))
+        for f in extra
+    )
+
+
+def _says_present(frame: Frame, scaler: str) -> bool:
+    """Whether a branch runs only when ``scaler`` is not None (``if scaler is not None:``, the ``else`` of ``if not scaler:``)."""
+    if type(frame.node) is not cst.If or frame.branch not in ("if", "else"):
+        return False
+    when_true, when_false = _presence(frame.node.test, scaler)
+    return (when_true if frame.branch == "if" else when_false) is True
+
+
+def _contradicts(model: LoopModel, a: Event, b: Event) -> bool:
+    """Whether two events sit on opposite sides of the same test (``if args.fp16:`` / a later ``if args.fp16: ...
+    else:``): no pass runs both."""
+    return any(
+        f.kind is FrameKind.BRANCH and g.kind is FrameKind.BRANCH and f.branch in ("if", "else") and g.branch in ("if", "else")
+        and f.branch != g.branch and type(f.node) is cst.If and type(g.node) is cst.If
+        and model.code(f.node.test) == model.code(g.node.test)
+        for f in a.frames for g in b.frames
+    )
+
+
+def _backwards_reaching_unscaled(model: LoopModel, root, read: Event, position: int) -> list[Event]:
+    """The backwards whose gradients ``read`` may see, latest first, read back to an ``unscale_`` that runs on every
+    path to it (one under a condition of its own does not end the reading)."""
+    return backwards_reaching(root.events, read, stop=lambda e: _unscales(e) and _covers(model, e, read), position=position)
+
+
+def _still_scaled(model: LoopModel, root, reaching: list[Event], read: Event) -> tuple[Event, list[Event]] | None:
+    """The latest scaled backward among ``reaching`` whose gradients reach ``read`` unscaled on some path, and the
+    ``unscale_`` calls of its scaler between them that run on other paths only; None when every one is unscaled."""
+    at = root.order(read)
+    for backward in reaching:
+        if not backward.scaled:
+            continue
+        scaler = _scaler_of(backward, model)
+        if _without_scaler(read, scaler) or _contradicts(model, backward, read):
+            continue  # ``read`` runs only where this backward does not (``else`` of ``if scaler is not None:``)
+        between = [
+            e for e in root.events[root.order(backward) + 1 : at]
+            if _unscales(e) and (e.via_scaler is None or same_object(e.via_scaler, scaler))
+        ]
+        if any(_covers(model, e, read, backward) for e in between):
+            continue
+        return backward, [e for e in between if e.kind is EventKind.UNSCALE]
+    return None
+
+
+def _where_skipped(model: LoopModel, unscale: Event, read: Event) -> str:
+    """Where a conditional ``unscale_`` does not run, for messages."""
+    condition = next(iter(_conditions(model, unscale, read)), None)
+    if condition is None or type(condition.node) is not cst.If:
+        return f"on the paths where `{model.code(unscale.node)}` at line {model.line(unscale.node)} does not run"
+    test = model.code(condition.node.test)
+    holds = "false" if condition.branch == "if" else "true"
+    return (
+        f"on the path where `{test}` (line {model.line(condition.node)}) is {holds}, which skips "
+        f"`{model.code(unscale.node)}` at line {model.line(unscale.node)}"
+    )
+
+
+def _clips_nothing(clip: Event) -> bool:
+    """``clip_grad_norm_(params, float("inf"))``: an infinite threshold clips nothing (the norm it returns is a
+    statistic, which GL107 reads)."""
+    return not clips_gradients(clip)
+
+
+def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int, reaching: list[Event]) -> Iterator[Report]:
     """A step function that clips and then steps through a ``GradScaler``, its scaled backward left to a caller.
 
     ``scaler.step(opt)`` means the gradients arrive scaled; with no
     ``unscale_`` before the clip, they are clipped scaled. Only for a
-    function some loop of the run calls; quiet when a caller of this module
-    inlines it (the caller's view decides), or when some function of the run
-    that calls it also calls ``unscale_``.
+    function some loop of the run calls, or one handed the scaler it steps
+    through by a caller of the run (``def step(self, loss, scaler=None)``);
+    quiet when a caller of this module inlines it (the caller's view
+    decides), or when some function of the run that calls it also calls
+    ``unscale_``. The backwards of the function itself that reach the clip
+    (``reaching``) must all run only without the scaler (``if scaler is
+    None: loss.backward()``): with the scaler, the caller's backward does.
     """
     function = root.node
-    if type(function) is not cst.FunctionDef or function.name.value not in model.called_in_loop:
+    if type(function) is not cst.FunctionDef:
         return
     if function.name.value in model.unscaled_by_caller:
         return
@@ -275,6 +456,13 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int)
         if later.kind is EventKind.UNSCALE and not exclusive(later, clip):
             return
         if later.kind is EventKind.STEP and later.via_scaler is not None and not exclusive(later, clip):
+            scaler = later.via_scaler
+            if _without_scaler(clip, scaler) or not all(_without_scaler(b, scaler) for b in reaching):
+                return
+            if function.name.value not in model.called_in_loop and not (
+                function.name.value in model.handed_scaler and _is_parameter(scaler, function)
+            ):
+                return
             yield Report(
                 clip.node,
                 f"gradients are clipped before `{later.via_scaler}.step({later.target})` at line {model.line(later.node)} "
@@ -282,6 +470,38 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int)
                 f"scale leaves them multiplied by the loss scale; call `{later.via_scaler}.unscale_({later.target})` first",
             )
             return
+
+
+def _clip_in_scaled_callback(model: LoopModel, root, clip: Event, position: int) -> Iterator[Report]:
+    """A callback that clips, which a function of the run runs by name between its scaled backward and its
+    ``unscale_`` (``self.call_hook("after_backward")``, ``for h in self._hooks: h.after_backward()``).
+
+    Quiet when the callback unscales (or steps through a scaler) before the
+    clip itself, or when a caller of this module inlines it.
+    """
+    function = root.node
+    if type(function) is not cst.FunctionDef:
+        return
+    name = function.name.value
+    runners = sorted(fact.split(":", 1)[1] for fact in model.scaled_dispatch if fact.split(":", 1)[0] == name)
+    if not runners:
+        return
+    if any(_unscales(e) for e in root.events[:position]):
+        return
+    if any(r is not root and any(e.node is clip.node for e in r.events) for r in model.roots):
+        return
+    yield Report(
+        clip.node,
+        f"`{runners[0]}` (a function of the run) runs the `{name}` callbacks right after its scaled backward, before "
+        f"it unscales the gradients: the gradients clipped here are still multiplied by the loss scale; call "
+        f"`scaler.unscale_(optimizer)` in `{runners[0]}` before the callbacks run",
+    )
+
+
+def _is_parameter(name: str, function: cst.FunctionDef) -> bool:
+    """Whether ``name`` is a parameter of ``function`` (other than ``self``)."""
+    params = function.params
+    return name in {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)} - {"self", "cls"}
 
 
 class ScalerWithoutUpdate(Rule):
@@ -393,11 +613,19 @@ class ScalerUnscalePerMicroBatch(Rule):
                 scaler.update()
                 optimizer.zero_grad()
 
+    A framework's clip that unscales through the framework's own scaler on
+    every call is such an ``unscale_``: accelerate's
+    ``accelerator.clip_grad_norm_`` inside ``accelerator.accumulate()`` with
+    no ``if accelerator.sync_gradients:`` around it, when the module builds
+    the ``Accelerator`` with ``mixed_precision="fp16"`` and an accumulation
+    count above 1 (besides GL006, which reports the partial sums it clips).
+
     **Stays quiet when** the optimizer is not stepped through the same
     scaler; the unscale or update sits under an accumulation guard, in the
     other branch of the step's ``if`` (also of an ``if accumulation_steps >
     1:`` that picks the mode once), or leaves the loop before the step (a
-    skipped batch). The fix moves a per-micro-batch ``update()`` that is a
+    skipped batch); a framework's clip, when the module does not show the
+    framework's scaler on (bfloat16, or a precision read from elsewhere). The fix moves a per-micro-batch ``update()`` that is a
     statement of its own in a block around the step to right after the step;
     a per-micro-batch ``unscale_`` is not moved, since the clipping that
     reads the unscaled gradients has to move with it.
@@ -408,10 +636,14 @@ class ScalerUnscalePerMicroBatch(Rule):
     summary = "scaler.unscale_() or scaler.update() runs on micro-batches that do not step the optimizer"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ((BACKWARD, STEP, call_of("unscale_"), SCALER), (BACKWARD, STEP, call_of("update"), SCALER))
+    needs = (
+        (BACKWARD, STEP, call_of("unscale_"), SCALER), (BACKWARD, STEP, call_of("update"), SCALER),
+        *((BACKWARD, STEP, *tokens) for tokens in frameworks.UNSCALING_CLIP_TOKENS),
+    )
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
+            yield from _unscaling_clips(model, root)
             seen: set[int] = set()
             for step, loop in steps_with_loops(root):
                 if step.via_scaler is None:
@@ -446,8 +678,308 @@ class ScalerUnscalePerMicroBatch(Rule):
         )
 
 
+def _unscaling_clips(model: LoopModel, root) -> Iterator[Report]:
+    """A framework's clip inside its accumulation block, on every micro-batch, where the framework's clip unscales
+    through its ``GradScaler`` on each call and the module shows the scaler on (``frameworks``' ``UnscalingClip``)."""
+    for clip in root.events_of(EventKind.CLIP):
+        if clip.framework is None or any(f.kind is FrameKind.BRANCH and f.accumulation for f in clip.frames):
+            continue
+        block = next((f for f in reversed(clip.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+        found = frameworks.accumulate_call(block) if block is not None else None
+        unscaling = found[0].unscaling_clip if found is not None else None
+        if unscaling is None or unscaling.by != clip.framework:
+            continue
+        if not root.events_of(EventKind.STEP, block) or not root.events_of(EventKind.BACKWARD, block):
+            continue  # no step or no backward in the block: nothing accumulates there
+        shown = unscaling.scaler_on(model)
+        if shown is not None:
+            yield Report(clip.node, unscaling.message(model.code(clip.node), model.line(block.node), model.line(shown)))
+
+
 def _belongs_to(event: Event, step: Event) -> bool:
     """An ``unscale_`` of the stepped optimizer through the step's scaler, or an ``update()`` of that scaler."""
     if event.kind is EventKind.UNSCALE:
         return same_object(event.via_scaler, step.via_scaler) and (event.target is None or same_object(event.target, step.target))
     return event.kind is EventKind.SCALER_UPDATE and same_object(event.target, step.via_scaler)
+
+
+class ScalerUpdateSkipped(Rule):
+    """``scaler.update()`` is skipped on iterations that have already unscaled (or stepped) through the scaler.
+
+    **Why it matters.** A ``GradScaler`` keeps a stage per optimizer
+    (``_per_optimizer_states``): ``unscale_(opt)`` moves it to UNSCALED,
+    ``step(opt)`` to STEPPED, and only ``update()`` sets every optimizer back
+    to READY. A check that skips the step when the gradient norm is not
+    finite (``if torch.isfinite(norm): scaler.step(opt); scaler.update()``)
+    skips the ``update()`` too: the next iteration's ``unscale_(opt)`` raises
+    ``RuntimeError: unscale_() has already been called on this optimizer
+    since the last update()`` (a next ``step(opt)`` without ``unscale_``
+    raises ``step() has already been called since the last update()``), and
+    the loss scale never backs off after the overflow that caused the skip.
+
+    **Fix.** Call ``scaler.update()`` on every iteration that unscaled,
+    outside the check: ``scaler.step(opt)`` already skips a step whose
+    gradients hold inf/NaN, and ``update()`` then lowers the scale.
+
+    **Stays quiet when**
+
+    - another ``update()`` of the scaler runs on the other path (the
+      ``else`` of the check, or after it);
+    - the condition is an accumulation guard (GL105 judges those) or a
+      setting; only a test of the gradients' norm or finiteness
+      (``torch.isfinite(grad_norm)``, ``grad_norm < max_norm``, a name
+      assigned from ``clip_grad_norm_``) counts as a skip;
+    - the ``unscale_`` runs under the same check as the ``update()``.
+
+    **Bad**::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(grad_norm):
+            scaler.step(optimizer)
+            scaler.update()
+        optimizer.zero_grad()
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)  # skips the step itself when a gradient is inf/NaN
+        scaler.update()
+        optimizer.zero_grad()
+    """
+
+    code = "GL106"
+    name = "scaler-update-skipped"
+    summary = "scaler.update() is skipped on iterations that unscale_ or step through the scaler"
+    severity = Severity.ERROR
+    fix = None
+    needs = ((BACKWARD, call_of("update"), SCALER),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        reported: set[int] = set()
+        for root in model.roots:
+            for loop in root.loops():
+                if EventKind.BACKWARD not in root.kinds_in(loop):
+                    continue
+                events = root.events_in(loop)
+                for setter in events:
+                    if not _unscales(setter) or setter.via_scaler is None or innermost_loop(setter) is not loop:
+                        continue
+                    updates = [e for e in events if e.kind is EventKind.SCALER_UPDATE]
+                    found = _skipped_update(model, root, setter, updates)
+                    if found is not None and id(found[0].node) not in reported:
+                        update, check = found
+                        reported.add(id(update.node))
+                        yield Report(update.node, _skipped_message(model, setter, update, check))
+                        continue
+                    leaving = _leaving_check(model, root, setter, updates) if found is None else None
+                    if leaving is not None and id(leaving.node) not in reported:
+                        reported.add(id(leaving.node))
+                        yield Report(leaving.node, _left_message(model, setter, leaving))
+
+
+def _skipped_update(model: LoopModel, root, setter: Event, updates: list[Event]) -> tuple[Event, Frame] | None:
+    """The first ``update()`` of the setter's scaler after it, and the skip check around it, when every such update
+    runs only if a gradient check passes and none runs on the check's other side."""
+    later = _later_updates(root, setter, updates)
+    if not later:
+        return None
+    checks = []
+    for update in later:
+        check = next((f for f in _conditions(model, update, setter) if _is_gradient_check(model, f)), None)
+        if check is None:
+            return None
+        checks.append(check)
+    if any(in_other_branch(u, check) for u in later for check in checks):
+        return None
+    return later[0], checks[0]
+
+
+def _later_updates(root, setter: Event, updates: list[Event]) -> list[Event]:
+    at = root.order(setter)
+    return [
+        u for u in updates
+        if root.order(u) > at and same_object(u.target, setter.via_scaler) and not exclusive(u, setter) and not leaves_before(setter, u)
+    ]
+
+
+def _leaving_check(model: LoopModel, root, setter: Event, updates: list[Event]) -> Frame | None:
+    """A gradient check between the setter and its scaler's ``update()`` that leaves the iteration
+    (``if not torch.isfinite(norm): optimizer.zero_grad(); continue``) without updating."""
+    later = _later_updates(root, setter, updates)
+    if not later:
+        return None
+    for event in root.events[root.order(setter) + 1 : root.order(later[0])]:
+        for frame in _conditions(model, event, setter):
+            if frame.exits and _is_gradient_check(model, frame) and not any(u.inside(frame) for u in later):
+                return frame
+    return None
+
+
+def _left_message(model: LoopModel, setter: Event, check: Frame) -> str:
+    scaler = setter.via_scaler
+    raises = (
+        "the next `unscale_` raises `unscale_() has already been called on this optimizer since the last update()`"
+        if setter.kind is EventKind.UNSCALE else "the next `step` raises `step() has already been called since the last update()`"
+    )
+    return (
+        f"this check leaves the iteration after `{model.code(setter.node)}` at line {model.line(setter.node)} without "
+        f"`{scaler}.update()`: {raises}, and the loss scale never backs off; call `{scaler}.update()` before leaving, "
+        f"or let `{scaler}.step` skip the non-finite step itself"
+    )
+
+
+# Parts of a name that say it holds a gradient norm or whether the gradients are finite.
+_CHECK_PARTS = frozenset({"norm", "finite", "isfinite", "nonfinite", "nan", "inf", "overflow", "overflowed"})
+_CHECK_CALLS = frozenset({"isfinite", "isnan", "isinf"})
+
+
+def _is_gradient_check(model: LoopModel, frame: Frame) -> bool:
+    """A branch whose test checks the gradients of this iteration: ``torch.isfinite(norm)``, ``grad_norm < limit``,
+    ``not overflow``, or a name assigned from a clip (``norm = clip_grad_norm_(...)``). Accumulation guards and
+    settings (``if accumulation_steps > 1:``) are no such check."""
+    if frame.kind is not FrameKind.BRANCH or frame.accumulation or frame.fixed or type(frame.node) is not cst.If:
+        return False
+    for node in model.file.walk(frame.node.test):
+        if type(node) is cst.Call and (callee_name(node) or "") in _CHECK_CALLS:
+            return True
+        if type(node) in (cst.Name, cst.Attribute):
+            name = dotted_name(node)
+            if name is not None and _CHECK_PARTS & set(last_name(name).lower().split("_")):
+                return True
+    return False
+
+
+def _skipped_message(model: LoopModel, setter: Event, update: Event, check: Frame) -> str:
+    scaler = setter.via_scaler
+    test = model.code(check.node.test)
+    when = f"when `{test}` holds" if check.branch == "if" else f"when `{test}` does not hold"
+    if setter.kind is EventKind.UNSCALE:
+        then = (
+            f"`{model.code(setter.node)}` at line {model.line(setter.node)} runs on every iteration: after a skipped "
+            f"update the next `unscale_` raises `unscale_() has already been called on this optimizer since the last update()`"
+        )
+    else:
+        then = (
+            f"`{scaler}.step({setter.target})` at line {model.line(setter.node)} runs on every iteration: after a "
+            f"skipped update the next `step` raises `step() has already been called since the last update()`"
+        )
+    return (
+        f"`{model.code(update.node)}` runs only {when} (line {model.line(check.node)}), but {then}, and the loss scale "
+        f"never backs off after the overflow that skipped it; call `{scaler}.update()` on every iteration, outside the "
+        f"check (`{scaler}.step` already skips a step with inf/NaN gradients)"
+    )
+
+
+class ScaledGradientStatistic(Rule):
+    """A gradient statistic (a norm, a histogram) is read while the gradients are still multiplied by the loss scale.
+
+    **Why it matters.** After ``scaler.scale(loss).backward()`` every
+    gradient is multiplied by the loss scale (65536 at first, changing as
+    the scaler adapts). A gradient norm logged from ``p.grad.norm()``, from
+    ``clip_grad_norm_(params, float("inf"))`` or a histogram of ``p.grad``
+    taken before ``scaler.unscale_(optimizer)`` is that many times too
+    large, and jumps whenever the scale does. The usual way it happens:
+    ``unscale_`` runs only under the clipping setting (``if max_grad_norm >
+    0: scaler.unscale_(opt); clip_grad_norm_(...)``) while the statistic is
+    read on every iteration, or read before the ``unscale_``.
+
+    **Fix.** Call ``scaler.unscale_(optimizer)`` on every path, before the
+    statistic is read; ``scaler.step`` does not unscale a second time.
+
+    **Stays quiet when**
+
+    - an ``unscale_`` of the scaler runs on every path between the scaled
+      backward and the read (also under the same condition as both);
+    - the module never calls ``unscale_`` on that scaler: a norm of scaled
+      gradients read on purpose (to watch for overflow) is left alone;
+    - ``isfinite``/``isnan`` checks, which the scale does not change.
+
+    **Bad**::
+
+        scaler.scale(loss).backward()
+        if max_grad_norm > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+        wandb.log({"grad_norm": grad_norm})
+        scaler.step(optimizer)
+        scaler.update()
+
+    **Good**::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        if max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
+        wandb.log({"grad_norm": grad_norm})
+        scaler.step(optimizer)
+        scaler.update()
+    """
+
+    code = "GL107"
+    name = "statistic-of-scaled-gradients"
+    summary = "a gradient statistic (norm, histogram) is read while the gradients are still scaled"
+    severity = Severity.WARNING
+    fix = None
+    needs = ((BACKWARD, call_of("unscale_"), SCALER),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        found = []
+        for root in model.roots:
+            unscales = root.events_of(EventKind.UNSCALE)
+            if not unscales:
+                continue
+            for read in root.events:
+                if read.kind == GRAD_READ or (read.kind is EventKind.CLIP and read.framework is None and _clips_nothing(read)):
+                    scaled = _scaled_statistic(model, root, read, unscales)
+                    if scaled is not None:
+                        found.append((len(read.call_chain), read, scaled))
+        reported: set[int] = set()
+        for _, read, (root, backward, skipped, later) in sorted(found, key=lambda item: item[0]):
+            at = read.call_chain[0] if read.call_chain else read.node  # where the root reads it: the helper's call
+            if id(read.node) in reported or id(at) in reported:
+                continue  # one finding per read: from the root that reads it most directly
+            reported.update((id(read.node), id(at)))
+            yield _statistic_report(model, read, at, backward, skipped, later)
+
+
+def _scaled_statistic(model: LoopModel, root, read: Event, unscales: list[Event]) -> tuple | None:
+    """``(root, backward, skipped unscales, later unscale)`` when a scaled backward reaches ``read`` with no
+    ``unscale_`` on every path between, the root unscales that scaler elsewhere, and no step through the scaler
+    comes between (a statistic after the step reads what the step unscaled)."""
+    position = root.order(read)
+    scaled = _still_scaled(model, root, _backwards_reaching_unscaled(model, root, read, position), read)
+    if scaled is None:
+        return None
+    backward, skipped = scaled
+    scaler = _scaler_of(backward, model)
+    between = root.events[root.order(backward) + 1 : position]
+    if any(e.kind is EventKind.STEP and e.via_scaler is not None and same_object(e.via_scaler, scaler) and not exclusive(e, read) for e in between):
+        return None
+    loop = stepping_loop(root, backward)
+    known = [u for u in (root.events_of(EventKind.UNSCALE, loop) if loop is not None else unscales) if same_object(u.via_scaler, scaler)]
+    if not known:
+        return None  # no unscale_ of this scaler: a statistic of scaled gradients may be meant
+    later = next((u for u in known if root.order(u) > position), known[0])
+    return root, backward, skipped, later
+
+
+def _statistic_report(model: LoopModel, read: Event, at: cst.CSTNode, backward: Event, skipped: list[Event], later: Event) -> Report:
+    scaler = _scaler_of(backward, model)
+    inside = f" (at line {model.line(read.node)}: `{model.code(read.node)}`)" if at is not read.node else ""
+    if skipped:
+        where = _where_skipped(model, skipped[0], read)
+        fix = f"call `{model.code(skipped[0].node)}` on every path before it"
+    else:
+        where = f"before `{model.code(later.node)}` at line {model.line(later.node)}"
+        fix = f"read it after `{model.code(later.node)}`"
+    return Report(
+        at,
+        f"`{model.code(at)}`{inside} reads gradients still scaled by `{scaler}` (backward at line "
+        f"{model.line(backward.node)}) {where}: the statistic is multiplied by the loss scale; {fix}",
+    )

@@ -47,6 +47,8 @@ def _describe(model: LoopModel, setup: ReleaseSetup) -> str:
         return f"the optimizer step in the `register_post_accumulate_grad_hook` hook at line {line}"
     if setup.style == "apply_in_backward":
         return f"`_apply_optimizer_in_backward` at line {line}"
+    if setup.style == "helper":
+        return f"the gradient release `{callee}` sets up at line {line} (a function of another module that registers optimizer steps in backward)"
     return f"the optimizer-in-backward mode tested by `{model.code(setup.node)}` at line {line}"
 
 
@@ -286,6 +288,14 @@ class ClippingWithGradientRelease(Rule):
     **Fix.** Drop the clipping, clip per parameter inside the hook, or use an
     optimizer with update clipping such as StableAdamW, which bounds each
     update without needing every gradient.
+
+    The set-up may sit far from the loop: in another method of the class,
+    in a hook that steps through a method it calls, in a class of the module
+    whose ``__init__`` registers the hooks (as torchtune's
+    ``OptimizerInBackward``), or in a function of another module of the
+    package that the loop's module calls (the project index notes the
+    functions and classes of the run that set release up); the same holds
+    for GL201 and GL202.
 
     **Stays quiet when**
 

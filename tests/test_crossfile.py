@@ -198,3 +198,76 @@ def test_reading_only_the_statements_near_an_optimizer_argument_finds_what_readi
     whole = [project_index.scan_calls(text) for text in texts]
     assert near == whole
     assert sum(1 for calls in near if calls.hands) > 10  # not vacuous: files that hand an optimizer on
+
+
+def test_a_file_notes_the_calls_it_hands_a_scaler():
+    from gradlint.project_index import scan_calls
+
+    text = (
+        "def train_step(self, batch):\n"
+        "    self.updater.step(loss, grad_scaler=self.grad_scaler)\n"
+        "    self.log(loss, scaler_state)\n"
+        "    finish(optimizer, scaler)\n"
+        "    evaluate(model)\n"
+    )
+    assert scan_calls(text).hands_scaler == {"step", "log", "finish"}
+
+
+def test_a_file_notes_its_functions_and_classes_that_set_gradient_release_up():
+    from gradlint.project_index import scan_calls
+
+    text = (
+        "import torch\n"
+        "from torchtune import training\n"
+        "def with_torchtune(model, optim_dict):\n"
+        "    training.register_optim_in_bwd_hooks(model=model, optim_dict=optim_dict)\n"
+        "def with_hook(model, optimizers):\n"
+        "    def step_one(p):\n"
+        "        optimizers[p].step()\n"
+        "    for p in model.parameters():\n"
+        "        p.register_post_accumulate_grad_hook(step_one)\n"
+        "def logging_hooks(model):\n"
+        "    for p in model.parameters():\n"
+        "        p.register_post_accumulate_grad_hook(lambda q: print(q.grad.norm()))\n"
+        "class InBackward:\n"
+        "    def __init__(self, params):\n"
+        "        self._optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in params}\n"
+        "        for p in params:\n"
+        "            p.register_post_accumulate_grad_hook(lambda param=p: self._step_and_clear(param))\n"
+        "    def _step_and_clear(self, param):\n"
+        "        self._optimizers[param].step()\n"
+    )
+    assert scan_calls(text).releases == {"with_torchtune", "with_hook", "__init__", "InBackward"}
+
+
+def test_a_file_notes_the_callbacks_it_runs_while_the_gradients_are_scaled():
+    from gradlint.project_index import scan_calls
+
+    text = (
+        "class Engine:\n"
+        "    def after_backward(self):\n"
+        "        for hook in self._hooks:\n"
+        "            hook.after_backward(self)\n"
+        "    def run(self, loader):\n"
+        "        for batch in loader:\n"
+        "            self.call_hook('before_iter')\n"
+        "            self.scaler.scale(loss).backward()\n"
+        "            self.after_backward()\n"
+        "            self.call_hook('after_scaled_backward')\n"
+        "            self.scaler.unscale_(self.optimizer)\n"
+        "            self.call_hook('after_unscale')\n"
+        "            self.scaler.step(self.optimizer)\n"
+        "            self.scaler.update()\n"
+    )
+    assert scan_calls(text).scaled_dispatch == {"after_backward:run", "after_scaled_backward:run"}
+
+
+def test_a_release_helper_of_another_module_is_seen_only_with_its_module(tmp_path):
+    case = tmp_path / "pkg"
+    shutil.copytree(CROSSFILE / "release_set_up_by_helper_in_another_module", case)
+    together = runner.run([str(case)], Config(root=case), jobs=1)
+    assert sorted(f.code for r in together for f in r.findings) == ["GL202", "GL203"]
+    assert lint_file(str(case / "trainer.py")).findings == []  # alone, the helper is code it cannot see
+    (case / "fused.py").write_text((case / "fused.py").read_text().replace("optimizers[param].step()", "print(param.grad.norm())"))
+    apart = runner.run([str(case)], Config(root=case), jobs=1)
+    assert [f.code for r in apart for f in r.findings] == []  # a hook that steps nothing releases nothing

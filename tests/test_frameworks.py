@@ -123,3 +123,12 @@ def test_the_backward_prefilter_token_names_every_frameworks_backward_method():
     from gradlint.tokens import BACKWARD
 
     assert BACKWARD.names == frozenset({"backward", "replay", *frameworks.BACKWARD_METHODS})
+
+
+def test_the_release_spellings_of_the_prefilter_are_the_release_walks():
+    """The runner decides which files may set gradient release up for another file with gradlint/tokens.py's copy of
+    the release walk's tokens (importing the registry there would load LibCST at start-up): they must stay equal."""
+    from gradlint.release_setups import RELEASE_TOKENS
+    from gradlint.tokens import RELEASE_SPELLINGS
+
+    assert RELEASE_SPELLINGS.substrings == RELEASE_TOKENS  # in order: the runner compares them as tokens

@@ -162,6 +162,10 @@ MODEL_NO_SYNC: frozenset[str] = frozenset(m for m, c in NO_SYNC.items() if c.mod
 SYNC_SWITCHES: dict[str, SyncSwitch] = {s.method: s for s in reversed(_joined("sync_switches"))}
 SYNC_FLAGS: dict[str, SyncFlag] = {f.attribute: f for f in reversed(_joined("sync_flags"))}
 ACCUMULATE: dict[str, AccumulateContext] = {c.method: c for c in reversed(_joined("accumulate"))}
+# What a file must spell for a framework's clip to unscale on every micro-batch inside its accumulation block.
+UNSCALING_CLIP_TOKENS: tuple[tuple[str, ...], ...] = tuple(
+    (c.method, *c.unscaling_clip.tokens) for c in _joined("accumulate") if c.unscaling_clip is not None
+)
 # What a ``with`` item's call makes the block: its context in the loop model's words.
 CONTEXTS: dict[str, str] = {**dict.fromkeys(NO_SYNC, "no_sync"), **dict.fromkeys(ACCUMULATE, "accumulate")}
 SYNC_STEP_FLAGS: frozenset[str] = frozenset(c.sync_flag for c in ACCUMULATE.values())

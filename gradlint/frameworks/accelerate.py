@@ -13,18 +13,33 @@ model's ``no_sync()``; the optimizer ``prepare`` returns
 (``AcceleratedOptimizer``) steps and clears only when ``sync_gradients`` is
 set, and so does the prepared scheduler (``AcceleratedScheduler.step``
 returns early otherwise). ``no_sync(model)`` enters the model's own.
-``clip_grad_norm_`` unscales the gradients first.
+``clip_grad_norm_`` (and ``clip_grad_value_``) unscales the gradients first:
+under ``mixed_precision="fp16"`` (``native_amp``, a ``GradScaler``)
+``unscale_gradients`` calls ``self.scaler.unscale_(opt)`` for every prepared
+optimizer on each call, whether or not the micro-batch syncs, while the
+prepared optimizer's ``step`` runs ``scaler.step`` and ``scaler.update()``
+only when ``sync_gradients`` is set. A clip on a micro-batch that does not
+sync leaves the scaler's state UNSCALED, and the next micro-batch's clip
+raises ``unscale_() has already been called on this optimizer since the
+last update()``.
 
 Where it was read: accelerate v1.14.0, ``src/accelerate/accelerator.py``:
 ``Accelerator.__init__`` (``gradient_accumulation_steps``,
 ``gradient_accumulation_plugin``, ``deepspeed_plugin``, ``fsdp_plugin``,
-``megatron_lm_plugin``), ``backward``, ``accumulate``, ``_do_sync``,
-``no_sync``, ``prepare``, ``prepare_model`` (``DistributedDataParallel(model,
-**kwargs)``), ``clip_grad_norm_`` (``self.unscale_gradients()``);
-``src/accelerate/optimizer.py``: ``AcceleratedOptimizer.zero_grad`` and
-``step`` (``if self.gradient_state.sync_gradients``);
-``src/accelerate/scheduler.py``: ``AcceleratedScheduler.step``. The same
-since accelerate 0.16 (``accumulate``, ``sync_gradients``).
+``megatron_lm_plugin``, ``mixed_precision``: ``native_amp`` and
+``self.scaler = get_grad_scaler(...)`` for fp16), ``backward``,
+``accumulate``, ``_do_sync``, ``no_sync``, ``prepare``, ``prepare_model``
+(``DistributedDataParallel(model, **kwargs)``), ``clip_grad_norm_``
+(``self.unscale_gradients()``), ``unscale_gradients`` (``if self.native_amp
+and self.mixed_precision == "fp16": ... self.scaler.unscale_(opt)``, no test
+of ``sync_gradients``); ``src/accelerate/optimizer.py``:
+``AcceleratedOptimizer.zero_grad`` and ``step`` (``if
+self.gradient_state.sync_gradients: ... self.scaler.step(self.optimizer,
+closure); self.scaler.update()``); ``src/accelerate/scheduler.py``:
+``AcceleratedScheduler.step``. The same since accelerate 0.16
+(``accumulate``, ``sync_gradients``); ``unscale_gradients`` tests
+``self.native_amp and self.mixed_precision == "fp16"`` from v0.20.0 (v0.16.0:
+``self.use_fp16 and self.native_amp``), the same condition.
 
 ``accelerator.no_sync(model)`` is read through torch's ``no_sync`` (the
 same method name, :mod:`gradlint.frameworks.torch_ddp`); a clip through any
@@ -49,6 +64,7 @@ from gradlint.frameworks.framework import (
     Backward,
     CountSetting,
     Framework,
+    UnscalingClip,
     Wrap,
 )
 from gradlint.kinds import ObjKind
@@ -151,6 +167,35 @@ def _early_clear_message(zero: str, backward_line: int, block_line: int, step: s
         f"run only on the micro-batch that syncs, so there it clears the gradients the earlier micro-batches "
         f"accumulated before the last backward; clear after `{step}` instead"
     )
+
+
+def _unscaling_clip_message(clip: str, block_line: int, fp16_line: int) -> str:
+    return (
+        f"`{clip}` runs on every micro-batch inside `accumulate()` at line {block_line}, and with "
+        f"`mixed_precision=\"fp16\"` (line {fp16_line}) accelerate's clip calls its GradScaler's `unscale_` each time, "
+        f"while the prepared optimizer steps and calls `update()` only on the micro-batch that syncs: the second "
+        f"micro-batch raises `unscale_() has already been called on this optimizer since the last update()`; clip "
+        f"under `if accelerator.sync_gradients:`"
+    )
+
+
+def _fp16_accumulating(model: LoopModel) -> cst.Call | None:
+    """The ``Accelerator(...)`` the module builds with ``mixed_precision="fp16"`` and an accumulation count that may
+    exceed 1 (or a plugin, or ``**kwargs``), if any: its clips unscale through a GradScaler on micro-batches that
+    do not sync. A precision or count read from elsewhere is not known here."""
+    if model.index is None:
+        return None
+    for call in _facts(model.index).calls:
+        if not model.index.qualified_names(call.func) & _ACCELERATOR:
+            continue
+        precision = keyword_arg(call, "mixed_precision")
+        if precision is None or type(precision.value) is not cst.SimpleString or precision.value.evaluated_value != "fp16":
+            continue
+        count = keyword_arg(call, "gradient_accumulation_steps")
+        may_accumulate = count is not None and (number(count.value) is None or number(count.value) > 1)
+        if may_accumulate or keyword_arg(call, "gradient_accumulation_plugin") or any(a.star == "**" for a in call.args):
+            return call
+    return None
 
 
 def _scheduler_message(scheduler: str, optimizer: str) -> str:
@@ -371,6 +416,9 @@ FRAMEWORK = Framework(
             prepared_in=_prepared_in, certainly_unprepared=_certainly_unprepared,
             clip_message=_clip_message, clear_message=_clear_message,
             early_clear_message=_early_clear_message, scheduler_message=_scheduler_message,
+            unscaling_clip=UnscalingClip(
+                "accelerate", scaler_on=_fp16_accumulating, message=_unscaling_clip_message, tokens=("clip_grad", "fp16"),
+            ),
         ),
     ),
     wraps=(

@@ -18,7 +18,9 @@ The terms, and who reads them:
   keep a backward from all-reducing (the event builder; GL302, GL304, GL305);
 - :class:`AccumulateContext`: a block in which the framework decides the
   micro-batches, its prepared optimizers and schedulers stepping and
-  clearing only on the one that syncs (GL003, GL006, GL301, GL302);
+  clearing only on the one that syncs (GL003, GL006, GL301, GL302), and
+  its :class:`UnscalingClip`, a clip that unscales through the framework's
+  ``GradScaler`` on every call (GL105);
 - :class:`Wrap`: a call that wraps a model so that its backward
   all-reduces, and the framework's spelling of how to skip that for the
   micro-batches that do not step (the project index; GL302, GL303);
@@ -124,6 +126,20 @@ class SyncFlag:
 
 
 @dataclasses.dataclass(frozen=True)
+class UnscalingClip:
+    """A framework's clip that unscales the gradients through the framework's ``GradScaler`` each time it runs, with
+    no ``update()`` until the framework's own step: run on a micro-batch that does not step, the next one's clip
+    unscales again, and ``GradScaler.unscale_`` raises (GL105)."""
+
+    by: str  # the clip event's ``framework`` (the key of the clip's owner kind)
+    # ``model -> node``: where the module shows the scaler on and more than one micro-batch per step (the
+    # framework's object built with float16 and an accumulation count), or None when it does not
+    scaler_on: Callable[[LoopModel], cst.CSTNode | None]
+    message: Callable[[str, int, int], str]  # clip code, line of the accumulation block, line that shows the scaler on
+    tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
+
+
+@dataclasses.dataclass(frozen=True)
 class AccumulateContext:
     """A ``with`` block in which the framework decides the micro-batches: it all-reduces only on the one that syncs,
     and the optimizers and schedulers it prepared step and clear only there.
@@ -144,6 +160,7 @@ class AccumulateContext:
     # the prepared optimizer cleared before the block's backward (clear code, backward line, block line, step code)
     early_clear_message: Callable[[str, int, int, str], str]
     scheduler_message: Callable[[str, str], str]  # an unprepared scheduler stepped in the block (scheduler, optimizer)
+    unscaling_clip: UnscalingClip | None = None  # the framework's clip, when it unscales through the framework's scaler
 
 
 @dataclasses.dataclass(frozen=True)
