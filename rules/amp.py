@@ -50,9 +50,9 @@ def _scaler_name(event: Event) -> str:
 
 
 def _presence(test: cst.BaseExpression, scaler: str) -> tuple[bool | None, bool | None]:
-    """What a branch test tells about an optional scaler when it holds and when it fails: True present, False absent
-    (None), None unknown. ``scaler``, ``scaler is not None``, ``not scaler``, ``self.scaler is None`` and their
-    ``and``/``or`` combinations."""
+    """What a branch test tells about an optional scaler, when it holds and when it fails: True (the scaler is
+    there), False (it is None) or None (nothing). Read from ``scaler``, ``scaler is not None``, ``not scaler``,
+    ``self.scaler is None`` and their ``and``/``or`` combinations."""
     kind = type(test)
     if kind is cst.UnaryOperation and type(test.operator) is cst.Not:
         when_true, when_false = _presence(test.expression, scaler)
