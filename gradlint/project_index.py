@@ -507,7 +507,8 @@ def _names_optimizer(node: ast.AST) -> bool:
 def _what_handed_optimizers_get(functions: list, defines: set[str]) -> tuple[frozenset[str], frozenset[str]]:
     """Which of a file's functions step a parameter (every definition of the name), and which may clear gradients.
 
-    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` runs whatever path the
+    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` (or a scaler's
+    ``scaler.step(p)``) runs whatever path the
     body takes, early returns aside (a skipped step, as a scaler's): in its
     own top-level statements, inside ``with``, in both branches of an
     ``if``/``else``, or through a call handing ``p`` to another function of
@@ -550,6 +551,10 @@ def _steps_parameter(body: list[ast.stmt], params: set[str], stepping: set[str])
             name, receiver = _callee(value.func)
             if name == "step" and receiver in params:
                 return True
+            if name == "step" and receiver is not None and kind_from_name(receiver) is ObjKind.SCALER and any(
+                isinstance(a, ast.Name) and a.id in params for a in value.args
+            ):
+                return True  # ``scaler.step(optimizer)``
             if name in stepping and any(isinstance(a, ast.Name) and a.id in params for a in value.args):
                 return True
         elif isinstance(statement, ast.If) and statement.orelse:

@@ -71,11 +71,19 @@ class MissingZeroGrad(Rule):
 
     **Stays quiet when**
 
-    - the loop clears the optimizer: ``zero_grad()`` on it, on a wrapper
+    - the loop clears the optimizer on the path to the step: ``zero_grad()`` on it, on a wrapper
       that holds it (``self.optim.zero_grad()`` for ``self.optim.optimizer``) or on its model,
       ``p.grad = None``, a helper that clears (also one handed a list of
-      optimizers), or a closure run by ``step(closure)``; a clear in an
-      ``except`` handler does not count (it runs only on failed batches);
+      optimizers), or a closure run by ``step(closure)``. A clear counts
+      only on the paths where it runs: not one in an ``except`` handler (it
+      runs only on failed batches), in the other branch of an ``if`` that is
+      no accumulation guard (``if amp: opt.zero_grad(); ... else:
+      loss.backward(); opt.step()``), in a branch that leaves before the
+      step, or, for a step on every iteration, under a periodic test of its
+      own (``if step % 100 == 0: opt.zero_grad()``)
+      (``fixtures/clearing/clear_on_one_branch_only.py``); a clear at the
+      start of an accumulation window serves the step at its end
+      (``fixtures/clearing/ok_clear_on_every_path.py``);
     - the optimizer is handed to code the model cannot see, which may clear
       it, unless the callee's name says what else it does
       (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
@@ -126,30 +134,85 @@ class MissingZeroGrad(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            checked: set[tuple[str, int]] = set()
+            reported: set[tuple[str, int]] = set()
             for step, loop in steps_with_loops(root):
                 key = (step.target or "", id(loop))
-                if key in checked:
-                    continue
-                checked.add(key)
-                if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
+                if key in reported:
+                    continue  # one finding per optimizer and loop
+                zeros = [e for e in root.events_of(EventKind.ZERO, loop) if clears(model, e, step.target)]
+                # A loop that also steps the optimizer under an accumulation guard accumulates: GL011 and GL003 weigh it.
+                periodic = not any(
+                    same_object(s.target, step.target) and any(f.accumulation for f in frames_inside(s, loop))
+                    for s in root.events_of(EventKind.STEP, loop)
+                )
+                off_path = [z for z in zeros if _off_the_path(model, z, step, loop, periodic) is not None]
+                if len(off_path) < len(zeros):
                     continue
                 if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
+                if any(
+                    same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) and _off_the_path(model, e, step, loop, periodic=False) is None
+                    for e in root.events_of(HANDOFF, loop)
+                ):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
-                yield Report(
-                    step.node,
-                    f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
-                    f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients",
-                    fix=fixes.add_zero_grad(model, step),
-                )
+                reported.add(key)
+                if off_path:
+                    zero = off_path[0]
+                    message = (
+                        f"`{step.target}` is stepped at line {model.line(step.node)} but nothing clears its gradients on "
+                        f"the path to this step {loop_phrase(model, loop)}: `{model.code(zero.node)}` at line "
+                        f"{model.line(zero.node)} runs {_off_the_path(model, zero, step, loop, periodic)}; each step without it also "
+                        f"applies every earlier step's gradients"
+                    )
+                else:
+                    message = (
+                        f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
+                        f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients"
+                    )
+                yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
             yield from _backward_before_loop(model, root)
+
+
+def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, periodic: bool = True) -> str | None:
+    """Where a clear (or a handoff that may clear) of the step's optimizer runs instead of on the path to the step,
+    in words; None when it runs on that path.
+
+    A clear counts only on the paths where it runs before the step that needs
+    it (or after the step before the next one): not in the other branch of an
+    ``if`` that is no accumulation guard (``if amp: opt.zero_grad(); ...
+    scaler.step(opt) else: loss.backward(); opt.step()``), not in a branch
+    that leaves the iteration before the step (``if not finite: opt.zero_grad();
+    continue``), and, for a step that runs on every micro-batch, not under a
+    periodic test of its own (``if step % 100 == 0: opt.zero_grad()``).
+    Branches of an accumulation guard alternate between micro-batches, so a
+    clear in one may serve a step in another (a clear at the window's start).
+    """
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or step.inside(frame):
+            continue
+        if frame.branch == "after" or type(frame.node) is not cst.If:
+            continue
+        if in_other_branch(step, frame) and not frame.accumulation:
+            return f"only in the other branch of the `if` at line {model.line(frame.node)}"
+    if leaves_before(clear, step):
+        return "only on the iterations that leave before the step"
+    if periodic and step.framework is None and not step.with_context("accumulate") and not any(
+        f.kind is FrameKind.BRANCH and f.accumulation for f in frames_inside(step, loop)
+    ):
+        for frame in frames_inside(clear, loop):
+            if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
+                return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+    return None
+
+
+def _periodic(test: cst.BaseExpression) -> bool:
+    """Whether a test holds a remainder (``step % 100 == 0``): true on one iteration in so many."""
+    return any(type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(test))
 
 
 def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
@@ -191,6 +254,7 @@ def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
             f"the gradients of this backward are not cleared before the loop at line {model.line(outer.node)}, which "
             f"clears `{step.target}` only after stepping: its first step at line {model.line(first_step.node)} applies "
             f"them too; clear `{step.target}` before the loop",
+            event=backward, against=(first_step,),
         )
 
 
@@ -277,6 +341,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                         f"`{event.target}` steps {_twice(model, first, event)} in the same iteration, with a backward "
                         f"at line {model.line(backward.node)} between and no clear: the second step applies the first "
                         f"step's gradients again; clear `{event.target}` before the second backward",
+                        event=event, against=(first, backward),
                     )
             last_step[key] = event
             since[key] = []
@@ -368,6 +433,7 @@ class ZeroGradBetweenBackwardAndStep(Rule):
                     f"{model.line(backward.node)} before `{step.target}` steps at line {model.line(step.node)}: "
                     f"the step sees no gradients",
                     fix=fixes.move_after_step(model, zero, step),
+                    event=zero, against=(backward, step),
                 )
 
 
@@ -468,6 +534,7 @@ class ZeroGradInAccumulation(Rule):
                             f"backward at line {model.line(backward.node)}: it clears what the earlier micro-batches "
                             f"accumulated, so only the last one's gradients reach `{step.target}`'s step; clear right "
                             f"after the step instead",
+                            event=zero, against=(backward, step),
                         )
                     )
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
@@ -498,6 +565,7 @@ class ZeroGradInAccumulation(Rule):
                             f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
                             f"{_undivided_too(model, root, acc, zero)}",
                             fix=fixes.move_after_step(model, zero, step),
+                            event=zero, against=(step,),
                         )
                     )
 
@@ -542,7 +610,7 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
-            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target))
+            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
 
 
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
@@ -632,6 +700,7 @@ def _prepared_clear_before_backward(
     return Report(
         zero.node,
         declared.early_clear_message(model.code(zero.node), model.line(after[0].node), model.line(block.node), model.code(step.node)),
+        event=zero, against=(after[0], step),
     )
 
 
@@ -796,6 +865,7 @@ class UnscaledAccumulatedLoss(Rule):
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
                         f"but the loss is not divided by {count}: each step is that many times too large",
                         fix=fixes.divide_loss(model, backward, acc),
+                        event=backward, against=(step,),
                     )
 
 
