@@ -430,7 +430,7 @@ class EventBuilder:
         index = self.index
         method = method_name(call)
         recv = receiver(call)
-        recv_name = dotted_name(recv)
+        recv_name = dotted_name(recv) if type(recv) is not cst.Subscript else _element_name(recv)
         qualified = index.qualified_names(call.func)
         frames, chain = scope.frames, scope.chain
 
@@ -501,20 +501,23 @@ class EventBuilder:
         if method == "step":
             args = positional_args(call)
             if recv_kind is ObjKind.SCALER and args:
-                emit(EventKind.STEP, target=dotted_name(args[0].value), target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+                target = _element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)
+                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
                 return
             if recv_kind is ObjKind.OPTIMIZER:
                 closure = args[0].value if args else (keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None)
                 if closure is not None:
                     self._inline_closure(closure, scope, out)
-                emit(EventKind.STEP, target=recv_name, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
+                target = _element_of_loop(recv, scope.frames) or recv_name
+                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.SCHEDULER:
                 emit(EventKind.SCHED_STEP, target=recv_name, target_kind=ObjKind.SCHEDULER, has_args=bool(call.args))
                 return
         if method == "unscale_" and recv_kind is ObjKind.SCALER:
             args = positional_args(call)
-            emit(EventKind.UNSCALE, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+            target = (_element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)) if args else None
+            emit(EventKind.UNSCALE, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
             return
         if method == "update" and recv_kind is ObjKind.SCALER:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
@@ -595,6 +598,8 @@ class EventBuilder:
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
             return ObjKind.UNKNOWN
+        if name.endswith("]"):  # ``opts[i]``, ``optimizers["g"]``: an element has its collection's kind
+            return self._kind(name[: name.index("[")])
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:
             return known.kind
@@ -789,6 +794,41 @@ def _may_step(call: cst.CSTNode) -> bool:
     something else (``save_checkpoint(model, optimizer)``, ``adjust_learning_rate(optimizer, epoch)``)."""
     name = callee_name(call) if type(call) is cst.Call else None
     return name is None or _STEPPING_WORDS.search(name) is not None or _NOT_STEPPING.search(name) is None
+
+
+def _element_name(node: cst.Subscript) -> str | None:
+    """``opts[1]``, ``optimizers['g']``, ``opts[i]``: an element of a named collection, by a number, a string or a
+    name; None for anything else (a slice, ``self.optimizers()[0]``)."""
+    base = dotted_name(node.value)
+    if base is None or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+        return None
+    key = node.slice[0].slice.value
+    if type(key) is cst.Integer:
+        return f"{base}[{key.value}]"
+    if type(key) is cst.SimpleString and "." not in key.evaluated_value:
+        return f"{base}[{key.evaluated_value!r}]"
+    if type(key) is cst.Name:
+        return f"{base}[{key.value}]"
+    return None
+
+
+def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:
+    """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (or ``optimizers.values()``): the element of a
+    named collection the loop is at, so that a clear of one element (``optimizers[1].zero_grad()``) may reach it."""
+    if type(node) is not cst.Name:
+        return None
+    for frame in reversed(frames):
+        if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
+            continue
+        loop = frame.node
+        if type(loop.target) is not cst.Name or loop.target.value != node.value:
+            continue
+        iterable = loop.iter
+        if type(iterable) is cst.Call and method_name(iterable) == "values" and not iterable.args:
+            iterable = receiver(iterable)
+        collection = dotted_name(iterable)
+        return f"{collection}[{node.value}]" if collection is not None else None
+    return None
 
 
 def _assigns(node: cst.CSTNode, names: set[str]) -> bool:

@@ -42,6 +42,16 @@ def _built_from(model: LoopModel, outer: str, inner: str) -> bool:
     )
 
 
+def _may_be_same_element(a: str, b: str) -> bool:
+    """``opts[i]`` and ``opts[0]``: elements of one collection, one of them picked by a variable."""
+    if not (a.endswith("]") and b.endswith("]")):
+        return False
+    base_a, key_a = a[:-1].split("[", 1)
+    base_b, key_b = b[:-1].split("[", 1)
+    literal = re.compile(r"^(\d+|'.*'|\".*\")$")
+    return same_object(base_a, base_b) and not (literal.match(key_a) and literal.match(key_b))
+
+
 def param_sources(model: LoopModel, optimizer: str) -> frozenset[str]:
     """The models an optimizer was built from, when the module shows it."""
     info = model.objects.get(optimizer)
@@ -73,6 +83,7 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
         return (
             same_object(zero.target, optimizer) or _holds(zero.target, optimizer) or _holds(optimizer, zero.target)
             or _built_from(model, optimizer, zero.target) or _built_from(model, zero.target, optimizer)
+            or _may_be_same_element(zero.target, optimizer)
         )
     sources = param_sources(model, optimizer)
     if not sources:

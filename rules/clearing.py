@@ -37,7 +37,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, method_name, walk
+from gradlint.syntax import callee_name, dotted_name, method_name, number, walk
 
 
 class MissingZeroGrad(Rule):
@@ -267,17 +267,22 @@ def _clears_or_steps(model: LoopModel, event: Event, optimizer: str) -> bool:
 
 
 def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> bool:
-    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models)."""
+    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models),
+    itself or in a function of the module it calls (``loss = self.compute_loss(batch)``)."""
     if backward.loss is None or model.index is None:
         return False
     expressions = [backward.loss]
     name = dotted_name(backward.loss) or _root_of(backward.loss)
+    function = _function_around(model, backward.node)
     if name is not None:
-        function = _function_around(model, backward.node)
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+    calls = [node for expression in expressions for node in model.file.walk(expression) if type(node) is cst.Call]
+    if any(last_name(dotted_name(call.func) or "") in sources for call in calls):
+        return True
+    helpers = {model.index.resolve_function(call, function) for call in calls} - {None}
     return any(
         type(node) is cst.Call and last_name(dotted_name(node.func) or "") in sources
-        for expression in expressions for node in model.file.walk(expression)
+        for helper in helpers for node in model.file.walk(helper.body)
     )
 
 
@@ -484,6 +489,16 @@ class ZeroGradInAccumulation(Rule):
     a clear on the window's first micro-batch, ``if j % k == 0:``, tests
     something else and is right).
 
+    A clear at the start of each epoch is flagged when the step's guard counts
+    micro-batches across epochs (``self.global_step % k``, counted up in the
+    batch loop and never set back in the epoch loop) and the batch loop clears
+    after its own step: the last micro-batches of each epoch belong to the
+    next epoch's first step, and the clear throws them away
+    (``fixtures/accumulation/epoch_start_clear_with_counter_across_epochs.py``;
+    quiet when the guard counts per epoch, ``(i + 1) % k`` of the batch loop's
+    index or a counter set back each epoch, or flushes the epoch's last
+    micro-batches with an ``or`` clause: ``fixtures/accumulation/ok_epoch_start_clear_with_counter_per_epoch.py``).
+
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
     in the module with ``gradient_accumulation_steps``, or one handed in
     from elsewhere when the block itself tests ``sync_gradients``),
@@ -523,6 +538,9 @@ class ZeroGradInAccumulation(Rule):
             for report in _ungated_clears_in_accumulate(model, root):
                 if report.node not in settled:
                     yield report
+            for report in _epoch_start_clears(model, root):
+                if report.node not in settled:
+                    yield settled.note(report)
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
             for zero, backward, step, guard in _boundary_clears_before_backward(model, root):
                 if zero.node not in settled and id(zero) not in between:
@@ -643,6 +661,99 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
             ]
             if later:
                 yield zero, later[0], step, acc.frame
+
+
+def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A clear at the start of each epoch while the accumulation guard counts micro-batches across epochs.
+
+    ``for epoch ...: opt.zero_grad(); for batch ...: ...; global_step += 1;
+    if global_step % k == 0: opt.step(); opt.zero_grad()``: the counter
+    carries the last ``global_step % k`` micro-batches of an epoch over to a
+    step in the next, but the clear at the epoch's start throws their
+    gradients away, so the first step of every epoch sums fewer micro-batches
+    than it divides by. Only where the batch loop clears after its own step
+    (else the loop never clears: GL001), the counter is not reset or rebound
+    in the epoch loop, and the guard has no clause that flushes the last
+    micro-batches of an epoch (``or i == len(loader) - 1``).
+    """
+    seen: set[int] = set()
+    for step, loop in steps_with_loops(root):
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If:
+            continue
+        outer = _loop_around(step, loop)
+        counter = _counts_across(model, acc.frame.node.test, loop, outer) if outer is not None else None
+        if counter is None:
+            continue
+        if not any(clears(model, z, step.target) and step.inside(acc.frame) and z.inside(acc.frame) for z in root.events_of(EventKind.ZERO, loop)):
+            continue
+        first = root.events_in(loop)[0]
+        for zero in root.events_of(EventKind.ZERO, outer):
+            if id(zero) in seen or zero.inside(loop) or root.order(zero) > root.order(first):
+                continue
+            if any(f.kind is not FrameKind.WITH for f in frames_inside(zero, outer)) or not clears(model, zero, step.target):
+                continue
+            seen.add(id(zero))
+            yield Report(
+                zero.node,
+                f"`{model.code(zero.node)}` at the start of each epoch throws away the micro-batches accumulated at the "
+                f"end of the previous one: the guard `{model.code(acc.frame.node.test)}` at line "
+                f"{model.line(acc.frame.node)} counts `{model.code(counter)}` across epochs, so those micro-batches belong to `{step.target}`'s "
+                f"next step, which then sums fewer micro-batches than the loss is divided by; clear only after the step, "
+                f"or count the micro-batches per epoch",
+                event=zero, against=(step,),
+            )
+
+
+def _loop_around(event: Event, loop: Frame) -> Frame | None:
+    """The loop directly around ``loop`` among the event's frames (the epoch loop around a batch loop)."""
+    loops = event.loops
+    at = next(i for i, f in enumerate(loops) if f is loop)
+    return loops[at - 1] if at > 0 else None
+
+
+def _counts_across(model: LoopModel, test: cst.BaseExpression, loop: Frame, outer: Frame) -> cst.BaseExpression | None:
+    """What the guard ``test`` takes a remainder of, when it is a counter that the batch ``loop`` counts up and the
+    epoch loop ``outer`` never sets back: not the batch loop's own index, nothing assigned in the epoch loop
+    outside the batch loop; and no ``or`` clause that flushes an epoch's last micro-batches. Else None."""
+    if any(type(n) is cst.BooleanOperation and type(n.operator) is cst.Or for n in model.file.walk(test)):
+        return None
+    remainders = [n for n in model.file.walk(test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
+    if len(remainders) != 1:
+        return None
+    counters = _counted_names(remainders[0].left)
+    if not counters or type(loop.node) is not cst.For:
+        return None
+    if counters & {n.value for n in model.file.walk(loop.node.target) if type(n) is cst.Name}:
+        return None  # ``for i, batch in enumerate(loader)``: counted per epoch
+    counted_up = set()
+    for node in model.file.walk(loop.node.body):
+        if type(node) is cst.AugAssign and type(node.operator) is cst.AddAssign:
+            counted_up.add(dotted_name(node.target))
+    if not counters <= counted_up:
+        return None
+    for node in model.file.walk(outer.node.body):
+        if node is loop.node:
+            continue
+        if type(node) in (cst.Assign, cst.AnnAssign) and not lies_in(model, node, loop.node):
+            targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+            if any(dotted_name(t) in counters for t in targets):
+                return None  # ``global_step = 0`` at the start of each epoch
+    return remainders[0].left
+
+
+def _counted_names(expression: cst.BaseExpression) -> set[str]:
+    """The names a counter expression adds up (``global_step`` in ``global_step + 1``); empty when it holds anything
+    else than names, attributes, numbers and sums."""
+    if type(expression) in (cst.Name, cst.Attribute):
+        name = dotted_name(expression)
+        return {name} if name is not None else set()
+    if type(expression) is cst.BinaryOperation and type(expression.operator) in (cst.Add, cst.Subtract):
+        left, right = _counted_names(expression.left), _counted_names(expression.right)
+        if (not left and number(expression.left) is None) or (not right and number(expression.right) is None):
+            return set()
+        return left | right
+    return set()
 
 
 def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
