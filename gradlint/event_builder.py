@@ -502,7 +502,11 @@ class EventBuilder:
             args = positional_args(call)
             if recv_kind is ObjKind.SCALER and args:
                 target = _element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)
-                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+                # ``scaler.step(opt, closure=f)``: a disabled scaler runs ``opt.step(closure=f)`` (an enabled one raises)
+                closure = keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None
+                if closure is not None:
+                    self._inline_closure(closure, scope, out)
+                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.OPTIMIZER:
                 closure = args[0].value if args else (keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None)
