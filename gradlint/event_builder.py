@@ -19,6 +19,7 @@ from gradlint.syntax import (
     callee_name,
     contains_division,
     dotted_name,
+    element_name,
     is_grad,
     tracked_name,
     keyword_arg,
@@ -430,7 +431,7 @@ class EventBuilder:
         index = self.index
         method = method_name(call)
         recv = receiver(call)
-        recv_name = dotted_name(recv) if type(recv) is not cst.Subscript else _element_name(recv)
+        recv_name = dotted_name(recv) if type(recv) is not cst.Subscript else element_name(recv)
         qualified = index.qualified_names(call.func)
         frames, chain = scope.frames, scope.chain
 
@@ -800,35 +801,22 @@ def _may_step(call: cst.CSTNode) -> bool:
     return name is None or _STEPPING_WORDS.search(name) is not None or _NOT_STEPPING.search(name) is None
 
 
-def _element_name(node: cst.Subscript) -> str | None:
-    """``opts[1]``, ``optimizers['g']``, ``opts[i]``: an element of a named collection, by a number, a string or a
-    name; None for anything else (a slice, ``self.optimizers()[0]``)."""
-    base = dotted_name(node.value)
-    if base is None or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
-        return None
-    key = node.slice[0].slice.value
-    if type(key) is cst.Integer:
-        return f"{base}[{key.value}]"
-    if type(key) is cst.SimpleString and "." not in key.evaluated_value:
-        return f"{base}[{key.evaluated_value!r}]"
-    if type(key) is cst.Name:
-        return f"{base}[{key.value}]"
-    return None
-
-
 def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:
-    """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (or ``optimizers.values()``): the element of a
-    named collection the loop is at, so that a clear of one element (``optimizers[1].zero_grad()``) may reach it."""
+    """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (also ``enumerate(optimizers)``, ``zip(optimizers,
+    ...)``, ``optimizers.values()`` or ``.items()``): the element of a named collection the loop is at, so that a clear
+    of one element (``optimizers[1].zero_grad()``) may reach it."""
     if type(node) is not cst.Name:
         return None
     for frame in reversed(frames):
         if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
             continue
         loop = frame.node
-        if type(loop.target) is not cst.Name or loop.target.value != node.value:
+        if not any(type(n) is cst.Name and n.value == node.value for n in walk(loop.target)):
             continue
-        iterable = loop.iter
-        if type(iterable) is cst.Call and method_name(iterable) == "values" and not iterable.args:
+        iterable = _zipped_source(loop, node.value)
+        if type(iterable) is cst.Call and callee_name(iterable) == "enumerate" and positional_args(iterable):
+            iterable = positional_args(iterable)[0].value
+        if type(iterable) is cst.Call and method_name(iterable) in ("values", "items") and not iterable.args:
             iterable = receiver(iterable)
         collection = dotted_name(iterable)
         return f"{collection}[{node.value}]" if collection is not None else None
