@@ -28,7 +28,12 @@ class Report:
     events it is judged against (the step a clip runs before): when the event
     was inlined from a helper and the others were not inlined through the same
     calls, the finding is placed at the call the user must change (see
-    :func:`gradlint.linter.report_site`).
+    :func:`gradlint.linter.report_site`). A rule names them where its finding
+    is about where or how often the event runs (a clear, clip, unscale or
+    scheduler step in the wrong place, a step never cleared); where it is
+    about what the event's own line says (a step that bypasses the scaler,
+    a zeroing that keeps buffers), the line itself is the one to change, and
+    the rule leaves ``event`` unset.
     """
 
     node: cst.CSTNode
