@@ -250,7 +250,9 @@ class ClipBeforeUnscale(Rule):
 
     - ``scaler.unscale_(optimizer)`` runs between the scaled backward and the
       clip on every path (also under the backward's own condition, ``if amp:``
-      around both, or under ``if scaler is not None:``), or the clip only runs
+      around both, under ``if scaler is not None:``, or under an ``or`` one of
+      whose terms the clip's own test requires: ``if clip_norm or clip_value:
+      scaler.unscale_(opt)`` before ``if clip_value: clip_grad_value_(...)``), or the clip only runs
       on the unscaled branch (the ``else`` of ``if scaler is not None:``, or of
       a test the scaled backward sits on the other side of);
     - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales
@@ -344,11 +346,39 @@ def _same_condition(model: LoopModel, a: Frame, b: Frame) -> bool:
     )
 
 
+def _implies(model: LoopModel, given: Frame, needed: Frame) -> bool:
+    """Whether every pass through branch ``given`` also passes ``needed``: the same condition, or ``needed`` is the
+    ``if`` of a test one of whose ``or`` terms is a term of ``given``'s ``and`` (``if clip_norm or clip_value:
+    scaler.unscale_(opt)`` ... ``if clip_value: clip_grad_value_(...)``)."""
+    if _same_condition(model, needed, given):
+        return True
+    if needed.branch != "if" or given.branch != "if" or type(needed.node) is not cst.If or type(given.node) is not cst.If:
+        return False
+    any_of = {_term_code(model, t) for t in _terms(needed.node.test, cst.Or)}
+    each_of = {_term_code(model, t) for t in _terms(given.node.test, cst.And)}
+    return not any_of.isdisjoint(each_of)
+
+
+def _terms(test: cst.BaseExpression, operator: type) -> list[cst.BaseExpression]:
+    """The operands of a chain of one boolean operator (``a or b or c``), or the test itself."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is operator:
+        return _terms(test.left, operator) + _terms(test.right, operator)
+    return [test]
+
+
+def _term_code(model: LoopModel, term: cst.BaseExpression) -> str:
+    """A term's source text without the parentheses written around it."""
+    code = model.code(term)
+    for _ in term.lpar:
+        code = code[1:-1].strip()
+    return code
+
+
 def _conditions(model: LoopModel, event: Event, around: Event) -> list[Frame]:
-    """The branches ``event`` runs under that ``around`` does not: when those fail, only ``around`` runs."""
+    """The branches ``event`` runs under that ``around`` does not imply: when those fail, only ``around`` runs."""
     return [
         f for f in event.frames
-        if f.kind is FrameKind.BRANCH and not any(_same_condition(model, f, g) for g in around.frames)
+        if f.kind is FrameKind.BRANCH and not any(_implies(model, g, f) for g in around.frames)
     ]
 
 
@@ -363,7 +393,7 @@ def _covers(model: LoopModel, unscale: Event, read: Event, backward: Event | Non
         return not extra
     scaler = unscale.via_scaler
     return all(
-        any(_same_condition(model, f, g) for g in backward.frames) or (scaler is not None and _says_present(f, scaler))
+        any(_implies(model, g, f) for g in backward.frames) or (scaler is not None and _says_present(f, scaler))
         for f in extra
     )
 
@@ -898,7 +928,10 @@ class ScaledGradientStatistic(Rule):
     **Stays quiet when**
 
     - an ``unscale_`` of the scaler runs on every path between the scaled
-      backward and the read (also under the same condition as both);
+      backward and the read (also under the same condition as both, or under
+      an ``or`` one of whose terms the read's own test requires: ``if
+      log_grad_norm or max_grad_norm > 0: scaler.unscale_(opt)`` before ``if
+      log_grad_norm: ...``);
     - the module never calls ``unscale_`` on that scaler: a norm of scaled
       gradients read on purpose (to watch for overflow) is left alone;
     - ``isfinite``/``isnan`` checks, which the scale does not change.
