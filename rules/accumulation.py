@@ -16,7 +16,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes.accumulation import drop_division
 from gradlint import frameworks
 from gradlint.frameworks.framework import Backward, LossHook, ReturnedLoss
-from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings
+from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings, subscript_key
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
@@ -252,7 +252,10 @@ class LossDividedTwice(Rule):
     uses: the same expression as the module's ``Accelerator(
     gradient_accumulation_steps=...)``, ``Trainer(accumulate_grad_batches=...)``
     or DeepSpeed config ``"gradient_accumulation_steps"`` (a literal 1 does
-    not count), or the framework's own ``accelerator.gradient_accumulation_steps``,
+    not count), a read of that key from the configuration handed to
+    ``deepspeed.initialize`` (``ds_config["gradient_accumulation_steps"]``,
+    ``.get(...)``, a name assigned one: however the dict was made, also by
+    ``json.load``), or the framework's own ``accelerator.gradient_accumulation_steps``,
     ``engine.gradient_accumulation_steps()`` or
     ``self.trainer.accumulate_grad_batches``, or, for ``accelerator.backward``,
     a name the module reads from the DeepSpeed config's
@@ -305,11 +308,19 @@ class LossDividedTwice(Rule):
         count = declared.count
         if count.opted_out is not None and count.opted_out(call):
             return  # ``engine.backward(loss, scale_wrt_gas=False)``: the framework divides nothing this time
-        counts = settings.accumulation_of(count.settings).counts
+        setting = settings.accumulation_of(count.settings)
+        counts = setting.counts
         framework = count.divides_again.format(call=model.code(call.func))
         position = model.position(call)[:2]
         for division, divisor in _divisions(model, root.node, backward.loss, position):
-            if _matches(model, divisor, counts) or (owner is not None and count.own_count(divisor, owner)):
+            if (
+                _matches(model, divisor, counts)
+                or (owner is not None and count.own_count(divisor, owner))
+                or (
+                    _reads_config_count(model, root.node, divisor, setting.config_reads)
+                    and (not counts or any(counts_more_than_one(c) for c in counts))  # not a count written as 1
+                )
+            ):
                 yield _report(model, division, divisor, framework)
                 continue
             read = count.read_elsewhere(model, divisor) if count.read_elsewhere is not None else None
@@ -416,6 +427,23 @@ def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.Bas
     """Whether the divisor is written as one of the framework's accumulation settings (one that may exceed 1)."""
     text = model.code(divisor)
     return any(counts_more_than_one(c) and model.code(c) == text for c in counts)
+
+
+def _reads_config_count(model: LoopModel, scope: cst.CSTNode, divisor: cst.BaseExpression, reads: list[tuple[str, str]]) -> bool:
+    """Whether the divisor reads the count from a configuration handed to the framework: ``ds_config["..."]``,
+    ``config.get("...")``, ``int(...)`` of one, or a name assigned one in the same scope (``gas = ds_config["..."]``)."""
+    if not reads:
+        return False
+    candidates = [divisor]
+    name = dotted_name(divisor)
+    if name is not None:
+        candidates += [node.value for node in _assignments_in(model.file, scope).get(name, ()) if type(node) is cst.Assign]
+    for candidate in candidates:
+        if type(candidate) is cst.Call and callee_name(candidate) in ("int", "float") and len(candidate.args) == 1:
+            candidate = candidate.args[0].value
+        if subscript_key(candidate) in reads:
+            return True
+    return False
 
 
 def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:

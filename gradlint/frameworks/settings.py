@@ -48,6 +48,9 @@ class AccumulationSettings:
     built: bool = False
     without_count: int = 0  # constructions given no count
     may_accumulate: bool = False
+    # The configurations handed to the framework, by name, and the key that holds the count in them: a
+    # ``config["gradient_accumulation_steps"]`` read of one is the count, however the configuration was made.
+    config_reads: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 _NONE = AccumulationSettings()
@@ -96,6 +99,7 @@ def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSe
     calls: list[cst.Call] = []
     classes: list[cst.ClassDef] = []
     dicts: dict[str, list[cst.Dict]] = {}
+    keyed: dict[tuple[str, str], list[cst.BaseExpression]] = {}  # ``config["key"] = value``, by (config, key)
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
@@ -112,11 +116,16 @@ def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSe
                 name = dotted_name(target.target)
                 if name:
                     dicts.setdefault(name, []).append(node.value)
+        elif kind is cst.Assign:
+            for target in node.targets:
+                read = subscript_key(target.target)
+                if read is not None:
+                    keyed.setdefault(read, []).append(node.value)
         if kind not in TRIVIA:
             stack.extend(children_of(node))
     settings = FrameworkSettings()
     for call in calls:
-        _read_call(call, imports.qualify(call.func), dicts, settings)
+        _read_call(call, imports.qualify(call.func), dicts, keyed, settings)
     local = {c.name.value: c for c in classes}
     for cls in classes:
         for subclasses in _SUBCLASSES:
@@ -125,7 +134,13 @@ def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSe
     return settings
 
 
-def _read_call(call: cst.Call, names: set[str], dicts: dict[str, list[cst.Dict]], settings: FrameworkSettings) -> None:
+def _read_call(
+    call: cst.Call,
+    names: set[str],
+    dicts: dict[str, list[cst.Dict]],
+    keyed: dict[tuple[str, str], list[cst.BaseExpression]],
+    settings: FrameworkSettings,
+) -> None:
     """What one call sets: the first declaration whose names it matches (the declarations' names never overlap)."""
     for key, setting in _ACCUMULATION:
         if names & setting.constructors:
@@ -158,6 +173,10 @@ def _read_call(call: cst.Call, names: set[str], dicts: dict[str, list[cst.Dict]]
                 arg = keyword_arg(call, keyword)
                 if arg is not None:
                     found.counts.extend(_config_counts(arg.value, setting.key, dicts))
+                    name = dotted_name(arg.value)
+                    if name is not None:
+                        found.counts.extend(keyed.get((name, setting.key), ()))
+                        found.config_reads.append((name, setting.key))
             return
 
 
@@ -172,6 +191,22 @@ def _config_counts(value: cst.BaseExpression, key: str, dicts: dict[str, list[cs
                 if element.key.evaluated_value == key:
                     found.append(element.value)
     return found
+
+
+def subscript_key(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """``config["key"]`` or ``config.get("key")``: the configuration's name and the key read, else None."""
+    if type(node) is cst.Subscript and len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+        key = node.slice[0].slice.value
+        name = dotted_name(node.value)
+    elif type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "get" and node.args:
+        key = node.args[0].value
+        name = dotted_name(node.func.value)
+    else:
+        return None
+    if name is None or type(key) is not cst.SimpleString:
+        return None
+    value = key.evaluated_value
+    return (name, value) if isinstance(value, str) else None
 
 
 def _subclasses(
