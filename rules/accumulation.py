@@ -526,11 +526,22 @@ class NumItemsInBatchIgnored(Rule):
                 loss = -F.logsigmoid(chosen - rejected).mean()
                 return loss
 
+    The class may derive from the Trainer through classes of the module or
+    through a base a factory of the module makes: ``class X(base_cls)`` with
+    ``base_cls = get_trainer_class(args)`` (every ``return`` of which is a
+    Trainer), ``base_cls = SFTTrainer if sft else Trainer``, or ``base_cls`` a
+    parameter of the function that defines the class, every call of which
+    hands it a Trainer. The token mean may be computed in a helper of the
+    module (``self._token_mean(logits, labels)``, a static method, a module
+    function).
+
     **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
     or calls ``super().compute_loss``; its signature has no
     ``num_items_in_batch``; the class does not derive from
     ``transformers.Trainer``, ``Seq2SeqTrainer`` or trl's ``SFTTrainer`` in
-    this module. The token-mean finding also needs the returned loss to be
+    this module (trl's DPO, GRPO, KTO, reward and RLOO trainers set
+    ``model_accepts_loss_kwargs = False`` themselves: the Trainer divides
+    their losses); a factory may return another class. The token-mean finding also needs the returned loss to be
     visibly a mean cross-entropy (``F.cross_entropy``/``nll_loss``,
     ``CrossEntropyLoss``/``NLLLoss`` with the default reduction) over tokens
     whose number varies per batch (``ignore_index``, ``-100`` labels,
@@ -583,7 +594,7 @@ class NumItemsInBatchIgnored(Rule):
         losses = _returned_losses(model, function)
         token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
         undivided = _division_skipped(model, hook, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
-        if token_mean is not None and _over_tokens(function):
+        if token_mean is not None and any(_over_tokens(f) for f in _token_helpers(model, function)):
             yield Report(parameter.name, hook.token_mean_message(cls.name.value, model.line(token_mean), undivided))
         elif undivided:
             yield Report(function.name, hook.undivided_message(cls.name.value))
@@ -691,8 +702,10 @@ _MEAN_LOSSES = {"cross_entropy", "nll_loss"}
 _MEAN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
 
 
-def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression) -> bool:
-    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction."""
+def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression, depth: int = 0) -> bool:
+    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction,
+    also returned by a helper of the module every return of which is one (``self._token_mean(logits, labels)``,
+    a static method, a module function)."""
     if type(loss) is not cst.Call:
         return False
     name = callee_name(loss)
@@ -702,8 +715,34 @@ def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cs
         return _reduces_by_mean(loss.func)
     if type(loss.func) is cst.Name:
         built = _last_value(model, function, loss.func, model.position(loss)[:2])
-        return type(built) is cst.Call and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
-    return False
+        if type(built) is cst.Call and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built):
+            return True
+    helper = _helper(model, loss, function)
+    if helper is None or depth >= 2:
+        return False
+    returned = _returned_losses(model, helper, keep_unresolved=True)
+    return bool(returned) and all(_is_mean_cross_entropy(model, helper, value, depth + 1) for value in returned)
+
+
+def _helper(model: LoopModel, call: cst.Call, function: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The function of the module a call lands in: ``self.m(...)``, ``cls.m(...)``, ``Class.m(...)`` or a module function."""
+    if model.index is None:
+        return None
+    found = model.index.resolve_function(call, function)
+    if found is None and type(call.func) is cst.Attribute and type(call.func.value) is cst.Name:
+        found = model.index.method_of(call.func.value.value, call.func.attr.value)
+    return found if found is not function else None
+
+
+def _token_helpers(model: LoopModel, function: cst.FunctionDef) -> list[cst.FunctionDef]:
+    """``function`` and the helpers of the module it calls (one level): where the loss over tokens may be written."""
+    found = [function]
+    for node in walk(function.body):
+        if type(node) is cst.Call:
+            helper = _helper(model, node, function)
+            if helper is not None and all(helper is not f for f in found):
+                found.append(helper)
+    return found
 
 
 def _reduces_by_mean(call: cst.Call) -> bool:
