@@ -38,7 +38,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, method_name, number, positional_args, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, walk
 
 
 class MissingZeroGrad(Rule):
@@ -743,7 +743,8 @@ class UnscaledAccumulatedLoss(Rule):
     - the sum is meant: the loss sums over samples or tokens, ``reduction="sum"``,
       or ``x.sum()`` of a visibly per-sample ``x`` (a criterion with
       ``reduction="none"``, elementwise arithmetic, a network's output, and no
-      mean on the way); a comment beside the loss saying the sum over samples,
+      mean over the samples on the way: ``.mean(dim=[1, 2, 3])`` over each
+      sample's own elements keeps one value per sample); a comment beside the loss saying the sum over samples,
       tokens or micro-batches is meant; or weight decay / learning rate scaled
       by the accumulation count (a recipe tuned for a nominal batch). A sum of
       loss terms (``l1 + 0.5 * l2``: the factor weighs one term against the
@@ -1144,7 +1145,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
 
 # Losses that reduce by the mean unless given another ``reduction``: ``F.cross_entropy``, ``nn.MSELoss()``...
 _MEAN_CRITERION = re.compile(r"(_loss|Loss|cross_entropy|kl_div|_with_logits|nll)$")
-# Reductions over samples (or over the components of a loss): ``x.mean()``, ``torch.stack([...])`` of losses.
+# Reductions that may run over the samples (or gather the components of a loss): ``x.mean()``, ``torch.stack([...])``.
 _MEANS = frozenset({"mean", "nanmean", "average", "stack"})
 # Elementwise operations whose result keeps one value per sample or token.
 _ELEMENTWISE = frozenset({
@@ -1189,10 +1190,10 @@ def _per_sample(model: LoopModel, node: cst.BaseExpression, function: cst.Functi
         if kind is cst.Call:
             name = callee_name(sub) or ""
             reduction = _reduction(sub) or _built_with_reduction(model, sub, function)
-            if name in _MEANS or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
+            if _reduces_over_samples(sub, name) or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
                 return False
-            if reduction == "none" or name in _ELEMENTWISE or _network_output(model, sub):
-                evidence = True
+            if reduction == "none" or name in _ELEMENTWISE or name in _MEANS or _network_output(model, sub):
+                evidence = True  # a mean left here is over each sample's own elements (``.mean([1, 2, 3])``)
         elif (kind is cst.BinaryOperation and type(sub.operator) is not cst.MatrixMultiply) or (
             kind is cst.UnaryOperation and type(sub.operator) is cst.Minus
         ):
@@ -1209,6 +1210,28 @@ def _per_sample(model: LoopModel, node: cst.BaseExpression, function: cst.Functi
 # The last name of a network called on a batch: its output holds one value per sample (``fsdp_model(x).sum()``).
 _NETWORK = re.compile(r"model|net(work)?$|module$|backbone|encoder|decoder|transformer", re.IGNORECASE)
 _CRITERION = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
+
+
+def _reduces_over_samples(call: cst.Call, name: str) -> bool:
+    """``x.mean()``, ``x.mean(0)``, ``torch.mean(x, dim=d)`` with ``d`` unknown, ``torch.stack(losses)``: a reduction that
+    may run over the samples (or stacks separate losses); not ``x.mean([1, 2, 3])`` / ``x.mean(dim=-1)``, over each
+    sample's own elements."""
+    if name not in _MEANS:
+        return False
+    if name not in ("mean", "nanmean"):
+        return True
+    given = keyword_arg(call, "dim")
+    dims = given.value if given is not None else None
+    if dims is None:
+        positional = positional_args(call)
+        function_form = type(call.func) is cst.Attribute and dotted_name(call.func.value) in ("torch", "np", "numpy")
+        at = 1 if function_form or type(call.func) is cst.Name else 0
+        dims = positional[at].value if len(positional) > at else None
+    if dims is None:
+        return True
+    values = [e.value for e in dims.elements] if type(dims) in (cst.Tuple, cst.List) else [dims]
+    literals = [number(v) if type(v) is not cst.UnaryOperation else (-number(v.expression) if number(v.expression) is not None else None) for v in values]
+    return any(v is None or v == 0 for v in literals)
 
 
 def _network_output(model: LoopModel, call: cst.Call) -> bool:
@@ -1229,7 +1252,7 @@ def _made_of_means(model: LoopModel, node: cst.BaseExpression, function: cst.Fun
         if type(sub) is cst.Call:
             name = callee_name(sub) or ""
             reduction = _reduction(sub) or _built_with_reduction(model, sub, function)
-            if name in _MEANS or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
+            if _reduces_over_samples(sub, name) or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
                 return True
     return False
 
