@@ -148,7 +148,7 @@ class AccumulationWithoutNoSync(Rule):
                     message = _message(model, name, by, step, acc)
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(_in_loop(model, backward, region), message)
+                    yield Report(_in_loop(model, backward, region), message, event=backward)
                     break
 
 
