@@ -289,6 +289,8 @@ class EventBuilder:
         count = self._cyclic_counter_at_zero(test, function)
         if count is not None:
             return True, count
+        if self._count_reaches_threshold(test, function):
+            return True, None
         for node in self._walk(test):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
             if name is None:
@@ -321,6 +323,36 @@ class EventBuilder:
                 if any(dotted_name(n) == name for n in self._walk(value.left) if type(n) in (cst.Name, cst.Attribute)):
                     return value.right
         return None
+
+    def _count_reaches_threshold(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """``if samples_seen >= virtual_batch_size or is_last: ...; samples_seen = 0``: a count of samples or tokens.
+
+        One side of the test (the whole test, or one operand of an ``or``: the
+        "or last batch" clause steps on a short last window as well) compares a
+        running count with a threshold; the count is added to in the function
+        (``samples_seen += x.size(0)``) and the branch the test opens sets it
+        back (``= 0`` or ``-= threshold``).
+        """
+        statement = self.index.file.parent_map().get(test)
+        if type(statement) is not cst.If or statement.test is not test:
+            return False
+        for side in _disjuncts(test):
+            if type(side) is not cst.Comparison or len(side.comparisons) != 1:
+                continue
+            if not isinstance(side.comparisons[0].operator, _THRESHOLD_TESTS):
+                continue
+            counter = dotted_name(side.left) if type(side.left) in (cst.Name, cst.Attribute) else None
+            if counter is not None and _resets(statement, counter) and self._added_to(counter, function):
+                return True
+        return False
+
+    def _added_to(self, counter: str, function: cst.FunctionDef | None) -> bool:
+        """Whether ``counter += ...`` is written in the function (for ``self.`` attributes, in any function of the module)."""
+        functions = self.index.augmented.keys() if counter.startswith("self.") else (function,)
+        return any(
+            type(node.operator) is cst.AddAssign and dotted_name(node.target) == counter
+            for f in functions for node in self.index.augmented.get(f, ())
+        )
 
     def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
         """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""
@@ -856,6 +888,27 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
     counter = dotted_name(test.left) if type(test.left) in (cst.Name, cst.Attribute) else None
     if counter is None:
         return False
+    lines = statement.body.body
+    smalls = lines if type(statement.body) is cst.SimpleStatementSuite else [
+        small for line in lines if type(line) is cst.SimpleStatementLine for small in line.body
+    ]
+    for small in smalls:
+        if type(small) is cst.Assign and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
+            return True
+        if type(small) is cst.AugAssign and type(small.operator) is cst.SubtractAssign and dotted_name(small.target) == counter:
+            return True
+    return False
+
+
+def _disjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The operands of an ``or`` chain (``a or b or c``), or the test itself."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
+        return _disjuncts(test.left) + _disjuncts(test.right)
+    return [test]
+
+
+def _resets(statement: cst.If, counter: str) -> bool:
+    """Whether the body of ``statement`` sets ``counter`` back: ``counter = 0`` or ``counter -= ...`` among its lines."""
     lines = statement.body.body
     smalls = lines if type(statement.body) is cst.SimpleStatementSuite else [
         small for line in lines if type(line) is cst.SimpleStatementLine for small in line.body

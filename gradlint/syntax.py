@@ -250,12 +250,22 @@ def scales_down(node: cst.CSTNode, children_of: ChildrenOf | None = None) -> boo
     """Whether an expression plausibly normalises a loss: a division, or a product with a non-literal factor.
 
     A product such as ``loss * grad_accum_scale`` may well be ``1 / n``: the
-    model cannot tell, so it gives the code the benefit of the doubt.
+    model cannot tell, so it gives the code the benefit of the doubt. A sum
+    or difference scales down only when each of its terms does: in
+    ``l1(x) + 0.5 * l2(x)`` the factor weighs one loss term against another,
+    and the sum is as large as ``l1(x)``.
     """
-    for sub in walk(node, children_of=children_of):
+    read = children_of or children
+    stack: list[cst.CSTNode] = [node]
+    while stack:
+        sub = stack.pop()
         kind = type(sub)
         if kind is cst.BinaryOperation:
             operator = type(sub.operator)
+            if operator is cst.Add or operator is cst.Subtract:
+                if all(scales_down(term, children_of) for term in _terms(sub)):
+                    return True
+                continue  # a weighted sum of terms, not a normalised one: nothing below it counts
             if operator is cst.Divide:
                 return True
             if operator is cst.Multiply:
@@ -270,7 +280,23 @@ def scales_down(node: cst.CSTNode, children_of: ChildrenOf | None = None) -> boo
         elif kind is cst.Call:
             if callee_name(sub) in SCALING_CALLS:
                 return True
+        if kind in TRIVIA or (sub is not node and kind in _DEFS_AND_LAMBDAS):
+            continue
+        stack.extend(reversed(read(sub)))
     return False
+
+
+def _terms(node: cst.BinaryOperation) -> list[cst.BaseExpression]:
+    """The terms of a sum or difference written without parentheses around its inner sums: ``a + b - c`` -> a, b, c."""
+    terms: list[cst.BaseExpression] = []
+    pending: list[cst.BaseExpression] = [node]
+    while pending:
+        current = pending.pop()
+        if type(current) is cst.BinaryOperation and type(current.operator) in (cst.Add, cst.Subtract):
+            pending.extend((current.right, current.left))
+        else:
+            terms.append(current)
+    return terms
 
 
 def _is_factor(node: cst.BaseExpression) -> bool:

@@ -16,7 +16,7 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes.accumulation import drop_division
 from gradlint import frameworks
 from gradlint.frameworks.framework import Backward, LossHook, ReturnedLoss
-from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings
+from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings, subscript_key
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
@@ -254,7 +254,10 @@ class LossDividedTwice(Rule):
     uses: the same expression as the module's ``Accelerator(
     gradient_accumulation_steps=...)``, ``Trainer(accumulate_grad_batches=...)``
     or DeepSpeed config ``"gradient_accumulation_steps"`` (a literal 1 does
-    not count), or the framework's own ``accelerator.gradient_accumulation_steps``,
+    not count), a read of that key from the configuration handed to
+    ``deepspeed.initialize`` (``ds_config["gradient_accumulation_steps"]``,
+    ``.get(...)``, a name assigned one: however the dict was made, also by
+    ``json.load``), or the framework's own ``accelerator.gradient_accumulation_steps``,
     ``engine.gradient_accumulation_steps()`` or
     ``self.trainer.accumulate_grad_batches``, or, for ``accelerator.backward``,
     a name the module reads from the DeepSpeed config's
@@ -307,11 +310,19 @@ class LossDividedTwice(Rule):
         count = declared.count
         if count.opted_out is not None and count.opted_out(call):
             return  # ``engine.backward(loss, scale_wrt_gas=False)``: the framework divides nothing this time
-        counts = settings.accumulation_of(count.settings).counts
+        setting = settings.accumulation_of(count.settings)
+        counts = setting.counts
         framework = count.divides_again.format(call=model.code(call.func))
         position = model.position(call)[:2]
         for division, divisor in _divisions(model, root.node, backward.loss, position):
-            if _matches(model, divisor, counts) or (owner is not None and count.own_count(divisor, owner)):
+            if (
+                _matches(model, divisor, counts)
+                or (owner is not None and count.own_count(divisor, owner))
+                or (
+                    _reads_config_count(model, root.node, divisor, setting.config_reads)
+                    and (not counts or any(counts_more_than_one(c) for c in counts))  # not a count written as 1
+                )
+            ):
                 yield _report(model, division, divisor, framework)
                 continue
             read = count.read_elsewhere(model, divisor) if count.read_elsewhere is not None else None
@@ -420,6 +431,23 @@ def _matches(model: LoopModel, divisor: cst.BaseExpression, counts: list[cst.Bas
     return any(counts_more_than_one(c) and model.code(c) == text for c in counts)
 
 
+def _reads_config_count(model: LoopModel, scope: cst.CSTNode, divisor: cst.BaseExpression, reads: list[tuple[str, str]]) -> bool:
+    """Whether the divisor reads the count from a configuration handed to the framework: ``ds_config["..."]``,
+    ``config.get("...")``, ``int(...)`` of one, or a name assigned one in the same scope (``gas = ds_config["..."]``)."""
+    if not reads:
+        return False
+    candidates = [divisor]
+    name = dotted_name(divisor)
+    if name is not None:
+        candidates += [node.value for node in _assignments_in(model.file, scope).get(name, ()) if type(node) is cst.Assign]
+    for candidate in candidates:
+        if type(candidate) is cst.Call and callee_name(candidate) in ("int", "float") and len(candidate.args) == 1:
+            candidate = candidate.args[0].value
+        if subscript_key(candidate) in reads:
+            return True
+    return False
+
+
 def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
     body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
     return [s for s in body if type(s) is cst.FunctionDef]
@@ -500,11 +528,22 @@ class NumItemsInBatchIgnored(Rule):
                 loss = -F.logsigmoid(chosen - rejected).mean()
                 return loss
 
+    The class may derive from the Trainer through classes of the module or
+    through a base a factory of the module makes: ``class X(base_cls)`` with
+    ``base_cls = get_trainer_class(args)`` (every ``return`` of which is a
+    Trainer), ``base_cls = SFTTrainer if sft else Trainer``, or ``base_cls`` a
+    parameter of the function that defines the class, every call of which
+    hands it a Trainer. The token mean may be computed in a helper of the
+    module (``self._token_mean(logits, labels)``, a static method, a module
+    function).
+
     **Stays quiet when** the override uses ``num_items_in_batch`` anywhere
     or calls ``super().compute_loss``; its signature has no
     ``num_items_in_batch``; the class does not derive from
     ``transformers.Trainer``, ``Seq2SeqTrainer`` or trl's ``SFTTrainer`` in
-    this module. The token-mean finding also needs the returned loss to be
+    this module (trl's DPO, GRPO, KTO, reward and RLOO trainers set
+    ``model_accepts_loss_kwargs = False`` themselves: the Trainer divides
+    their losses); a factory may return another class. The token-mean finding also needs the returned loss to be
     visibly a mean cross-entropy (``F.cross_entropy``/``nll_loss``,
     ``CrossEntropyLoss``/``NLLLoss`` with the default reduction) over tokens
     whose number varies per batch (``ignore_index``, ``-100`` labels,
@@ -557,7 +596,7 @@ class NumItemsInBatchIgnored(Rule):
         losses = _returned_losses(model, function)
         token_mean = next((loss for loss in losses if _is_mean_cross_entropy(model, function, loss)), None)
         undivided = _division_skipped(model, hook, cls, function, _returned_losses(model, function, keep_unresolved=True), local, settings)
-        if token_mean is not None and _over_tokens(function):
+        if token_mean is not None and any(_over_tokens(f) for f in _token_helpers(model, function)):
             yield Report(parameter.name, hook.token_mean_message(cls.name.value, model.line(token_mean), undivided))
         elif undivided:
             yield Report(function.name, hook.undivided_message(cls.name.value))
@@ -665,8 +704,10 @@ _MEAN_LOSSES = {"cross_entropy", "nll_loss"}
 _MEAN_LOSS_CLASSES = {"CrossEntropyLoss", "NLLLoss"}
 
 
-def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression) -> bool:
-    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction."""
+def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cst.BaseExpression, depth: int = 0) -> bool:
+    """``F.cross_entropy(...)`` or ``CrossEntropyLoss()(...)`` / ``loss_fct(...)`` with the default mean reduction,
+    also returned by a helper of the module every return of which is one (``self._token_mean(logits, labels)``,
+    a static method, a module function)."""
     if type(loss) is not cst.Call:
         return False
     name = callee_name(loss)
@@ -676,8 +717,34 @@ def _is_mean_cross_entropy(model: LoopModel, function: cst.FunctionDef, loss: cs
         return _reduces_by_mean(loss.func)
     if type(loss.func) is cst.Name:
         built = _last_value(model, function, loss.func, model.position(loss)[:2])
-        return type(built) is cst.Call and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built)
-    return False
+        if type(built) is cst.Call and callee_name(built) in _MEAN_LOSS_CLASSES and _reduces_by_mean(built):
+            return True
+    helper = _helper(model, loss, function)
+    if helper is None or depth >= 2:
+        return False
+    returned = _returned_losses(model, helper, keep_unresolved=True)
+    return bool(returned) and all(_is_mean_cross_entropy(model, helper, value, depth + 1) for value in returned)
+
+
+def _helper(model: LoopModel, call: cst.Call, function: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The function of the module a call lands in: ``self.m(...)``, ``cls.m(...)``, ``Class.m(...)`` or a module function."""
+    if model.index is None:
+        return None
+    found = model.index.resolve_function(call, function)
+    if found is None and type(call.func) is cst.Attribute and type(call.func.value) is cst.Name:
+        found = model.index.method_of(call.func.value.value, call.func.attr.value)
+    return found if found is not function else None
+
+
+def _token_helpers(model: LoopModel, function: cst.FunctionDef) -> list[cst.FunctionDef]:
+    """``function`` and the helpers of the module it calls (one level): where the loss over tokens may be written."""
+    found = [function]
+    for node in walk(function.body):
+        if type(node) is cst.Call:
+            helper = _helper(model, node, function)
+            if helper is not None and all(helper is not f for f in found):
+                found.append(helper)
+    return found
 
 
 def _reduces_by_mean(call: cst.Call) -> bool:

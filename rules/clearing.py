@@ -15,6 +15,7 @@ from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
+from gradlint.optimizer_updates import UpdateScale, too_large, update_scale
 from gradlint.queries import (
     Accumulation,
     accumulation,
@@ -37,7 +38,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, method_name, number, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, walk
 
 
 class MissingZeroGrad(Rule):
@@ -845,8 +846,30 @@ class UnscaledAccumulatedLoss(Rule):
     """Gradients are accumulated over several micro-batches but the loss is not divided by their number.
 
     **Why it matters.** Accumulating N micro-batches sums N gradients. Without
-    dividing the loss by N, each step is N times larger than the same batch
-    would give in one piece: the learning rate is secretly multiplied by N.
+    dividing the loss by N, the gradient is N times what the same batch
+    would give in one piece. With SGD each step is N times too large: the
+    learning rate is secretly multiplied by N. Adam and the optimizers built
+    like it divide the update by the gradient's own scale, so the step
+    barely changes; what the factor still moves is everything that compares
+    the raw gradient with a constant: clipping thresholds, ``eps``, logged
+    gradient norms. The message says which, from the class the optimizer is
+    built from (both when that is unknown).
+
+    Also reported: a loss divided by another count than the guard's
+    (``loss / args.grad_accum`` while the step runs every
+    ``args.accumulation_steps`` micro-batches, ``loss / 4`` under ``% 8``),
+    when the two are certainly different: two settings of one object both
+    named as accumulation counts that the module never ties together, or
+    two different literals. A division by ``len(loader)`` or a batch size
+    beside the guard's count is left alone.
+
+    Accumulation is read from a guard (``%``, a flag made from one, a count
+    of samples or tokens against a virtual batch size, also with an "or last
+    batch" clause: ``if samples_seen >= virtual_batch_size or is_last:``
+    whose branch sets the count back), or from an inner loop of micro-batches
+    (``for _ in range(accum)``, ``batch.chunk(k)``, or a ``while`` loop that
+    runs until a counter it adds to reaches a threshold, also in a helper
+    method whose caller steps).
 
     The step may be in another file of the run: a function every
     definition of which steps the optimizer it is handed
@@ -875,7 +898,8 @@ class UnscaledAccumulatedLoss(Rule):
       also when it then goes through apex's ``amp.scale_loss``, an fp16
       optimizer's ``optimizer.backward(loss)`` or a helper handed the loss;
       the loss may be given by keyword (``booster.backward(loss=loss / n,
-      optimizer=optimizer)``); a sum of divided terms (``loss = ce_loss + z_loss``, both divided)
+      optimizer=optimizer)``); a sum of divided terms (``loss = ce_loss + z_loss``, both divided;
+      not ``l1 + 0.5 * l2``, where only one term is scaled)
       and a divided element of a tuple a helper returns (``loss, ce_loss =
       self.train_micro_batch(...)``) count as divided;
     - a framework divides: ``accelerator.backward`` / ``accumulate()``,
@@ -896,9 +920,18 @@ class UnscaledAccumulatedLoss(Rule):
     - the loss is multiplied by a factor that may be ``1 / n``
       (``loss * grad_accum_scale``), though not by per-sample ``weights`` or a
       ``mask`` unless those were divided (``weights = mask / tokens_in_step``);
-    - the sum is meant: ``reduction="sum"`` or ``loss = losses.sum()``, a comment beside the loss saying
-      so, or weight decay / learning rate scaled by the accumulation count
-      (a recipe tuned for a nominal batch);
+    - the sum is meant: the loss sums over samples or tokens, ``reduction="sum"``,
+      or ``x.sum()`` of a visibly per-sample ``x`` (a criterion with
+      ``reduction="none"``, elementwise arithmetic, a network's output, and no
+      mean over the samples on the way: ``.mean(dim=[1, 2, 3])`` over each
+      sample's own elements keeps one value per sample); a comment beside the loss saying the sum over samples,
+      tokens or micro-batches is meant; or weight decay / learning rate scaled
+      by the accumulation count (a recipe tuned for a nominal batch). A sum of
+      loss terms (``l1 + 0.5 * l2``: the factor weighs one term against the
+      other, it divides nothing) or over the components of a loss whose parts
+      are already means (``per_quantile_losses.sum()``, ``torch.stack([...]).sum()``)
+      is no sum over samples, nor is the sum of what an unseen criterion returns
+      (``fixtures/realworld/gl004_per_quantile_sum_accumulated__DeepLearningExamples.py``);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
       reports that loop, naming the undivided loss in its message;
     - the backward sits in the branch of ``if accumulation_steps > 1:`` that
@@ -953,6 +986,7 @@ class UnscaledAccumulatedLoss(Rule):
                     wiped = {id(s) for _, _, s, _ in _boundary_clears_before_backward(model, root)}
                 if id(step) in wiped:
                     continue  # nothing accumulates either: GL003 reports the clear before the stepping backward
+                yield from _wrong_divisors(model, acc, step)
                 if _deliberate_sum(model, root, acc):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
@@ -974,10 +1008,157 @@ class UnscaledAccumulatedLoss(Rule):
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
-                        f"but the loss is not divided by {count}: each step is that many times too large",
+                        f"but the loss is not divided by {count}: {too_large(*_update_scale(model, step))}",
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,),
                     )
+
+
+def _wrong_divisors(model: LoopModel, acc: Accumulation, step: Event) -> Iterator[Report]:
+    """Losses divided by another count than the one the step's guard uses: ``loss / args.grad_accum`` under
+    ``if (i + 1) % args.accumulation_steps == 0:``, or ``loss / 4`` under ``% 8``.
+
+    Only the mismatches that are certainly wrong: two different settings of one
+    object both named as accumulation counts, neither assigned from the other
+    nor given the same value in the module; or two literals that differ (a name
+    the module assigns one literal once counts as that literal). A loss that is
+    divided by the guard's count as well, or whose every division is not by such
+    a count (``len(loader)``, a batch size, the world size), is left alone.
+    """
+    if acc.count is None:
+        return
+    for backward in acc.backwards:
+        if not backward.normalised or backward.framework is not None or backward.call_chain:
+            continue
+        divisions = _loss_divisions(model, backward)
+        if not divisions or any(_same_count(model, divisor, acc.count) for _, divisor in divisions):
+            continue
+        for division, divisor in divisions:
+            if _certainly_other_count(model, divisor, acc.count):
+                yield Report(
+                    division,
+                    f"the loss is divided by `{model.code(divisor)}`, but `{step.target}` steps {accumulation_place(model, acc)} "
+                    f"every `{model.code(acc.count)}` micro-batches: two different counts, so each step's gradient is "
+                    f"`{model.code(acc.count)} / {model.code(divisor)}` times the accumulated batch's mean; divide by "
+                    f"`{model.code(acc.count)}`",
+                )
+
+
+def _loss_divisions(model: LoopModel, backward: Event) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
+    """Where the backward's loss is divided: ``(loss / n).backward()``, ``loss = x / n``, ``loss /= n`` in its function."""
+    loss = backward.loss
+    found: list[tuple[cst.CSTNode, cst.BaseExpression]] = []
+
+    def divisions_in(value: cst.BaseExpression) -> None:
+        while type(value) is cst.BinaryOperation and type(value.operator) is cst.Divide:
+            found.append((value, value.right))
+            value = value.left
+
+    if loss is None or model.index is None:
+        return found
+    divisions_in(loss)
+    if type(loss) is cst.Name:
+        function = _function_around(model, backward.node)
+        for value in model.index.assignments.get(function, {}).get(loss.value, []):
+            if isinstance(value, cst.BaseExpression):
+                divisions_in(value)
+        for node in model.index.augmented.get(function, ()):
+            if type(node.operator) is cst.DivideAssign and dotted_name(node.target) == loss.value:
+                found.append((node, node.value))
+    return found
+
+
+# The last part of a name that says it holds the accumulation count: ``grad_accum``, ``accumulation_steps``, ``accum_iter``.
+_ACCUMULATION_COUNT = re.compile(r"accum", re.IGNORECASE)
+
+
+def _same_count(model: LoopModel, divisor: cst.BaseExpression, count: cst.BaseExpression) -> bool:
+    """Whether a divisor is written as the guard's count, or both are the same literal."""
+    if model.code(divisor) == model.code(count):
+        return True
+    mine, theirs = _literal(model, divisor), _literal(model, count)
+    return mine is not None and mine == theirs
+
+
+def _certainly_other_count(model: LoopModel, divisor: cst.BaseExpression, count: cst.BaseExpression) -> bool:
+    """Whether a divisor certainly holds another number than the guard's count (see ``_wrong_divisors``)."""
+    mine, theirs = _literal(model, divisor), _literal(model, count)
+    if mine is not None and theirs is not None:
+        return mine != theirs and mine > 1
+    if type(divisor) is not cst.Attribute or type(count) is not cst.Attribute:
+        return False
+    owner, other = dotted_name(divisor.value), dotted_name(count.value)
+    names = divisor.attr.value, count.attr.value
+    if owner is None or owner != other or names[0] == names[1] or not all(_ACCUMULATION_COUNT.search(n) for n in names):
+        return False
+    return not _linked(model, dotted_name(divisor), dotted_name(count))
+
+
+def _linked(model: LoopModel, first: str, second: str) -> bool:
+    """Whether the module assigns one name from the other, or both the same value."""
+    values: dict[str, set[str]] = {first: set(), second: set()}
+    for table in model.index.assignments.values():
+        for name in (first, second):
+            for value in table.get(name, []):
+                if not isinstance(value, cst.BaseExpression):
+                    return True  # unpacked from a call: unknown
+                text = model.code(value)
+                other = second if name == first else first
+                if other in text:
+                    return True
+                values[name].add(text)
+    return bool(values[first] & values[second]) or _named_in_strings(model, first, second)
+
+
+def _named_in_strings(model: LoopModel, first: str, second: str) -> bool:
+    """``setattr(args, "grad_accum", ...)``, or a property ``def grad_accum(self)``: one of the settings is made in a way
+    the module may tie to the other."""
+    names = {first.rsplit(".", 1)[-1], second.rsplit(".", 1)[-1]}
+    for node in model.file.every_node(model.module):
+        if type(node) is cst.FunctionDef and node.name.value in names:
+            return True
+        if type(node) is cst.Call and callee_name(node) == "setattr":
+            if any(type(a.value) is cst.SimpleString and a.value.evaluated_value in names for a in node.args):
+                return True
+    return False
+
+
+def _literal(model: LoopModel, node: cst.BaseExpression) -> float | None:
+    """A number literal, or a name the module assigns exactly one number literal and never changes."""
+    value = number(node)
+    if value is not None or type(node) is not cst.Name or model.index is None:
+        return value
+    assigned = [v for table in model.index.assignments.values() for v in table.get(node.value, [])]
+    changed = any(dotted_name(a.target) == node.value for nodes in model.index.augmented.values() for a in nodes)
+    if len(assigned) != 1 or changed or not isinstance(assigned[0], cst.BaseExpression):
+        return None
+    return number(assigned[0])
+
+
+def _update_scale(model: LoopModel, step: Event) -> tuple[UpdateScale, str | None]:
+    """How the stepped optimizer's update answers the gradient's scale, from the classes it is built from, and the class.
+
+    Every ``name = Class(...)`` of the optimizer's last name in the module counts
+    (``model, opt = accelerator.prepare(model, opt)`` hands it back unchanged).
+    """
+    if model.index is None or step.target is None:
+        return UpdateScale.UNKNOWN, None
+    calls = list(model.index.constructions.get(last_name(step.target), ()))
+    built: list[set[str]] = []
+    seen: set[int] = set()
+    while calls:
+        call = calls.pop()
+        if id(call) in seen:
+            continue
+        seen.add(id(call))
+        handed = positional_args(call)
+        if callee_name(call) in frameworks.RETURNS_GIVEN_ALONE and len(handed) == 1 and dotted_name(handed[0].value):
+            calls.extend(model.index.constructions.get(last_name(dotted_name(handed[0].value)), ()))
+            continue
+        built.append(model.index.qualified_names(call.func))
+    scale = update_scale(built)
+    names = {q.rsplit(".", 1)[-1] for q in built[0]} if built and scale is not UpdateScale.UNKNOWN else set()
+    return scale, names.pop() if len(names) == 1 else None
 
 
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
@@ -1094,37 +1275,41 @@ def _cleared_every_micro_batch(model: LoopModel, root, step: Event, loop, acc: A
     return any(clears(model, z, step.target) and not leaves_before(z, step) and not split_by_setting(z, step) for z in zeros)
 
 
-# A comment that says the undivided sum is meant: ``# loss scaled by batch_size``, ``# sum over tokens``.
-_SUM_COMMENT = re.compile(r"\bsum(med)?\b|scaled by|nominal batch|deliberate", re.IGNORECASE)
+# A comment that says the undivided sum over samples or micro-batches is meant: ``# summed over micro-batches on
+# purpose``, ``# loss scaled by batch_size``, ``# sum over tokens``; not ``# a sum of loss terms``.
+_SUM_COMMENT = re.compile(
+    r"\bsum(med)?\s+(over|across)\s+(the\s+)?(\w+[\s-])?(samples?|tokens?|micro|batch|examples?|elements?|pixels?|images?)"
+    r"|scaled by|nominal batch|deliberate|on purpose",
+    re.IGNORECASE,
+)
 # A hyper-parameter tuned for the summed gradient of a nominal batch: ``hyp["weight_decay"] *= bs * accumulate / nbs``.
 _HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE)
 
 
 def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
-    """Whether the code says the sum over micro-batches is meant.
+    """Whether the code says the sum over micro-batches is meant: the loss sums over samples or tokens.
 
-    A loss built with ``reduction="sum"`` or as ``losses.sum()``, a comment beside the loss saying so,
-    or weight decay / learning rate scaled by the accumulation count (a recipe
-    tuned for the summed gradient of a nominal batch, as yolov5's).
+    A loss built with ``reduction="sum"``, or as ``x.sum()`` / ``torch.sum(x)`` of a
+    visibly per-sample or per-token ``x`` (``_per_sample``), a comment beside the loss
+    saying so, or weight decay / learning rate scaled by the accumulation count (a
+    recipe tuned for the summed gradient of a nominal batch, as yolov5's). A sum over
+    the components of a loss whose parts are already means (``per_quantile.sum()``,
+    ``torch.stack([a.mean(), b.mean()]).sum()``, ``l1 + 0.5 * l2``), or over what an
+    unseen criterion returns, is no sum over samples.
     """
     index = model.index
     if index is None:
         return False
     for backward in acc.backwards:
-        table = index.assignments.get(_function_around(model, backward.node), {})  # where the loss is made, even when inlined
+        function = _function_around(model, backward.node)
+        table = index.assignments.get(function, {})  # where the loss is made, even when inlined
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
-            if any(type(n) is cst.Arg and n.keyword is not None and n.keyword.value == "reduction"
-                   and type(n.value) is cst.SimpleString and n.value.evaluated_value == "sum" for n in model.file.walk(value)):
-                return True
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
-            # ``losses.sum()`` / ``torch.sum(losses)``, not the builtin ``sum(task_losses)`` of several mean losses
-            if type(value) is cst.Call and type(value.func) is cst.Attribute and method_name(value) == "sum" and not any(
-                type(n) is cst.Call and callee_name(n) in ("mean", "cross_entropy", "mse_loss", "nll_loss") for n in model.file.walk(value)
-            ):
-                return True  # ``loss = p_losses.sum()``: a sum over the samples, which summing micro-batches keeps
+            if _sums_over_samples(model, value, function):
+                return True
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
@@ -1137,6 +1322,145 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
                 return True
     return False
+
+
+# Losses that reduce by the mean unless given another ``reduction``: ``F.cross_entropy``, ``nn.MSELoss()``...
+_MEAN_CRITERION = re.compile(r"(_loss|Loss|cross_entropy|kl_div|_with_logits|nll)$")
+# Reductions that may run over the samples (or gather the components of a loss): ``x.mean()``, ``torch.stack([...])``.
+_MEANS = frozenset({"mean", "nanmean", "average", "stack"})
+# Elementwise operations whose result keeps one value per sample or token.
+_ELEMENTWISE = frozenset({
+    "pow", "abs", "log", "exp", "square", "sqrt", "gather", "log_softmax", "logsigmoid", "softplus", "relu",
+    "masked_fill", "where", "clamp", "neg",
+})
+
+
+def _sums_over_samples(model: LoopModel, value: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+    """``F.cross_entropy(..., reduction="sum")``, ``(nll * mask).sum()``, ``torch.sum(per_sample)``: a sum over samples.
+
+    A sum of such terms is one too; any term that is not (a mean loss beside a summed
+    one) makes the whole no sum over samples.
+    """
+    if type(value) is cst.BinaryOperation and type(value.operator) in (cst.Add, cst.Subtract):
+        return _sums_over_samples(model, value.left, function) and _sums_over_samples(model, value.right, function)
+    if type(value) is not cst.Call:
+        return False
+    if _reduction(value) == "sum":
+        return True
+    if method_name(value) != "sum" or type(value.func) is not cst.Attribute:
+        return False  # the builtin ``sum(task_losses)`` adds several mean losses
+    owner = value.func.value
+    summed = positional_args(value)[0].value if dotted_name(owner) == "torch" and value.args else owner
+    return _per_sample(model, summed, function, depth=0)
+
+
+def _per_sample(model: LoopModel, node: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> bool:
+    """Whether ``node`` visibly holds one loss value per sample or token, read through the names it is made of.
+
+    Evidence: a criterion called with ``reduction="none"`` (or built so), or elementwise
+    arithmetic; and no mean anywhere on the way (``.mean()``, a criterion with its default
+    mean reduction, ``torch.stack`` of losses). What an unseen criterion returns, or a
+    name with no value in the function, is unknown: no evidence.
+    """
+    if type(node) is cst.Name:
+        values = [v for v in model.index.assignments.get(function, {}).get(node.value, []) if isinstance(v, cst.BaseExpression)]
+        return depth < 3 and bool(values) and all(_per_sample(model, v, function, depth + 1) for v in values)
+    evidence = False
+    for sub in model.file.walk(node):
+        kind = type(sub)
+        if kind is cst.Call:
+            name = callee_name(sub) or ""
+            reduction = _reduction(sub) or _built_with_reduction(model, sub, function)
+            if _reduces_over_samples(sub, name) or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
+                return False
+            if reduction == "none" or name in _ELEMENTWISE or name in _MEANS or _network_output(model, sub):
+                evidence = True  # a mean left here is over each sample's own elements (``.mean([1, 2, 3])``)
+        elif (kind is cst.BinaryOperation and type(sub.operator) is not cst.MatrixMultiply) or (
+            kind is cst.UnaryOperation and type(sub.operator) is cst.Minus
+        ):
+            evidence = True
+    if not evidence or depth >= 3:
+        return evidence
+    names = {sub.value for sub in model.file.walk(node) if type(sub) is cst.Name}
+    table = model.index.assignments.get(function, {})
+    return not any(
+        isinstance(v, cst.BaseExpression) and _made_of_means(model, v, function) for name in names for v in table.get(name, [])
+    )
+
+
+# The last name of a network called on a batch: its output holds one value per sample (``fsdp_model(x).sum()``).
+_NETWORK = re.compile(r"model|net(work)?$|module$|backbone|encoder|decoder|transformer", re.IGNORECASE)
+_CRITERION = re.compile(r"loss|criterion|crit$", re.IGNORECASE)
+
+
+def _reduces_over_samples(call: cst.Call, name: str) -> bool:
+    """``x.mean()``, ``x.mean(0)``, ``torch.mean(x, dim=d)`` with ``d`` unknown, ``torch.stack(losses)``: a reduction that
+    may run over the samples (or stacks separate losses); not ``x.mean([1, 2, 3])`` / ``x.mean(dim=-1)``, over each
+    sample's own elements."""
+    if name not in _MEANS:
+        return False
+    if name not in ("mean", "nanmean"):
+        return True
+    given = keyword_arg(call, "dim")
+    dims = given.value if given is not None else None
+    if dims is None:
+        positional = positional_args(call)
+        function_form = type(call.func) is cst.Attribute and dotted_name(call.func.value) in ("torch", "np", "numpy")
+        at = 1 if function_form or type(call.func) is cst.Name else 0
+        dims = positional[at].value if len(positional) > at else None
+    if dims is None:
+        return True
+    values = [e.value for e in dims.elements] if type(dims) in (cst.Tuple, cst.List) else [dims]
+    literals = [number(v) if type(v) is not cst.UnaryOperation else (-number(v.expression) if number(v.expression) is not None else None) for v in values]
+    return any(v is None or v == 0 for v in literals)
+
+
+def _network_output(model: LoopModel, call: cst.Call) -> bool:
+    """``out = fsdp_model(x)``: a call of the network itself, whose output has one value per sample."""
+    name = dotted_name(call.func)
+    if name is None:
+        return False
+    known = model.index.objects.get(name) if model.index is not None else None
+    if known is not None and known.kind in (ObjKind.MODEL, ObjKind.PARALLEL_MODEL):
+        return True
+    last = last_name(name)
+    return bool(_NETWORK.search(last)) and not _CRITERION.search(last)
+
+
+def _made_of_means(model: LoopModel, node: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+    """Whether a value reduces by a mean somewhere: ``.mean()``, or a criterion with its default mean reduction."""
+    for sub in model.file.walk(node):
+        if type(sub) is cst.Call:
+            name = callee_name(sub) or ""
+            reduction = _reduction(sub) or _built_with_reduction(model, sub, function)
+            if _reduces_over_samples(sub, name) or reduction == "mean" or (reduction is None and _MEAN_CRITERION.search(name)):
+                return True
+    return False
+
+
+def _reduction(call: cst.Call) -> str | None:
+    """The literal ``reduction=`` a call is given, if any."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "reduction" and type(arg.value) is cst.SimpleString:
+            return arg.value.evaluated_value
+    return None
+
+
+def _built_with_reduction(model: LoopModel, call: cst.Call, function: cst.FunctionDef | None) -> str | None:
+    """For ``criterion(pred, y)``, the literal ``reduction=`` the criterion was built with (``nn.MSELoss(reduction="none")``)."""
+    name = dotted_name(call.func)
+    if name is None or model.index is None:
+        return None
+    tables = model.index.assignments.values() if name.startswith("self.") else [model.index.assignments.get(function, {}), model.index.assignments.get(None, {})]
+    for table in tables:
+        for value in table.get(name, []):
+            if type(value) is cst.Call:
+                found = _reduction(value)
+                if found is not None:
+                    return found
+                if _MEAN_CRITERION.search(callee_name(value) or ""):
+                    return "mean"
+    return None
 
 
 def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
@@ -1165,11 +1489,53 @@ _MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
 
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
-    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..."""
+    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..., or a ``while`` loop that
+    runs until a count of its own reaches a threshold (``_counted_while``)."""
+    if type(loop_node) is cst.While:
+        return _counted_while(loop_node)
     if type(loop_node) is not cst.For:
         return False
     header = f"{model.code(loop_node.target)} in {model.code(loop_node.iter)}"
     return bool(_MICRO_LOOP_WORDS.search(header))
+
+
+_BELOW = (cst.LessThan, cst.LessThanEqual, cst.NotEqual)
+_REACHED = (cst.GreaterThanEqual, cst.GreaterThan, cst.Equal)
+
+
+def _counted_while(loop: cst.While) -> bool:
+    """``while n < accum_steps:`` or ``while True: ...; n += 1; if n >= accum_steps: break``: micro-batches counted.
+
+    The loop's body adds to a counter (``n += 1``, ``samples += len(x)``) and the loop
+    ends when it reaches a threshold: its test keeps it below one, or an ``if`` that
+    compares it with one breaks out.
+    """
+    counted = {
+        dotted_name(node.target) for node in walk(loop.body) if type(node) is cst.AugAssign and type(node.operator) is cst.AddAssign
+    } - {None}
+    if not counted:
+        return False
+
+    def compares(test: cst.BaseExpression, operators: tuple[type, ...]) -> bool:
+        return (
+            type(test) is cst.Comparison and len(test.comparisons) == 1
+            and isinstance(test.comparisons[0].operator, operators) and dotted_name(test.left) in counted
+        )
+
+    if compares(loop.test, _BELOW):
+        return True
+    return any(
+        type(node) is cst.If and compares(node.test, _REACHED) and _breaks(node.body)
+        for node in walk(loop.body)
+    )
+
+
+def _breaks(block: cst.BaseSuite) -> bool:
+    """Whether a block ends with ``break``."""
+    last = block.body[-1] if block.body else None
+    if type(block) is cst.SimpleStatementSuite:
+        return type(last) is cst.Break
+    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
 
 
 # GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data``, with any

@@ -15,8 +15,18 @@ self.model_accepts_loss_kwargs and self.compute_loss_func is None``), with
 a model. An override of ``compute_loss`` that returns a loss of its own,
 computed without ``num_items_in_batch``, is then divided by nothing: each
 step is the accumulation count times too large. trl's ``SFTTrainer``
-derives from ``Trainer``, trains language models and leaves
-``model_accepts_loss_kwargs`` as the Trainer sets it. The backwards of a
+derives from ``Trainer`` (through ``_BaseTrainer``), trains language models and leaves
+``model_accepts_loss_kwargs`` as the Trainer sets it: a subclass of it is
+a Trainer subclass here. trl's other trainers that derive from ``Trainer``
+are not: ``DPOTrainer``, ``GRPOTrainer``, ``KTOTrainer``, ``RewardTrainer``
+and ``RLOOTrainer`` (and the experimental BCO, CPO, ORPO, distillation...
+trainers) set ``self.model_accepts_loss_kwargs = False`` in ``__init__``
+("Since we compute our own loss ... to enable scaling"), so the Trainer
+divides whatever their subclasses' ``compute_loss`` returns, and their
+losses are preference or policy losses, no token means. A subclass's base
+may come from a factory of the module (``class X(base_cls)``): the settings
+walk follows it (:class:`gradlint.frameworks.settings._Factories`), and only
+when every way gives one of these classes. The backwards of a
 Trainer subclass's own methods are the Trainer's business (it divides
 itself). ``transformers.AdamW``, ``Adafactor`` and
 ``transformers.optimization`` build optimizers; ``get_*schedule*``
@@ -28,8 +38,14 @@ of the repository, the ``current_gradient_accumulation_steps`` form above;
 the behaviour of each release from 4.46 to 5 is as GL008's documentation
 gives it (``training_step``, ``get_batch_samples``,
 ``_get_num_items_in_batch``), not read again for this module; trl
-v1.9.0 ``trl/trainer/sft_trainer.py`` (``class SFTTrainer(_BaseTrainer)``)
-and ``trl/trainer/base_trainer.py`` (``class _BaseTrainer(Trainer)``).
+v1.9.0 (and the development head after it, commit f2cd5771)
+``trl/trainer/sft_trainer.py`` (``class SFTTrainer(_BaseTrainer)``),
+``trl/trainer/base_trainer.py`` (``class _BaseTrainer(Trainer)``), and the
+``__init__`` of ``trl/trainer/{dpo,grpo,kto,reward,rloo}_trainer.py``
+(``self.model_accepts_loss_kwargs = False``); transformers' ``training_step``
+as quoted above was read again in the stored snapshot of
+``src/transformers/trainer.py`` (``if (not self.model_accepts_loss_kwargs or
+num_items_in_batch is None) and self.compute_loss_func is None``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import libcst as cst
 
 from gradlint.frameworks import FRAMEWORKS
 from gradlint.imports import ImportMap
-from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number
+from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number, walk
 
 if TYPE_CHECKING:
     from gradlint.model import LoopModel
@@ -48,6 +48,9 @@ class AccumulationSettings:
     built: bool = False
     without_count: int = 0  # constructions given no count
     may_accumulate: bool = False
+    # The configurations handed to the framework, by name, and the key that holds the count in them: a
+    # ``config["gradient_accumulation_steps"]`` read of one is the count, however the configuration was made.
+    config_reads: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 _NONE = AccumulationSettings()
@@ -96,6 +99,9 @@ def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSe
     calls: list[cst.Call] = []
     classes: list[cst.ClassDef] = []
     dicts: dict[str, list[cst.Dict]] = {}
+    keyed: dict[tuple[str, str], list[cst.BaseExpression]] = {}  # ``config["key"] = value``, by (config, key)
+    names: dict[str, list[cst.BaseExpression]] = {}  # ``name = value`` anywhere in the module (a base class made by a factory)
+    functions: dict[str, list[cst.FunctionDef]] = {}
     stack: list[cst.CSTNode] = [module]
     while stack:
         node = stack.pop()
@@ -107,25 +113,43 @@ def _read(module: cst.Module, children_of: ChildrenOf = children) -> FrameworkSe
             calls.append(node)
         elif kind is cst.ClassDef:
             classes.append(node)
-        elif kind is cst.Assign and type(node.value) is cst.Dict:
+        elif kind is cst.FunctionDef:
+            functions.setdefault(node.name.value, []).append(node)
+        if kind is cst.Assign:
+            for target in node.targets:
+                if type(target.target) is cst.Name:
+                    names.setdefault(target.target.value, []).append(node.value)
+        if kind is cst.Assign and type(node.value) is cst.Dict:
             for target in node.targets:
                 name = dotted_name(target.target)
                 if name:
                     dicts.setdefault(name, []).append(node.value)
+        elif kind is cst.Assign:
+            for target in node.targets:
+                read = subscript_key(target.target)
+                if read is not None:
+                    keyed.setdefault(read, []).append(node.value)
         if kind not in TRIVIA:
             stack.extend(children_of(node))
     settings = FrameworkSettings()
     for call in calls:
-        _read_call(call, imports.qualify(call.func), dicts, settings)
+        _read_call(call, imports.qualify(call.func), dicts, keyed, settings)
     local = {c.name.value: c for c in classes}
+    factories = _Factories(imports, names, functions, calls, children_of)
     for cls in classes:
         for subclasses in _SUBCLASSES:
-            if _subclasses(cls, subclasses.bases, imports, local, set()):
+            if _subclasses(cls, subclasses.bases, imports, local, set(), factories):
                 settings.classes.setdefault(subclasses.role, []).append(cls)
     return settings
 
 
-def _read_call(call: cst.Call, names: set[str], dicts: dict[str, list[cst.Dict]], settings: FrameworkSettings) -> None:
+def _read_call(
+    call: cst.Call,
+    names: set[str],
+    dicts: dict[str, list[cst.Dict]],
+    keyed: dict[tuple[str, str], list[cst.BaseExpression]],
+    settings: FrameworkSettings,
+) -> None:
     """What one call sets: the first declaration whose names it matches (the declarations' names never overlap)."""
     for key, setting in _ACCUMULATION:
         if names & setting.constructors:
@@ -158,6 +182,10 @@ def _read_call(call: cst.Call, names: set[str], dicts: dict[str, list[cst.Dict]]
                 arg = keyword_arg(call, keyword)
                 if arg is not None:
                     found.counts.extend(_config_counts(arg.value, setting.key, dicts))
+                    name = dotted_name(arg.value)
+                    if name is not None:
+                        found.counts.extend(keyed.get((name, setting.key), ()))
+                        found.config_reads.append((name, setting.key))
             return
 
 
@@ -174,10 +202,32 @@ def _config_counts(value: cst.BaseExpression, key: str, dicts: dict[str, list[cs
     return found
 
 
+def subscript_key(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """``config["key"]`` or ``config.get("key")``: the configuration's name and the key read, else None."""
+    if type(node) is cst.Subscript and len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+        key = node.slice[0].slice.value
+        name = dotted_name(node.value)
+    elif type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value == "get" and node.args:
+        key = node.args[0].value
+        name = dotted_name(node.func.value)
+    else:
+        return None
+    if name is None or type(key) is not cst.SimpleString:
+        return None
+    value = key.evaluated_value
+    return (name, value) if isinstance(value, str) else None
+
+
 def _subclasses(
-    cls: cst.ClassDef, bases: frozenset[str], imports: ImportMap, local: dict[str, cst.ClassDef], seen: set[str]
+    cls: cst.ClassDef,
+    bases: frozenset[str],
+    imports: ImportMap,
+    local: dict[str, cst.ClassDef],
+    seen: set[str],
+    factories: _Factories | None = None,
 ) -> bool:
-    """Whether ``cls`` derives from one of ``bases``, directly or through classes of the same module."""
+    """Whether ``cls`` derives from one of ``bases``, directly, through classes of the same module, or through a
+    base class a factory of the module makes (``_Factories``)."""
     if cls.name.value in seen:
         return False
     seen.add(cls.name.value)
@@ -186,6 +236,94 @@ def _subclasses(
             return True
         name = dotted_name(arg.value)
         parent = local.get(name) if name else None
-        if parent is not None and _subclasses(parent, bases, imports, local, seen):
+        if parent is not None and _subclasses(parent, bases, imports, local, seen, factories):
+            return True
+        if parent is None and factories is not None and factories.makes(cls, arg.value, bases):
             return True
     return False
+
+
+class _Factories:
+    """Base classes a module makes rather than imports: ``class X(base_cls)``.
+
+    ``base_cls`` is assigned a class (``base_cls = SFTTrainer if sft else Trainer``),
+    or what a function of the module returns (``base_cls = get_trainer_class(args)``
+    with every ``return`` a class), or it is a parameter of the function that
+    defines the class, and every call of that function in the module hands it a
+    class (``def make_trainer(base_cls): class X(base_cls): ...`` and
+    ``make_trainer(Trainer)``). Every way must give one of the bases: a factory
+    that may return another class is not followed.
+    """
+
+    _DEPTH = 3
+
+    def __init__(
+        self,
+        imports: ImportMap,
+        names: dict[str, list[cst.BaseExpression]],
+        functions: dict[str, list[cst.FunctionDef]],
+        calls: list[cst.Call],
+        children_of: ChildrenOf,
+    ) -> None:
+        self.imports, self.names, self.functions, self.calls, self.children_of = imports, names, functions, calls, children_of
+
+    def makes(self, cls: cst.ClassDef, base: cst.BaseExpression, bases: frozenset[str]) -> bool:
+        """Whether the base expression of ``cls`` is always one of ``bases``."""
+        if type(base) is not cst.Name:
+            return False
+        enclosing = self._enclosing(cls)
+        if enclosing is not None and base.value in _parameters(enclosing):
+            return self._handed(enclosing, base.value, bases)
+        return self._always(base, bases, 0)
+
+    def _always(self, value: cst.BaseExpression, bases: frozenset[str], depth: int) -> bool:
+        if depth > self._DEPTH:
+            return False
+        if self.imports.qualify(value) & bases:
+            return True
+        kind = type(value)
+        if kind is cst.IfExp:
+            return self._always(value.body, bases, depth + 1) and self._always(value.orelse, bases, depth + 1)
+        if kind is cst.Name:
+            values = self.names.get(value.value, [])
+            return bool(values) and all(self._always(v, bases, depth + 1) for v in values)
+        if kind is cst.Call and type(value.func) is cst.Name:
+            defined = self.functions.get(value.func.value, [])
+            returned = [r.value for f in defined for r in _returns(f, self.children_of)]
+            return len(defined) == 1 and bool(returned) and all(
+                r is not None and self._always(r, bases, depth + 1) for r in returned
+            )
+        return False
+
+    def _handed(self, function: cst.FunctionDef, parameter: str, bases: frozenset[str]) -> bool:
+        """Whether every call of ``function`` in the module hands ``parameter`` one of ``bases`` (and there is one)."""
+        position = _parameters(function).index(parameter)
+        handed = []
+        for call in self.calls:
+            if type(call.func) is not cst.Name or call.func.value != function.name.value:
+                continue
+            given = keyword_arg(call, parameter)
+            if given is None:
+                positional = [a for a in call.args if a.keyword is None]
+                if any(a.star for a in positional) or position >= len(positional):
+                    return False
+                given = positional[position]
+            handed.append(given.value)
+        return bool(handed) and all(self._always(v, bases, 1) for v in handed)
+
+    def _enclosing(self, cls: cst.ClassDef) -> cst.FunctionDef | None:
+        for defined in self.functions.values():
+            for function in defined:
+                if any(node is cls for node in walk(function.body, children_of=self.children_of) if type(node) is cst.ClassDef):
+                    return function
+        return None
+
+
+def _parameters(function: cst.FunctionDef) -> list[str]:
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
+def _returns(function: cst.FunctionDef, children_of: ChildrenOf) -> list[cst.Return]:
+    """The ``return`` statements of a function's own body (not of nested functions)."""
+    return [node for node in walk(function.body, children_of=children_of) if type(node) is cst.Return]

@@ -1,0 +1,92 @@
+"""How an optimizer's update answers the scale of the gradient, and how GL004 says what a gradient N times too large does.
+
+Plain and momentum SGD step in proportion to the gradient: a gradient N
+times too large is a step N times too large, the learning rate secretly
+multiplied by N. Adam and the optimizers built like it divide the update by
+a running estimate of the gradient's own scale (Adam, AdamW, Adamax, NAdam,
+RAdam: ``m / (sqrt(v) + eps)``; Adagrad, Adadelta, RMSprop, Adafactor: a
+running or accumulated square; LAMB and LARS: a trust ratio; Lion, Rprop:
+the sign; Muon: an orthogonalised momentum): the step barely changes, and
+what the factor still moves is what compares the raw gradient with a
+constant: gradient clipping thresholds, ``eps`` (N times smaller beside the
+gradient) and the gradient norms a loop logs. Where the optimizer's class
+is unknown, the message says both.
+
+The algorithm is read from the class that builds the optimizer, by its last
+name, and only for a class of a module known to build optimizers
+(``objects.kind_of_constructor``): ``torch.optim``, bitsandbytes, timm,
+torch-optimizer, lion-pytorch, schedule-free, heavyball, and what the
+framework modules add (DeepSpeed's and apex's fused optimizers,
+transformers' ``AdamW`` and ``Adafactor``, torch-optimi). A class of the
+project (``class MyAdam(Optimizer)``) or a factory (``create_optimizer``)
+is unknown.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+
+from gradlint.kinds import ObjKind
+from gradlint.objects import kind_of_constructor
+
+
+class UpdateScale(enum.Enum):
+    """How an optimizer's step answers a gradient N times larger."""
+
+    PROPORTIONAL = "proportional"  # a step N times larger (SGD)
+    NORMALISED = "normalised"  # about the same step (Adam and its kin)
+    UNKNOWN = "unknown"
+
+
+# The last name of an optimizer class whose update is divided by the gradient's scale (``FusedAdam``, ``AdamW8bit``,
+# ``PagedAdamW``, ``DeepSpeedCPUAdam``, ``FusedLAMB``, ``Lion8bit``...), and of one that steps in proportion to it.
+_NORMALISED = re.compile(
+    r"adam|adagrad|adadelta|rmsprop|adafactor|lamb(?!da)|lars|lion|adan|adabelief|yogi|novograd|rprop|muon|soap",
+    re.IGNORECASE,
+)
+_PROPORTIONAL = re.compile(r"sgd", re.IGNORECASE)
+
+
+def update_scale(constructors: Iterable[Iterable[str]]) -> UpdateScale:
+    """How the optimizer built by these constructions answers the gradient's scale.
+
+    ``constructors`` holds, for each construction of the optimizer the loop steps, the
+    qualified names its callee stands for. Every construction must say the same.
+    """
+    found: set[UpdateScale] = set()
+    for qualified in constructors:
+        found.add(_of_class(qualified))
+    return found.pop() if len(found) == 1 else UpdateScale.UNKNOWN
+
+
+def _of_class(qualified: Iterable[str]) -> UpdateScale:
+    for name in qualified:
+        if kind_of_constructor(name) is not ObjKind.OPTIMIZER:
+            continue
+        last = name.rsplit(".", 1)[-1]
+        if _NORMALISED.search(last):
+            return UpdateScale.NORMALISED
+        if _PROPORTIONAL.search(last):
+            return UpdateScale.PROPORTIONAL
+    return UpdateScale.UNKNOWN
+
+
+def too_large(scale: UpdateScale, optimizer: str | None) -> str:
+    """What a gradient that many times too large does to the steps of this optimizer, for GL004's message."""
+    named = f"`{optimizer}`" if optimizer else "the optimizer"
+    if scale is UpdateScale.PROPORTIONAL:
+        return f"each step of {named} is that many times too large"
+    if scale is UpdateScale.NORMALISED:
+        return (
+            f"the gradients are that many times too large; {named} divides its update by the gradient's scale, so "
+            f"its steps barely change, but gradient clipping thresholds, `eps` and logged gradient norms see "
+            f"gradients that many times too large"
+        )
+    return (
+        "the gradients are that many times too large: with an optimizer that steps in proportion to the gradient "
+        "(SGD) each step is that many times too large; with one that divides its update by the gradient's scale "
+        "(Adam and its kin) the steps barely change, but gradient clipping thresholds, `eps` and logged gradient "
+        "norms see gradients that many times too large"
+    )
