@@ -9,7 +9,8 @@ temporary folder, laid out as the installed package (``rules/`` as
 ``PYTHONPATH``; the code of the working tree is the installed one. Each tree
 is checked by both, from inside the tree, with ``--no-cache --isolated
 --exit-zero --output-format json -j 1``, and the two JSON outputs and the two
-error streams are compared as text. The script prints one line per tree that
+error streams are compared (findings as sets, leaving out each finding's ``url``,
+the address of its rule's page, which older versions do not print). The script prints one line per tree that
 differs (with the findings only one side has) and a summary, and exits 1 when
 any tree differs.
 
@@ -87,6 +88,12 @@ def check(tree: Path, pythonpath: str | None) -> tuple[str, str]:
     return completed.stdout, completed.stderr
 
 
+def _finding_key(finding: dict) -> str:
+    """A finding as compared: every field but ``url``, the address of the rule's page (which older versions
+    do not print and which depends on the documentation's address, not on what was found)."""
+    return json.dumps({k: v for k, v in finding.items() if k != "url"}, sort_keys=True)
+
+
 def compare(tree: Path, base: str) -> str | None:
     """None when both versions print the same for ``tree``; else what differs."""
     old_out, old_err = check(tree, base)
@@ -95,11 +102,14 @@ def compare(tree: Path, base: str) -> str | None:
         return None
     if old_out != new_out:
         try:
-            old = {json.dumps(f, sort_keys=True) for f in json.loads(old_out or "[]")}
-            new = {json.dumps(f, sort_keys=True) for f in json.loads(new_out or "[]")}
+            old = {_finding_key(f) for f in json.loads(old_out or "[]")}
+            new = {_finding_key(f) for f in json.loads(new_out or "[]")}
         except json.JSONDecodeError:
             return "output is not JSON on one side"
-        return f"{len(old - new)} findings only in the base, {len(new - old)} only in the working tree: {sorted(old ^ new)[:3]}"
+        if old != new:
+            return f"{len(old - new)} findings only in the base, {len(new - old)} only in the working tree: {sorted(old ^ new)[:3]}"
+    if old_err == new_err:
+        return None
     return f"error streams differ: base {old_err.strip()[:200]!r}, working tree {new_err.strip()[:200]!r}"
 
 

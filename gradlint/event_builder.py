@@ -20,6 +20,7 @@ from gradlint.syntax import (
     callee_name,
     contains_division,
     dotted_name,
+    element_name,
     is_grad,
     tracked_name,
     keyword_arg,
@@ -89,6 +90,7 @@ class EventBuilder:
         self._no_count_divisions: dict[tuple[int, str], bool] = {}
         self._running: dict[int, frozenset[str]] = {}  # each function's running micro-batch counters
         self._wrappers: dict[str, bool] = {}
+        self._stepped_on_every_path: dict[int, frozenset[str]] = {}  # per ``if`` chain: the optimizers each path steps
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
         """The events of the module body (``None``) or of one function, helpers inlined."""
@@ -162,10 +164,13 @@ class EventBuilder:
                 self._block(_body(case.body), scope, out)
         # Function and class definitions are roots of their own; nothing runs here.
 
-    def _if(self, statement: cst.If, scope: _Scope, out: list[Event]) -> None:
+    def _if(self, statement: cst.If, scope: _Scope, out: list[Event], top: bool = True) -> None:
+        start = len(out)
         self._expression(statement.test, scope, out)
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
+        if accumulation and self._counts_outer_iterations(statement.test, scope):
+            accumulation, count = False, None  # ``if epoch % 2 == 0:`` inside the batch loop: the same on every batch of an epoch
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
         side = _setting_test(statement.test) if fixed else None
         body_frame = Frame(
@@ -181,9 +186,83 @@ class EventBuilder:
             accumulation_on=(side[0], not side[1]) if side is not None else None,
         )
         if type(orelse) is cst.If:
-            self._if(orelse, _within(scope, else_frame), out)
+            self._if(orelse, _within(scope, else_frame), out, top=False)
         else:
             self._block(_body(orelse.body), _within(scope, else_frame), out)
+        if top:
+            self._every_path_steps(statement, len(scope.frames), out[start:])
+
+    def _every_path_steps(self, statement: cst.If, depth: int, events: list[Event]) -> None:
+        """An ``if``/``elif``/``else`` chain on every branch of which the same optimizers step is no accumulation guard.
+
+        ``if log: log_and_step(scaler, opt) elif scaler: scaler.step(opt) else: opt.step()`` steps on every
+        micro-batch whatever the test says (a call the module cannot see into, handed the optimizer, may step:
+        unknown is not absent). Its frames lose the accumulation mark; which optimizers the chain steps on
+        every path is kept for an enclosing chain to read.
+        """
+        chain = [statement]
+        while type(chain[-1].orelse) is cst.If:
+            chain.append(chain[-1].orelse)
+        if chain[-1].orelse is None:
+            return  # no ``else``: the path on which every test fails steps nothing
+        ids = {id(node) for node in chain}
+        leaves: dict[tuple[int, str], set[str]] = {(id(node), "if"): set() for node in chain}
+        leaves[(id(chain[-1]), "else")] = set()
+        frames: dict[int, Frame] = {}
+        steps: list[Event] = []
+        for event in events:
+            inner = event.frames[depth:]
+            at = next((i for i in range(len(inner) - 1, -1, -1) if id(inner[i].node) in ids and inner[i].kind is FrameKind.BRANCH), None)
+            for frame in inner:
+                if frame.kind is FrameKind.BRANCH and id(frame.node) in ids:
+                    frames[id(frame)] = frame
+            if at is None or event.target is None:
+                continue
+            stepping = event.kind is EventKind.STEP or (event.kind == HANDOFF and _may_step(event.node))
+            if not stepping:
+                continue
+            if event.kind is EventKind.STEP:
+                steps.append(event)
+            name = last_name(event.target)
+            leaf = leaves.get((id(inner[at].node), inner[at].branch))  # None: a call in an ``elif``'s test
+            if leaf is not None and all(self._runs_whenever(f, name) for f in inner[at + 1:]):
+                leaf.add(name)
+        every = set.intersection(*leaves.values())
+        for node in chain:
+            self._stepped_on_every_path[id(node)] = frozenset(every)
+        if not every or any(last_name(step.target or "") not in every for step in steps):
+            return
+        for frame in frames.values():
+            frame.accumulation, frame.count = False, None
+
+    def _runs_whenever(self, frame: Frame, optimizer: str) -> bool:
+        """Whether a frame inside a branch leaves a step of ``optimizer`` on every path through it: a ``with`` block, an
+        inner loop, or a chain of its own that steps ``optimizer`` on every path."""
+        if frame.kind is not FrameKind.BRANCH:
+            return True
+        return frame.branch != "except" and optimizer in self._stepped_on_every_path.get(id(frame.node), ())
+
+    def _counts_outer_iterations(self, test: cst.BaseExpression, scope: _Scope) -> bool:
+        """Whether every remainder in ``test`` is of a variable of an outer loop (``epoch % 2``) that the innermost loop
+        around the test never changes: a counter of epochs, not of micro-batches."""
+        loops = [f for f in scope.frames if f.kind is FrameKind.LOOP]
+        if len(loops) < 2:
+            return False
+        innermost = loops[-1].node
+        outer_names = {
+            n.value for f in loops[:-1] if type(f.node) is cst.For for n in self._walk(f.node.target) if type(n) is cst.Name
+        }
+        remainders = [n for n in self._walk(test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
+        if not remainders:
+            return False
+        for remainder in remainders:
+            counted = [n for n in self._walk(remainder.left) if type(n) in (cst.Name, cst.Attribute)]
+            names = {n.value for n in counted if type(n) is cst.Name}
+            if any(type(n) is cst.Attribute for n in counted) or not names or not names <= outer_names:
+                return False
+            if any(_assigns(node, names) for node in self._walk(innermost)):
+                return False
+        return True
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
         """``if not boundary: continue`` puts the rest of the block under an accumulation guard."""
@@ -358,7 +437,7 @@ class EventBuilder:
         index = self.index
         method = method_name(call)
         recv = receiver(call)
-        recv_name = dotted_name(recv)
+        recv_name = dotted_name(recv) if type(recv) is not cst.Subscript else element_name(recv)
         qualified = index.qualified_names(call.func)
         frames, chain = scope.frames, scope.chain
 
@@ -429,20 +508,27 @@ class EventBuilder:
         if method == "step":
             args = positional_args(call)
             if recv_kind is ObjKind.SCALER and args:
-                emit(EventKind.STEP, target=dotted_name(args[0].value), target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+                target = _element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)
+                # ``scaler.step(opt, closure=f)``: a disabled scaler runs ``opt.step(closure=f)`` (an enabled one raises)
+                closure = keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None
+                if closure is not None:
+                    self._inline_closure(closure, scope, out)
+                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.OPTIMIZER:
                 closure = args[0].value if args else (keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None)
                 if closure is not None:
                     self._inline_closure(closure, scope, out)
-                emit(EventKind.STEP, target=recv_name, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
+                target = _element_of_loop(recv, scope.frames) or recv_name
+                emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.SCHEDULER:
                 emit(EventKind.SCHED_STEP, target=recv_name, target_kind=ObjKind.SCHEDULER, has_args=bool(call.args))
                 return
         if method == "unscale_" and recv_kind is ObjKind.SCALER:
             args = positional_args(call)
-            emit(EventKind.UNSCALE, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
+            target = (_element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)) if args else None
+            emit(EventKind.UNSCALE, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
             return
         if method == "update" and recv_kind is ObjKind.SCALER:
             emit(EventKind.SCALER_UPDATE, target=recv_name, target_kind=ObjKind.SCALER)
@@ -549,6 +635,8 @@ class EventBuilder:
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
             return ObjKind.UNKNOWN
+        if name.endswith("]"):  # ``opts[i]``, ``optimizers["g"]``: an element has its collection's kind
+            return self._kind(name[: name.index("[")])
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:
             return known.kind
@@ -728,6 +816,56 @@ class EventBuilder:
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
         return dataclasses.replace(event, **changes)
+
+
+# What a helper handed the optimizer does by its name: stepping, or something else than stepping.
+_STEPPING_WORDS = re.compile(r"step|update|optimi[sz]e|train", re.IGNORECASE)
+_NOT_STEPPING = re.compile(
+    r"clip|learning_rate|(^|_)lr($|_)|schedul|warmup|save|checkpoint|load|log|print|summar|report|state_dict|zero|clear|reset",
+    re.IGNORECASE,
+)
+
+
+def _may_step(call: cst.CSTNode) -> bool:
+    """Whether a call the module cannot see into, handed an optimizer, may step it: unless its name says it does
+    something else (``save_checkpoint(model, optimizer)``, ``adjust_learning_rate(optimizer, epoch)``)."""
+    name = callee_name(call) if type(call) is cst.Call else None
+    return name is None or _STEPPING_WORDS.search(name) is not None or _NOT_STEPPING.search(name) is None
+
+
+def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:
+    """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (also ``enumerate(optimizers)``, ``zip(optimizers,
+    ...)``, ``optimizers.values()`` or ``.items()``): the element of a named collection the loop is at, so that a clear
+    of one element (``optimizers[1].zero_grad()``) may reach it."""
+    if type(node) is not cst.Name:
+        return None
+    for frame in reversed(frames):
+        if frame.kind is not FrameKind.LOOP or type(frame.node) is not cst.For:
+            continue
+        loop = frame.node
+        if not any(type(n) is cst.Name and n.value == node.value for n in walk(loop.target)):
+            continue
+        iterable = _zipped_source(loop, node.value)
+        if type(iterable) is cst.Call and callee_name(iterable) == "enumerate" and positional_args(iterable):
+            iterable = positional_args(iterable)[0].value
+        if type(iterable) is cst.Call and method_name(iterable) in ("values", "items") and not iterable.args:
+            iterable = receiver(iterable)
+        collection = dotted_name(iterable)
+        return f"{collection}[{node.value}]" if collection is not None else None
+    return None
+
+
+def _assigns(node: cst.CSTNode, names: set[str]) -> bool:
+    """Whether ``node`` binds one of ``names``: an assignment, an augmented one, or a ``for`` target."""
+    if type(node) is cst.Assign:
+        targets = [t.target for t in node.targets]
+    elif type(node) in (cst.AugAssign, cst.AnnAssign):
+        targets = [node.target]
+    elif type(node) is cst.For:
+        targets = [node.target]
+    else:
+        return False
+    return any(type(n) is cst.Name and n.value in names for target in targets for n in walk(target))
 
 
 _THRESHOLD_TESTS = (cst.GreaterThanEqual, cst.GreaterThan, cst.Equal)

@@ -14,7 +14,8 @@ from gradlint.config import Config
 from gradlint.findings import FileResult, Finding
 from gradlint.gc_pause import cyclic_gc_paused
 from gradlint.build import build_model
-from gradlint.model import LoopModel
+from gradlint.events import EventKind
+from gradlint.model import Event, LoopModel
 from gradlint.noqa import is_suppressed, noqa_lines
 from gradlint.old_syntax import stand_in
 from gradlint.parsed_file import ParsedFile
@@ -191,24 +192,121 @@ def _run_rule(rule_class: type[Rule], model: LoopModel, path: str) -> list[Findi
 
 
 def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tuple[Finding, Report]]:
-    """One rule's findings on a model, each with the report (and so the fix) it came from."""
-    # An event inlined into several roots is reported once; the report whose fix
-    # applies wins (a copy inlined through a call cannot be edited in place).
-    chosen: dict[int, tuple[Report, bool]] = {}
+    """One rule's findings on a model, each with the report (and so the fix) it came from.
+
+    An event inlined into several roots is reported once: where some root
+    shows the problem in the event's own function rather than at a call of it
+    (:func:`report_site`), from there; else the report whose fix applies (a
+    copy inlined through a call cannot be edited in place), else the first.
+    One site holds one finding of a rule.
+    """
+    chosen: dict[int, tuple[Report, bool, CSTNode, str]] = {}
     for report in rule_class().check(model):
         applies = report.fix is not None and report.fix.edits() is not None
-        previous = chosen.get(id(report.node))
-        if previous is None or (applies and not previous[1]):
-            chosen[id(report.node)] = (report, applies)
-    results = []
-    for report, applies in chosen.values():
-        line, column, end_line, end_column = model.position(report.node)
+        site, message = report_site(model, report)
+        key = id(report.event.node) if report.event is not None else id(report.node)
+        previous = chosen.get(key)
+        if previous is None or _better(report, site, applies, previous):
+            chosen[key] = (report, applies, site, message)
+    results, sites = [], set()
+    for report, applies, site, message in chosen.values():
+        if id(site) in sites:
+            continue
+        sites.add(id(site))
+        line, column, end_line, end_column = model.position(site)
         finding = Finding(
-            path, line, column, end_line, end_column, rule_class.code, rule_class.name, report.message,
+            path, line, column, end_line, end_column, rule_class.code, rule_class.name, message,
             rule_class.severity, rule_class.fix if applies else None,
         )
         results.append((finding, report))
     return results
+
+
+def _better(report: Report, site: CSTNode, applies: bool, previous: tuple[Report, bool, CSTNode, str]) -> bool:
+    """Whether a report should replace ``previous`` for the same event: shown at the event itself where the other
+    stands at a call, else with a fix that applies where the other's does not."""
+    previous_report, previous_applies, previous_site, _ = previous
+    at_event, previous_at_event = site is _reported(report), previous_site is _reported(previous_report)
+    if at_event != previous_at_event:
+        return at_event
+    return applies and not previous_applies
+
+
+def _reported(report: Report) -> CSTNode:
+    """The node a report is about: its event's, or the one it names."""
+    return report.event.node if report.event is not None else report.node
+
+
+def report_site(model: LoopModel, report: Report) -> tuple[CSTNode, str]:
+    """Where a finding is shown, and its message: where the user changes the code.
+
+    An event inlined from a helper (``self._clip_gradients()`` called in the
+    loop) whose problem lies between the helper and its caller is reported at
+    the first call of its chain that the events it is judged against
+    (``report.against``) were not inlined through: the call that must move or
+    change. The message then names the line inside the helper. It stays
+    inside the helper when the problem is there: when the others went through
+    the same calls (the clip and the step it precedes both in the helper), or
+    when the helper is more than the event, a step function that also
+    backpropagates or steps (moving its call would move those too), and, for a
+    backward, unless the helper backpropagates a loss its caller hands it (a
+    backward is changed where its loss is made).
+    """
+    event = report.event
+    if event is None or not event.call_chain or report.node is not event.node:
+        return report.node, report.message
+    chain = event.call_chain
+    shared = 0
+    if report.against:
+        shared = min(_common_calls(chain, other.call_chain) for other in report.against)
+    if shared == len(chain) or not _moves_with_its_call(model, event, chain[shared]):
+        return report.node, report.message
+    call = chain[shared]
+    return call, f"{report.message} (line {model.line(report.node)}, in `{model.code(call.func)}`, which this call runs)"
+
+
+def _common_calls(chain: tuple[cst.Call, ...], other: tuple[cst.Call, ...]) -> int:
+    """How many calls two call chains share from their start."""
+    common = 0
+    for mine, theirs in zip(chain, other):
+        if mine is not theirs:
+            break
+        common += 1
+    return common
+
+
+def _moves_with_its_call(model: LoopModel, event: Event, call: cst.Call) -> bool:
+    """Whether moving ``call`` moves the reported event and no other core of an iteration: the function it runs
+    (read through its own root) holds no backward or step but the event, and a backward backpropagates a
+    parameter (a loss the caller made)."""
+    position = event.call_chain.index(call)
+    inner = event.call_chain[position + 1] if position + 1 < len(event.call_chain) else event.node
+    function = _function_holding(model, inner)
+    root = next((r for r in model.roots if r.node is function), None) if function is not None else None
+    if root is None:
+        return False
+    for other in root.events:
+        if other.kind in (EventKind.BACKWARD, EventKind.STEP) and other.node is not event.node:
+            return False
+    if event.kind is EventKind.BACKWARD:
+        helper = _function_holding(model, event.node)
+        loss = event.loss.value if type(event.loss) is cst.Name else None
+        return helper is not None and loss is not None and loss in _parameter_names(helper)
+    return True
+
+
+def _function_holding(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The function whose body holds ``node`` (read up the module index's parents)."""
+    parents = model.parents or {}
+    node = parents.get(node)
+    while node is not None and type(node) is not cst.FunctionDef:
+        node = parents.get(node)
+    return node
+
+
+def _parameter_names(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    return {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
 
 
 def lint_text(

@@ -14,7 +14,10 @@ package, or scripts beside each other that import one another (see
 loop of its unit that calls it does no gradient work of its own beside the call (no clear, step,
 backward, update, clipping or ``no_sync`` spelled in that loop, nor a call
 to another function whose name says it does such work): then the function
-alone is the whole iteration, and what it lacks, the iteration lacks. Names
+alone is the whole iteration, and what it lacks, the iteration lacks. The
+loop that decides is the innermost one around the call: what an enclosing
+loop does once per epoch (``model.update_learning_rate()``) shares no
+iteration with a call made once per batch. Names
 are matched by their last part (``trainer.train_step(b)`` calls every
 function named ``train_step``); a name called from one sharing loop anywhere
 is no per-batch body anywhere in that unit.
@@ -238,16 +241,15 @@ class _Scan:
             self.after_unscale |= _loop_calls(node)[0]
 
     def _loop(self, loop: ast.For | ast.AsyncFor | ast.While) -> None:
-        called, work = self._calls_in(loop.body + loop.orelse)
+        direct: set[str] = set()
+        called, work = _calls_in(loop.body + loop.orelse, self.loops, direct)
         self.loops[loop] = (called, work)
         doing_work = sum(1 for name in called if _GRADIENT_WORK.search(name))
-        for name in called:
+        # A name called in an inner loop was judged there: it runs once per inner iteration, which this
+        # loop's own calls (``model.update_learning_rate()`` once per epoch) do not share.
+        for name in direct:
             others_work = work or doing_work - (1 if _GRADIENT_WORK.search(name) else 0) > 0
             (self.shared if others_work else self.alone).add(name)
-
-    def _calls_in(self, statements: list[ast.stmt]) -> tuple[set[str], bool]:
-        """The project-callable names these statements call, and whether they do gradient work spelled out in them."""
-        return _calls_in(statements, self.loops)
 
 
 def _wraps_optimizer(cls: ast.ClassDef) -> bool:
@@ -791,7 +793,8 @@ def _names_optimizer(node: ast.AST) -> bool:
 def _what_handed_optimizers_get(functions: list, defines: set[str]) -> tuple[frozenset[str], frozenset[str]]:
     """Which of a file's functions step a parameter (every definition of the name), and which may clear gradients.
 
-    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` runs whatever path the
+    Only parameters named as optimizers are followed. A function steps one when ``p.step()`` (or a scaler's
+    ``scaler.step(p)``) runs whatever path the
     body takes, early returns aside (a skipped step, as a scaler's): in its
     own top-level statements, inside ``with``, in both branches of an
     ``if``/``else``, or through a call handing ``p`` to another function of
@@ -834,6 +837,10 @@ def _steps_parameter(body: list[ast.stmt], params: set[str], stepping: set[str])
             name, receiver = _callee(value.func)
             if name == "step" and receiver in params:
                 return True
+            if name == "step" and receiver is not None and kind_from_name(receiver) is ObjKind.SCALER and any(
+                isinstance(a, ast.Name) and a.id in params for a in value.args
+            ):
+                return True  # ``scaler.step(optimizer)``
             if name in stepping and any(isinstance(a, ast.Name) and a.id in params for a in value.args):
                 return True
         elif isinstance(statement, ast.If) and statement.orelse:
@@ -898,11 +905,14 @@ def _loop_calls(loop: ast.AST) -> tuple[set[str], bool]:
     return _calls_in(list(getattr(loop, "body", [])) + list(getattr(loop, "orelse", [])), {})
 
 
-def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], bool]]) -> tuple[set[str], bool]:
+def _calls_in(
+    statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], bool]], direct: set[str] | None = None
+) -> tuple[set[str], bool]:
     """The project-callable names ``statements`` call, and whether they do gradient work spelled out in them.
 
     ``loops`` holds the summaries of inner loops already read: such a loop's
-    body is not walked again, only its header.
+    body is not walked again, only its header. ``direct``, when given, gets
+    the names called outside those inner loops' bodies.
     """
     names = _names()
     called: set[str] = set()
@@ -927,6 +937,8 @@ def _calls_in(statements: list[ast.stmt], loops: dict[ast.AST, tuple[set[str], b
                     work = work or kind_from_name(receiver) is not ObjKind.SCHEDULER
                 elif not name.startswith("__"):
                     called.add(name)
+                    if direct is not None:
+                        direct.add(name)
         elif isinstance(node, ast.Attribute) and node.attr in names.work_attributes:
             work = work or isinstance(node.ctx, ast.Store)  # a read of ``p.grad`` is logging, a store clears
         stack.extend(child_nodes(node))

@@ -17,7 +17,7 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import callee_name, dotted_name, walk
+from gradlint.syntax import callee_name, dotted_name, element_name, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -40,6 +40,27 @@ def _built_from(model: LoopModel, outer: str, inner: str) -> bool:
         type(value) is cst.Call and any(same_object(dotted_name(arg.value), inner) for arg in value.args)
         for table in model.index.assignments.values()
         for value in table.get(outer, [])
+    )
+
+
+def _may_be_same_element(a: str, b: str) -> bool:
+    """``opts[i]`` and ``opts[0]``: elements of one collection, one of them picked by a variable."""
+    if not (a.endswith("]") and b.endswith("]")):
+        return False
+    base_a, key_a = a[:-1].split("[", 1)
+    base_b, key_b = b[:-1].split("[", 1)
+    literal = re.compile(r"^(\d+|'.*'|\".*\")$")
+    return same_object(base_a, base_b) and not (literal.match(key_a) and literal.match(key_b))
+
+
+def _picked_from(model: LoopModel, name: str, element: str) -> bool:
+    """Whether ``name`` is assigned the element (``opt = optimizers[0]``, for ``optimizers[0]``): one optimizer."""
+    if model.index is None or not element.endswith("]"):
+        return False
+    return any(
+        type(value) is cst.Subscript and same_object(element_name(value), element)
+        for table in model.index.assignments.values()
+        for value in table.get(name, [])
     )
 
 
@@ -74,6 +95,8 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
         return (
             same_object(zero.target, optimizer) or _holds(zero.target, optimizer) or _holds(optimizer, zero.target)
             or _built_from(model, optimizer, zero.target) or _built_from(model, zero.target, optimizer)
+            or _may_be_same_element(zero.target, optimizer)
+            or _picked_from(model, optimizer, zero.target) or _picked_from(model, zero.target, optimizer)
         )
     sources = param_sources(model, optimizer)
     if not sources:

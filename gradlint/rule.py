@@ -11,7 +11,7 @@ import libcst as cst
 
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.edits import Fix
-from gradlint.model import LoopModel
+from gradlint.model import Event, LoopModel
 # The prefilter tokens, also importable from here as the rules have always imported them.
 from gradlint.tokens import BACKWARD, SCALER, STEP, AnyOf, CallNeed, Need, Spelled, call_of, word  # noqa: F401
 
@@ -23,11 +23,24 @@ class Report:
     ``fix`` is how to repair this very finding (whether it is safe is the
     rule's :attr:`Rule.fix`); None when the rule has no fix or the code is not
     shaped for one.
+
+    ``event`` is the event whose ``node`` is reported, and ``against`` the
+    events it is judged against (the step a clip runs before): when the event
+    was inlined from a helper and the others were not inlined through the same
+    calls, the finding is placed at the call the user must change (see
+    :func:`gradlint.linter.report_site`). A rule names them where its finding
+    is about where or how often the event runs (a clear, clip, unscale or
+    scheduler step in the wrong place, a step never cleared); where it is
+    about what the event's own line says (a step that bypasses the scaler,
+    a zeroing that keeps buffers), the line itself is the one to change, and
+    the rule leaves ``event`` unset.
     """
 
     node: cst.CSTNode
     message: str
     fix: Fix | None = None
+    event: Event | None = None
+    against: tuple[Event, ...] = ()
 
 
 class Rule:

@@ -42,6 +42,22 @@ def tracked_name(node: cst.CSTNode | None) -> str | None:
     return dotted_name(node)
 
 
+def element_name(node: cst.Subscript) -> str | None:
+    """``opts[1]``, ``optimizers['g']``, ``opts[i]``: an element of a named collection, by a number, a string or a
+    name; None for anything else (a slice, ``self.optimizers()[0]``)."""
+    base = dotted_name(node.value)
+    if base is None or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+        return None
+    key = node.slice[0].slice.value
+    if type(key) is cst.Integer:
+        return f"{base}[{key.value}]"
+    if type(key) is cst.SimpleString and "." not in key.evaluated_value:
+        return f"{base}[{key.evaluated_value!r}]"
+    if type(key) is cst.Name:
+        return f"{base}[{key.value}]"
+    return None
+
+
 def terminal(node: cst.BaseExpression) -> str | None:
     """The last name of ``x`` or ``a.b.x``."""
     if type(node) is cst.Name:

@@ -135,6 +135,7 @@ class ClipPerMicroBatch(Rule):
                     clip.node,
                     f"`{model.code(clip.node)}` clips on every micro-batch but `{step.target}` only steps "
                     f"{accumulation_place(model, acc)}: it clips partial sums of the gradients; clip once, right before the step",
+                    event=clip, against=(step,),
                 )
 
     def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:
@@ -177,6 +178,7 @@ class ClipPerMicroBatch(Rule):
                 clip.node,
                 f"`{model.code(clip.node)}` clips after `{step.target}` stepped at line {model.line(step.node)}: "
                 f"the step already used the unclipped gradients; clip between the backward and the step",
+                event=clip, against=(step,),
             )
 
 

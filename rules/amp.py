@@ -248,6 +248,7 @@ class ClipBeforeUnscale(Rule):
                             f"gradients are clipped while still scaled by `{scaler}` (backward at line "
                             f"{model.line(last_backward.node)}): call `{scaler}.unscale_(optimizer)` first",
                             fix=fixes.unscale_before_clip(model, root.events[position:], event, last_backward),
+                            event=event, against=(last_backward,),
                         )
                     elif not reaching:
                         yield from _clip_before_scaler_step(model, root, event, position)
@@ -280,6 +281,7 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int)
                 f"gradients are clipped before `{later.via_scaler}.step({later.target})` at line {model.line(later.node)} "
                 f"with no `unscale_` first, here or in any caller of `{function.name.value}`: the backward its callers "
                 f"scale leaves them multiplied by the loss scale; call `{later.via_scaler}.unscale_({later.target})` first",
+                event=clip, against=(later,),
             )
             return
 
@@ -436,6 +438,7 @@ class ScalerUnscalePerMicroBatch(Rule):
                 f"`{model.code(event.node)}` runs on every micro-batch but `{step.via_scaler}.step({step.target})` only "
                 f"runs {where}: the second micro-batch raises `unscale_() has already been called on this optimizer "
                 f"since the last update()`; unscale once, right before clipping and the step",
+                event=event, against=(step,),
             )
         return Report(
             event.node,
@@ -443,6 +446,7 @@ class ScalerUnscalePerMicroBatch(Rule):
             f"runs {where}: the loss scale changes in the middle of the accumulation (and with nothing unscaled it "
             f"raises); update once, right after the step",
             fix=fixes.move_update_after_step(model, event, step),
+            event=event, against=(step,),
         )
 
 

@@ -37,7 +37,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, method_name, walk
+from gradlint.syntax import callee_name, dotted_name, method_name, number, walk
 
 
 class MissingZeroGrad(Rule):
@@ -71,11 +71,19 @@ class MissingZeroGrad(Rule):
 
     **Stays quiet when**
 
-    - the loop clears the optimizer: ``zero_grad()`` on it, on a wrapper
+    - the loop clears the optimizer on the path to the step: ``zero_grad()`` on it, on a wrapper
       that holds it (``self.optim.zero_grad()`` for ``self.optim.optimizer``) or on its model,
       ``p.grad = None``, a helper that clears (also one handed a list of
-      optimizers), or a closure run by ``step(closure)``; a clear in an
-      ``except`` handler does not count (it runs only on failed batches);
+      optimizers), or a closure run by ``step(closure)``. A clear counts
+      only on the paths where it runs: not one in an ``except`` handler (it
+      runs only on failed batches), in the other branch of an ``if`` that is
+      no accumulation guard (``if amp: opt.zero_grad(); ... else:
+      loss.backward(); opt.step()``), in a branch that leaves before the
+      step, or, for a step on every iteration, under a periodic test of its
+      own (``if step % 100 == 0: opt.zero_grad()``)
+      (``fixtures/clearing/clear_on_one_branch_only.py``); a clear at the
+      start of an accumulation window serves the step at its end
+      (``fixtures/clearing/ok_clear_on_every_path.py``);
     - the optimizer is handed to code the model cannot see, which may clear
       it, unless the callee's name says what else it does
       (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
@@ -126,30 +134,85 @@ class MissingZeroGrad(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            checked: set[tuple[str, int]] = set()
+            reported: set[tuple[str, int]] = set()
             for step, loop in steps_with_loops(root):
                 key = (step.target or "", id(loop))
-                if key in checked:
-                    continue
-                checked.add(key)
-                if any(clears(model, e, step.target) for e in root.events_of(EventKind.ZERO, loop)):
+                if key in reported:
+                    continue  # one finding per optimizer and loop
+                zeros = [e for e in root.events_of(EventKind.ZERO, loop) if clears(model, e, step.target)]
+                # A loop that also steps the optimizer under an accumulation guard accumulates: GL011 and GL003 weigh it.
+                periodic = not any(
+                    same_object(s.target, step.target) and any(f.accumulation for f in frames_inside(s, loop))
+                    for s in root.events_of(EventKind.STEP, loop)
+                )
+                off_path = [z for z in zeros if _off_the_path(model, z, step, loop, periodic) is not None]
+                if len(off_path) < len(zeros):
                     continue
                 if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
-                if any(same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
+                if any(
+                    same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) and _off_the_path(model, e, step, loop, periodic=False) is None
+                    for e in root.events_of(HANDOFF, loop)
+                ):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
-                yield Report(
-                    step.node,
-                    f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
-                    f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients",
-                    fix=fixes.add_zero_grad(model, step),
-                )
+                reported.add(key)
+                if off_path:
+                    zero = off_path[0]
+                    message = (
+                        f"`{step.target}` is stepped at line {model.line(step.node)} but nothing clears its gradients on "
+                        f"the path to this step {loop_phrase(model, loop)}: `{model.code(zero.node)}` at line "
+                        f"{model.line(zero.node)} runs {_off_the_path(model, zero, step, loop, periodic)}; each step without it also "
+                        f"applies every earlier step's gradients"
+                    )
+                else:
+                    message = (
+                        f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
+                        f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients"
+                    )
+                yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
             yield from _backward_before_loop(model, root)
+
+
+def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, periodic: bool = True) -> str | None:
+    """Where a clear (or a handoff that may clear) of the step's optimizer runs instead of on the path to the step,
+    in words; None when it runs on that path.
+
+    A clear counts only on the paths where it runs before the step that needs
+    it (or after the step before the next one): not in the other branch of an
+    ``if`` that is no accumulation guard (``if amp: opt.zero_grad(); ...
+    scaler.step(opt) else: loss.backward(); opt.step()``), not in a branch
+    that leaves the iteration before the step (``if not finite: opt.zero_grad();
+    continue``), and, for a step that runs on every micro-batch, not under a
+    periodic test of its own (``if step % 100 == 0: opt.zero_grad()``).
+    Branches of an accumulation guard alternate between micro-batches, so a
+    clear in one may serve a step in another (a clear at the window's start).
+    """
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or step.inside(frame):
+            continue
+        if frame.branch == "after" or type(frame.node) is not cst.If:
+            continue
+        if in_other_branch(step, frame) and not frame.accumulation:
+            return f"only in the other branch of the `if` at line {model.line(frame.node)}"
+    if leaves_before(clear, step):
+        return "only on the iterations that leave before the step"
+    if periodic and step.framework is None and not step.with_context("accumulate") and not any(
+        f.kind is FrameKind.BRANCH and f.accumulation for f in frames_inside(step, loop)
+    ):
+        for frame in frames_inside(clear, loop):
+            if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
+                return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+    return None
+
+
+def _periodic(test: cst.BaseExpression) -> bool:
+    """Whether a test holds a remainder (``step % 100 == 0``): true on one iteration in so many."""
+    return any(type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(test))
 
 
 def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
@@ -191,6 +254,7 @@ def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
             f"the gradients of this backward are not cleared before the loop at line {model.line(outer.node)}, which "
             f"clears `{step.target}` only after stepping: its first step at line {model.line(first_step.node)} applies "
             f"them too; clear `{step.target}` before the loop",
+            event=backward, against=(first_step,),
         )
 
 
@@ -203,17 +267,22 @@ def _clears_or_steps(model: LoopModel, event: Event, optimizer: str) -> bool:
 
 
 def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> bool:
-    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models)."""
+    """Whether the backpropagated loss is visibly computed by calling one of ``sources`` (the optimizer's models),
+    itself or in a function of the module it calls (``loss = self.compute_loss(batch)``)."""
     if backward.loss is None or model.index is None:
         return False
     expressions = [backward.loss]
     name = dotted_name(backward.loss) or _root_of(backward.loss)
+    function = _function_around(model, backward.node)
     if name is not None:
-        function = _function_around(model, backward.node)
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+    calls = [node for expression in expressions for node in model.file.walk(expression) if type(node) is cst.Call]
+    if any(last_name(dotted_name(call.func) or "") in sources for call in calls):
+        return True
+    helpers = {model.index.resolve_function(call, function) for call in calls} - {None}
     return any(
         type(node) is cst.Call and last_name(dotted_name(node.func) or "") in sources
-        for expression in expressions for node in model.file.walk(expression)
+        for helper in helpers for node in model.file.walk(helper.body)
     )
 
 
@@ -277,6 +346,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                         f"`{event.target}` steps {_twice(model, first, event)} in the same iteration, with a backward "
                         f"at line {model.line(backward.node)} between and no clear: the second step applies the first "
                         f"step's gradients again; clear `{event.target}` before the second backward",
+                        event=event, against=(first, backward),
                     )
             last_step[key] = event
             since[key] = []
@@ -368,6 +438,7 @@ class ZeroGradBetweenBackwardAndStep(Rule):
                     f"{model.line(backward.node)} before `{step.target}` steps at line {model.line(step.node)}: "
                     f"the step sees no gradients",
                     fix=fixes.move_after_step(model, zero, step),
+                    event=zero, against=(backward, step),
                 )
 
 
@@ -418,6 +489,16 @@ class ZeroGradInAccumulation(Rule):
     a clear on the window's first micro-batch, ``if j % k == 0:``, tests
     something else and is right).
 
+    A clear at the start of each epoch is flagged when the step's guard counts
+    micro-batches across epochs (``self.global_step % k``, counted up in the
+    batch loop and never set back in the epoch loop) and the batch loop clears
+    after its own step: the last micro-batches of each epoch belong to the
+    next epoch's first step, and the clear throws them away
+    (``fixtures/accumulation/epoch_start_clear_with_counter_across_epochs.py``;
+    quiet when the guard counts per epoch, ``(i + 1) % k`` of the batch loop's
+    index or a counter set back each epoch, or flushes the epoch's last
+    micro-batches with an ``or`` clause: ``fixtures/accumulation/ok_epoch_start_clear_with_counter_per_epoch.py``).
+
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
     in the module with ``gradient_accumulation_steps``, or one handed in
     from elsewhere when the block itself tests ``sync_gradients``),
@@ -457,6 +538,9 @@ class ZeroGradInAccumulation(Rule):
             for report in _ungated_clears_in_accumulate(model, root):
                 if report.node not in settled:
                     yield report
+            for report in _epoch_start_clears(model, root):
+                if report.node not in settled:
+                    yield settled.note(report)
             between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
             for zero, backward, step, guard in _boundary_clears_before_backward(model, root):
                 if zero.node not in settled and id(zero) not in between:
@@ -468,6 +552,7 @@ class ZeroGradInAccumulation(Rule):
                             f"backward at line {model.line(backward.node)}: it clears what the earlier micro-batches "
                             f"accumulated, so only the last one's gradients reach `{step.target}`'s step; clear right "
                             f"after the step instead",
+                            event=zero, against=(backward, step),
                         )
                     )
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
@@ -498,6 +583,7 @@ class ZeroGradInAccumulation(Rule):
                             f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
                             f"{_undivided_too(model, root, acc, zero)}",
                             fix=fixes.move_after_step(model, zero, step),
+                            event=zero, against=(step,),
                         )
                     )
 
@@ -542,7 +628,7 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
-            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target))
+            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
 
 
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
@@ -575,6 +661,99 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
             ]
             if later:
                 yield zero, later[0], step, acc.frame
+
+
+def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A clear at the start of each epoch while the accumulation guard counts micro-batches across epochs.
+
+    ``for epoch ...: opt.zero_grad(); for batch ...: ...; global_step += 1;
+    if global_step % k == 0: opt.step(); opt.zero_grad()``: the counter
+    carries the last ``global_step % k`` micro-batches of an epoch over to a
+    step in the next, but the clear at the epoch's start throws their
+    gradients away, so the first step of every epoch sums fewer micro-batches
+    than it divides by. Only where the batch loop clears after its own step
+    (else the loop never clears: GL001), the counter is not reset or rebound
+    in the epoch loop, and the guard has no clause that flushes the last
+    micro-batches of an epoch (``or i == len(loader) - 1``).
+    """
+    seen: set[int] = set()
+    for step, loop in steps_with_loops(root):
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If:
+            continue
+        outer = _loop_around(step, loop)
+        counter = _counts_across(model, acc.frame.node.test, loop, outer) if outer is not None else None
+        if counter is None:
+            continue
+        if not any(clears(model, z, step.target) and step.inside(acc.frame) and z.inside(acc.frame) for z in root.events_of(EventKind.ZERO, loop)):
+            continue
+        first = root.events_in(loop)[0]
+        for zero in root.events_of(EventKind.ZERO, outer):
+            if id(zero) in seen or zero.inside(loop) or root.order(zero) > root.order(first):
+                continue
+            if any(f.kind is not FrameKind.WITH for f in frames_inside(zero, outer)) or not clears(model, zero, step.target):
+                continue
+            seen.add(id(zero))
+            yield Report(
+                zero.node,
+                f"`{model.code(zero.node)}` at the start of each epoch throws away the micro-batches accumulated at the "
+                f"end of the previous one: the guard `{model.code(acc.frame.node.test)}` at line "
+                f"{model.line(acc.frame.node)} counts `{model.code(counter)}` across epochs, so those micro-batches belong to `{step.target}`'s "
+                f"next step, which then sums fewer micro-batches than the loss is divided by; clear only after the step, "
+                f"or count the micro-batches per epoch",
+                event=zero, against=(step,),
+            )
+
+
+def _loop_around(event: Event, loop: Frame) -> Frame | None:
+    """The loop directly around ``loop`` among the event's frames (the epoch loop around a batch loop)."""
+    loops = event.loops
+    at = next(i for i, f in enumerate(loops) if f is loop)
+    return loops[at - 1] if at > 0 else None
+
+
+def _counts_across(model: LoopModel, test: cst.BaseExpression, loop: Frame, outer: Frame) -> cst.BaseExpression | None:
+    """What the guard ``test`` takes a remainder of, when it is a counter that the batch ``loop`` counts up and the
+    epoch loop ``outer`` never sets back: not the batch loop's own index, nothing assigned in the epoch loop
+    outside the batch loop; and no ``or`` clause that flushes an epoch's last micro-batches. Else None."""
+    if any(type(n) is cst.BooleanOperation and type(n.operator) is cst.Or for n in model.file.walk(test)):
+        return None
+    remainders = [n for n in model.file.walk(test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
+    if len(remainders) != 1:
+        return None
+    counters = _counted_names(remainders[0].left)
+    if not counters or type(loop.node) is not cst.For:
+        return None
+    if counters & {n.value for n in model.file.walk(loop.node.target) if type(n) is cst.Name}:
+        return None  # ``for i, batch in enumerate(loader)``: counted per epoch
+    counted_up = set()
+    for node in model.file.walk(loop.node.body):
+        if type(node) is cst.AugAssign and type(node.operator) is cst.AddAssign:
+            counted_up.add(dotted_name(node.target))
+    if not counters <= counted_up:
+        return None
+    for node in model.file.walk(outer.node.body):
+        if node is loop.node:
+            continue
+        if type(node) in (cst.Assign, cst.AnnAssign) and not lies_in(model, node, loop.node):
+            targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+            if any(dotted_name(t) in counters for t in targets):
+                return None  # ``global_step = 0`` at the start of each epoch
+    return remainders[0].left
+
+
+def _counted_names(expression: cst.BaseExpression) -> set[str]:
+    """The names a counter expression adds up (``global_step`` in ``global_step + 1``); empty when it holds anything
+    else than names, attributes, numbers and sums."""
+    if type(expression) in (cst.Name, cst.Attribute):
+        name = dotted_name(expression)
+        return {name} if name is not None else set()
+    if type(expression) is cst.BinaryOperation and type(expression.operator) in (cst.Add, cst.Subtract):
+        left, right = _counted_names(expression.left), _counted_names(expression.right)
+        if (not left and number(expression.left) is None) or (not right and number(expression.right) is None):
+            return set()
+        return left | right
+    return set()
 
 
 def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
@@ -632,6 +811,7 @@ def _prepared_clear_before_backward(
     return Report(
         zero.node,
         declared.early_clear_message(model.code(zero.node), model.line(after[0].node), model.line(block.node), model.code(step.node)),
+        event=zero, against=(after[0], step),
     )
 
 
@@ -796,6 +976,7 @@ class UnscaledAccumulatedLoss(Rule):
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
                         f"but the loss is not divided by {count}: each step is that many times too large",
                         fix=fixes.divide_loss(model, backward, acc),
+                        event=backward, against=(step,),
                     )
 
 

@@ -108,12 +108,14 @@ class AccumulationWithoutNoSync(Rule):
       (``fixtures/realworld/gl302_count_from_deepspeed_config__accelerate.py``);
     - ``fully_shard`` is another library's, not torch's
       (``fixtures/realworld/gl302_other_library_fully_shard__Megatron-LM.py``);
-    - the backward sits in a helper of the module whose call in a loop of the
-      module is where the finding goes: the helper, also read as a function
-      that runs once per micro-batch, adds no second finding at its backward
-      (``fixtures/distributed/gl302_step_helper_reported_once.py``, and its
-      twin whose loop enters ``no_sync()`` around the call,
-      ``fixtures/distributed/ok_gl302_step_helper_no_sync.py``).
+    - a loop of the module calls a helper that holds the backward: the
+      problem is reported once, at the loop's call when the helper only
+      backpropagates, at the backward when the helper also steps (moving its
+      call would move the step too;
+      ``fixtures/distributed/gl302_step_helper_reported_once.py``), and the
+      helper, also read as a function that runs once per micro-batch, adds no
+      second finding; a loop that enters ``no_sync()`` around the call covers
+      it (``fixtures/distributed/ok_gl302_step_helper_no_sync.py``).
 
     **Bad**::
 
@@ -186,12 +188,14 @@ class AccumulationWithoutNoSync(Rule):
                     if _synced_for_you(backward) or _in_context_handed(model, backward, name):
                         continue
                     place = _in_loop(model, backward, region)
+                    if place is not backward.node and any(call is place for call in step.call_chain):
+                        place = backward.node  # the helper also steps: moving its call moves the step (report_site)
                     message = _message(model, name, by, step, acc)
                     if place is not backward.node:
                         message += f"; its backward is at line {model.line(backward.node)}, inside `{model.code(place.func)}`"
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(place, message)
+                    yield Report(place, message, event=backward)
                     break
 
 

@@ -135,6 +135,7 @@ class SchedulerStepsPerMicroBatch(Rule):
                                 f"{accumulation_place(model, acc)}: the schedule advances once per micro-batch and runs that many "
                                 f"times too fast; step it right after `{step.target}.step()`",
                                 fix=move_scheduler_step(model, sched, step),
+                                event=sched, against=(step,),
                             )
                         )
 

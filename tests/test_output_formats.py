@@ -133,7 +133,8 @@ def test_the_documentation_url_is_the_one_pyproject_names():
     import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    assert output.docs_url() == pyproject["project"]["urls"]["Documentation"]
+    # None while the site has no published address: no finding links to a page that is not there.
+    assert output.docs_url() == pyproject["project"].get("urls", {}).get("Documentation")
 
 
 def test_json_findings_carry_the_url_of_their_rule_page(tree, monkeypatch):
