@@ -13,7 +13,7 @@ from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import ModuleIndex
 from gradlint.parsed_file import ParsedFile
-from gradlint.project_index import Context, alone_in_its_run, scan_calls
+from gradlint.project_index import BackwardHelper, Context, alone_in_its_run, scan_calls
 from gradlint.release_setups import find_release
 from gradlint.syntax import walk
 
@@ -33,7 +33,8 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
     known = Context.of(context)
     per_batch = known.per_batch
     index = ModuleIndex(parsed)
-    builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer)
+    helpers = {fact.split(":", 1)[0]: BackwardHelper.decode(fact.split(":", 1)[1]) for fact in known.backward_helpers}
+    builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer, backward_helpers=helpers)
     roots = [Root("<module>", parsed.module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
     manual = frameworks.per_batch_functions(index)  # a LightningModule's ``training_step`` under manual optimization
@@ -58,6 +59,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         called_in_loop=known.called_in_loop,
         unscaled_by_caller=known.unscaled_by_caller,
         wrapped_by_caller=known.wrapped_by_caller,
+        returned_wraps=known.returns_wrap,
         keeps_handed=known.keeps_handed,
         handed_scaler=known.handed_scaler,
         scaled_dispatch=known.scaled_dispatch,

@@ -23,6 +23,7 @@ _TOKEN_8 = call_of('unscale_')
 _TOKEN_9 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
 _TOKEN_10 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
 _TOKEN_11 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_12 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -123,6 +124,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         fix=None,
         enabled_by_default=True,
         needs=((BACKWARD, STEP),),
+    ),
+    RuleInfo(
+        code='GL012',
+        name='optimizer-stepped-on-one-setting-branch',
+        summary='an optimizer steps in one branch of a setting only: with the other value its parameters never update',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((STEP, _TOKEN_6),),
     ),
     RuleInfo(
         code='GL101',
@@ -239,7 +249,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP),),
+        needs=((BACKWARD, STEP), _TOKEN_12),
     ),
     RuleInfo(
         code='GL303',
@@ -267,6 +277,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         fix=None,
         enabled_by_default=True,
         needs=(('no_sync', BACKWARD, STEP),),
+    ),
+    RuleInfo(
+        code='GL306',
+        name='no-sync-after-forward',
+        summary='no_sync() holds only the backward: the DDP forward before it already armed the all-reduce',
+        severity=Severity.WARNING,
+        fix=None,
+        enabled_by_default=True,
+        needs=(('no_sync', BACKWARD),),
     ),
 )
 

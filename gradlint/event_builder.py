@@ -13,6 +13,7 @@ from gradlint.events import EventKind
 from gradlint.model import GRAD_DIVIDE, GRAD_READ, HANDOFF, NO_SYNC, Event, Frame, FrameKind, Kind
 from gradlint.module_index import ModuleIndex, Unpacked
 from gradlint.objects import ObjKind, kind_from_name, last_name
+from gradlint.project_index import BackwardHelper
 from gradlint.syntax import (
     SCALING_CALLS,
     bool_literal,
@@ -65,8 +66,13 @@ class _Scope:
 class EventBuilder:
     """Turns statements into events, inlining helpers of the same module."""
 
-    def __init__(self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset(),
+        backward_helpers: dict[str, BackwardHelper] | None = None,
+    ) -> None:
         self.index = index
+        # names of other files' helpers that backpropagate the loss handed to them and step under a flag (``loss_scaler``)
+        self.backward_helpers = backward_helpers or {}
         # Walks of the module's own nodes read the children the index read.
         self._walk, self._children = index.file.walk, index.file.children
         self.steps_handed = steps_handed  # functions of other files of the run that step the optimizer handed to them
@@ -592,12 +598,38 @@ class EventBuilder:
         if name and _CLEAR_HELPER.search(name):
             emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
             return
+        helper = self.backward_helpers.get(name) if name else None
+        if helper is not None:
+            self._backward_helper_call(call, helper, scope, out)
         handed = [name for name in (dotted_name(arg.value) for arg in call.args) if name and self._kind(name) is ObjKind.OPTIMIZER]
         for arg_name in handed:
             emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
         if len(handed) == 1 and name in self.steps_handed:
             # ``self.mp_trainer.optimize(self.opt)``: every function of that name in the run steps the optimizer it is handed
             emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
+
+    def _backward_helper_call(self, call: cst.Call, helper: BackwardHelper, scope: _Scope, out: list[Event]) -> None:
+        """``loss_scaler(loss, optimizer, update_grad=(i + 1) % accum == 0)``: a helper of another file of the run that
+        backpropagates ``loss`` on every call and steps ``optimizer`` only when the flag is true (the project index read
+        its definition): a BACKWARD, then a STEP under a branch of the flag's value (an accumulation guard when the
+        value is one), both ``framework="handed"``."""
+        loss, optimizer, flag = (_argument(call, *where) for where in (helper.loss, helper.optimizer, helper.flag))
+        if loss is None or optimizer is None or dotted_name(optimizer) is None:
+            return
+        out.append(Event(
+            EventKind.BACKWARD, call, scope.frames, call_chain=scope.chain, framework="handed", loss=loss,
+            scaled=helper.scaled, normalised=self._normalised(loss, scope),
+        ))
+        written = flag if flag is not None else (cst.parse_expression(helper.flag_default) if helper.flag_default else None)
+        if written is None or bool_literal(written) is False:
+            return  # never steps on this call
+        frames = scope.frames
+        if bool_literal(written) is not True:
+            accumulation, count = self._guard(written, scope.function)
+            frames = frames + (Frame(FrameKind.BRANCH, written, "if", accumulation, count),)
+        out.append(Event(
+            EventKind.STEP, call, frames, dotted_name(optimizer), ObjKind.OPTIMIZER, call_chain=scope.chain, framework="handed",
+        ))
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:
         """None for torch's own clipping; otherwise who clips (a framework's object unscales first, FSDP shards)."""
@@ -1136,6 +1168,17 @@ def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
         and any(type(n) is cst.Name and n.value == name for n in walk(f.node.target))
         for f in frames
     )
+
+
+def _argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
+    """The value a call hands a parameter, by its keyword or its position (-1: keyword only)."""
+    given = keyword_arg(call, keyword)
+    if given is not None:
+        return given.value
+    args = positional_args(call)
+    if 0 <= position < len(args) and not any(a.star for a in args[: position + 1]):
+        return args[position].value
+    return None
 
 
 def _body(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:

@@ -71,6 +71,16 @@ class FileCalls:
     hands_scaler: frozenset[str] = frozenset()
     releases: frozenset[str] = frozenset()
     scaled_dispatch: frozenset[str] = frozenset()
+    # ``function:wrapper`` for functions defined here whose every return is a wrapper class's construction
+    # (``def smart_DDP(model): return DDP(model, ...)``): what :func:`_returned_wraps` finds
+    returns_wrap: frozenset[str] = frozenset()
+    # ``target:callee`` for each assignment of a call of a name the file imports (the target's last name; the callee by
+    # the name it has where it is defined): ``model = smart_DDP(model)``, ``loss_scaler = NativeScaler()``
+    assigned: frozenset[str] = frozenset()
+    # ``name:shape`` for the functions, and the classes by their ``__call__``, defined here that backpropagate the loss
+    # they are handed on every call and step the optimizer they are handed only when a flag says so (:func:`_backward_helper`)
+    backward_helpers: frozenset[str] = frozenset()
+    top_level: frozenset[str] = frozenset()  # the names of the module-level functions the file defines
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -80,6 +90,7 @@ class FileCalls:
             sorted(self.hands), sorted(self.steps_handed), sorted(self.clears_handed),
             sorted(self.classes), sorted(self.wraps_optimizer),
             sorted(self.hands_scaler), sorted(self.releases), sorted(self.scaled_dispatch),
+            sorted(self.returns_wrap), sorted(self.assigned), sorted(self.backward_helpers), sorted(self.top_level),
         ]
 
     @classmethod
@@ -106,6 +117,12 @@ WRAPS_OPTIMIZER = "wraps:"
 HANDED_SCALER = "scaler:"
 RELEASES = "releases:"
 SCALED_DISPATCH = "scaled:"
+# ``returns:function:wrapper``: a function of another file of the run, whose result this file assigns, returns a model
+# wrapped for data parallelism (every definition of the name in the unit does, with the same wrapper).
+RETURNS_WRAP = "returns:"
+# ``backs:name:shape``: a name this file calls with an optimizer is, in the whole run, a helper that backpropagates the
+# loss it is handed on every call and steps the optimizer only when a flag argument is true (:class:`BackwardHelper`).
+BACKWARD_HELPER = "backs:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +139,8 @@ class Context:
     handed_scaler: frozenset[str] = frozenset()  # its functions some call of the run hands a grad scaler
     release_helpers: frozenset[str] = frozenset()  # functions of the run's other files that set gradient release up
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs its callback while gradients are scaled
+    returns_wrap: frozenset[str] = frozenset()  # ``function:wrapper``: functions of the run returning a wrapped model
+    backward_helpers: frozenset[str] = frozenset()  # ``name:shape``: helpers of the run that backpropagate (BackwardHelper)
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -129,6 +148,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
+            RETURNS_WRAP, BACKWARD_HELPER,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -165,7 +185,8 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     facts = scaler_release_facts(text, tree)
     if facts:
         calls = dataclasses.replace(calls, **facts)
-    return _with_handed_and_wrapped(calls, text, tree)
+    calls = _with_handed_and_wrapped(calls, text, tree)
+    return _with_assigned_and_helpers(calls, text, tree)
 
 
 def _lines_naming(word: str, text: str) -> list[int]:
@@ -298,6 +319,7 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: FiledTree) -> Fi
             functions.extend(by_type.get(ast.AsyncFunctionDef, ()))
         if wraps:
             found_calls, assigns, from_imports = calls_read, by_type.get(ast.Assign, []), by_type.get(ast.ImportFrom, [])
+            from_imports = [*from_imports, *by_type.get(ast.Import, [])]
     else:  # _near_lines lists every function definition as it goes
         near = _near_lines(tree.tree, _lines_matching(_OPTIMIZER_ARGUMENT_ANYHOW, text), functions)
         calls_read = [node for node in near if type(node) is ast.Call]
@@ -306,10 +328,198 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: FiledTree) -> Fi
     return dataclasses.replace(
         calls,
         passes_wrapped=_wrapped_passed(found_calls, assigns, from_imports) if wraps else frozenset(),
+        returns_wrap=_returned_wraps(tree, from_imports) if wraps else frozenset(),
         hands=frozenset(hands),
         steps_handed=steps_handed,
         clears_handed=clears_handed,
     )
+
+
+def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> frozenset[str]:
+    """``function:wrapper`` for each module-level function of the file every ``return`` of which hands back a wrapper class's
+    construction (``return DistributedDataParallel(model, ...)``, or a name the function assigned one to), the same
+    wrapper each time: a project's own way to wrap (``smart_DDP(model)``), which another file may call."""
+    class_names = _wrapper_names(from_imports)
+    found = set()
+    for function in tree.tree.body:
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue  # a module's own functions: a method is no callee of a plain call
+        built: dict[str, str] = {}
+        returned: set[str | None] = set()
+        for node in _own_nodes(function):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                by = _wrapper(node.value, class_names)
+                for target in node.targets:
+                    if by is not None and _dotted(target):
+                        built[_dotted(target)] = by
+            elif isinstance(node, ast.Return) and node.value is not None:
+                value = node.value
+                returned.add(_wrapper(value, class_names) if isinstance(value, ast.Call) else built.get(_dotted(value) or ""))
+        if len(returned) == 1 and None not in returned:
+            found.add(f"{function.name}:{returned.pop()}")
+    return frozenset(found)
+
+
+def _own_nodes(function: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function's own body, nested functions, classes and lambdas left out."""
+    stack = list(getattr(function, "body", []))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SKIPPED):
+            continue
+        yield node
+        stack.extend(child_nodes(node))
+
+
+def _with_assigned_and_helpers(calls: FileCalls, text: str, tree: FiledTree) -> FileCalls:
+    """``calls`` with the calls the file assigns (``target:callee``) and, when the text backpropagates, its backward
+    helpers (:func:`_backward_helper`)."""
+    by_type = tree.by_type()
+    # A callee the file imports by name may be another file's function or class (``from utils.torch_utils import
+    # smart_DDP``, ``from util.misc import NativeScalerWithGradNormCount as NativeScaler``); any class construction
+    # (a capitalised callee, ``torch.cuda.amp.GradScaler()``) binds its target to something else.
+    imported = {a.asname or a.name: a.name for node in by_type.get(ast.ImportFrom, ()) for a in node.names}
+    assigned = set()
+    for node in by_type.get(ast.Assign, ()):
+        if not isinstance(node.value, ast.Call):
+            continue
+        callee, _ = _callee(node.value.func)
+        if isinstance(node.value.func, ast.Name) and callee in imported:
+            callee = imported[callee]
+        elif callee is None or not callee[:1].isupper():
+            continue
+        for target in node.targets:
+            last = _dotted(target)
+            if last is not None:
+                assigned.add(f"{last.rsplit('.', 1)[-1]}:{callee}")
+    helpers = set()
+    lines = _lines_naming("backward", text)
+    if lines:
+        for function in (*by_type.get(ast.FunctionDef, ()), *by_type.get(ast.AsyncFunctionDef, ())):
+            if not _spans_one_of(function, lines) or not _may_hand_optimizer(function):
+                continue  # no line of it names backward, or no parameter is named as an optimizer
+            first = (function.args.posonlyargs + function.args.args)[:1]
+            shape = _backward_helper(function, skip_self=bool(first) and first[0].arg in ("self", "cls"))
+            if shape is None:
+                continue
+            owner = next((c for c in by_type.get(ast.ClassDef, ()) if function in c.body), None) if function.name == "__call__" else None
+            if owner is not None:
+                helpers.add(f"{owner.name}():{shape}")  # its instances are the helpers, not calls of the class
+            elif not function.name.startswith("__"):
+                helpers.add(f"{function.name}:{shape}")
+    top_level = frozenset(n.name for n in tree.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return dataclasses.replace(calls, assigned=frozenset(assigned), backward_helpers=frozenset(helpers), top_level=top_level)
+
+
+def _spans_one_of(function: ast.AST, lines: list[int]) -> bool:
+    """Whether one of ``lines`` (sorted) falls inside the function's lines."""
+    first = bisect.bisect_left(lines, function.lineno)
+    return first < len(lines) and lines[first] <= function.end_lineno
+
+
+def _may_hand_optimizer(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    args = function.args
+    return any("opt" in a.arg.lower() for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardHelper:
+    """A helper that backpropagates the loss it is handed on every call and steps the optimizer it is handed only when
+    a flag argument is true: ``loss_scaler(loss, optimizer, update_grad=(i + 1) % accum == 0)`` of MAE-style code
+    (``NativeScalerWithGradNormCount.__call__``: ``self._scaler.scale(loss).backward()``, then ``if update_grad:
+    ... self._scaler.step(optimizer)``). Each argument is found by its position or its keyword."""
+
+    loss: tuple[int, str]
+    optimizer: tuple[int, str]
+    flag: tuple[int, str]
+    flag_default: str  # the flag's default as written (``True``), or "" when it must be given
+    scaled: bool  # the loss goes through a gradient scaler's ``scale`` on its way to backward
+
+    def encode(self) -> str:
+        """The form a context name holds (no ``:`` in it)."""
+        return ",".join((
+            f"{self.loss[0]}={self.loss[1]}", f"{self.optimizer[0]}={self.optimizer[1]}", f"{self.flag[0]}={self.flag[1]}",
+            self.flag_default, "scaled" if self.scaled else "plain",
+        ))
+
+    @classmethod
+    def decode(cls, text: str) -> "BackwardHelper":
+        """The inverse of :meth:`encode`."""
+        loss, optimizer, flag, default, scaled = text.split(",")
+        pair = lambda item: (int(item.split("=")[0]), item.split("=")[1])  # noqa: E731
+        return cls(pair(loss), pair(optimizer), pair(flag), default, scaled == "scaled")
+
+
+def _backward_helper(function: ast.FunctionDef | ast.AsyncFunctionDef, skip_self: bool) -> str | None:
+    """The encoded :class:`BackwardHelper` shape of a function, or None when it is not one.
+
+    It is one when, in its own top-level statements and before any ``return``, it calls ``backward()`` on one of its
+    parameters (or on a scaler's ``scale(param)``), and its one parameter named as an optimizer is stepped
+    (``optimizer.step()``, ``scaler.step(optimizer)``) only inside a top-level ``if flag:`` on another parameter and
+    nowhere else.
+    """
+    args = function.args
+    positional = list(args.posonlyargs) + list(args.args)
+    if skip_self:
+        if not positional:
+            return None
+        positional = positional[1:]
+    names = [a.arg for a in positional]
+    keyword_only = [a.arg for a in args.kwonlyargs]
+    every = names + keyword_only
+    defaults = dict(zip(names[len(names) - len(args.defaults):], args.defaults)) if args.defaults else {}
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    optimizers = [a for a in (*positional, *args.kwonlyargs) if _names_optimizer(a)]
+    if len(optimizers) != 1:
+        return None
+    optimizer = optimizers[0].arg
+    loss, scaled = None, False
+    for statement in function.body:
+        if any(isinstance(node, ast.Return) for node in walk(statement)):
+            return None  # a way out before the backward: it may be skipped
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            name, _ = _callee(statement.value.func)
+            receiver = statement.value.func.value if isinstance(statement.value.func, ast.Attribute) else None
+            if name == "backward" and receiver is not None:
+                if isinstance(receiver, ast.Call) and _callee(receiver.func)[0] == "scale" and len(receiver.args) == 1:
+                    receiver, scaled = receiver.args[0], True
+                if isinstance(receiver, ast.Name) and receiver.id in every and receiver.id != optimizer:
+                    loss = receiver.id
+                    break
+    if loss is None:
+        return None
+    flag = None
+    for statement in function.body:
+        steps = _steps_of(statement, optimizer)
+        if not steps:
+            continue
+        test = statement.test if isinstance(statement, ast.If) else None
+        if not isinstance(test, ast.Name) or test.id not in every or test.id in (loss, optimizer) or flag not in (None, test.id):
+            return None  # stepped outside a flag's branch, or under two flags
+        if any(_steps_of(other, optimizer) for other in statement.orelse):
+            return None
+        flag = test.id
+    if flag is None:
+        return None
+    default = defaults.get(flag)
+    written = ast.unparse(default) if default is not None else ""
+    if written not in ("", "True", "False"):
+        return None
+
+    def where(name: str) -> tuple[int, str]:
+        return (names.index(name) if name in names else -1, name)
+
+    return BackwardHelper(where(loss), where(optimizer), where(flag), written, scaled).encode()
+
+
+def _steps_of(statement: ast.AST, optimizer: str) -> bool:
+    """Whether ``statement`` steps ``optimizer`` anywhere in it: ``optimizer.step()`` or ``scaler.step(optimizer)``."""
+    for node in walk(statement):
+        if isinstance(node, ast.Call):
+            name, receiver = _callee(node.func)
+            if name == "step" and (receiver == optimizer or any(isinstance(a, ast.Name) and a.id == optimizer for a in node.args)):
+                return True
+    return False
 
 
 def _handing_optimizers(calls: list[ast.Call]) -> set[str]:
@@ -394,6 +604,8 @@ class _FrameworkNames:
     the command line's start-up free of LibCST.
     """
 
+    wraps: dict
+    constructors: dict  # the qualified names of the wrapping functions without a class name, and their wraps' keys
     wrap_classes: dict
     shard_functions: dict
     prepare_methods: dict
@@ -416,9 +628,12 @@ class _FrameworkNames:
 def _names() -> _FrameworkNames:
     from gradlint import frameworks
 
-    wrappers = (*frameworks.WRAP_CLASSES, *frameworks.SHARD_FUNCTIONS)
+    constructors = {c: w.key for w in frameworks.WRAPS.values() if w.class_name is None for c in w.constructors}
+    wrappers = tuple(dict.fromkeys((*frameworks.WRAP_CLASSES, *frameworks.SHARD_FUNCTIONS, *(c.rsplit(".", 1)[-1] for c in constructors))))
     owners = sorted(frameworks.PREPARER_NAMES)
     return _FrameworkNames(
+        wraps=frameworks.WRAPS,
+        constructors=constructors,
         wrap_classes=frameworks.WRAP_CLASSES,
         shard_functions=frameworks.SHARD_FUNCTIONS,
         prepare_methods=frameworks.PREPARE_METHODS,
@@ -448,10 +663,11 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     alias), a model returned by a framework object's ``prepare``/``setup``, a module given to a sharding function
     (``fully_shard``) of the module its framework names (other libraries have functions of that name)."""
     names = _names()
-    class_names = {name: wrap.key for name, wrap in names.wrap_classes.items()}
+    class_names = _wrapper_names(from_imports)
     shard_names: dict[str, str] = {}
     for node in from_imports:
-        class_names.update({a.asname: names.wrap_classes[a.name].key for a in node.names if a.name in names.wrap_classes and a.asname})
+        if not isinstance(node, ast.ImportFrom):
+            continue
         for a in node.names:
             wrap = names.shard_functions.get(a.name)
             if wrap is not None and (node.module or "").startswith(wrap.function_module):
@@ -464,7 +680,7 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
             wrapped.setdefault(_dotted(call.args[0]), shard)
     for node in assigns:
         by = _wrapper(node.value, class_names) if isinstance(node.value, ast.Call) else None
-        if by is None:
+        if by is None or _built_to_wrap_nothing(node.value, by, assigns):
             continue
         for target in node.targets:
             elements = target.elts if isinstance(target, ast.Tuple) else [target]
@@ -491,16 +707,82 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
     return frozenset(passed)
 
 
+def _wrapper_names(imports: list[ast.ImportFrom | ast.Import]) -> dict[str, str]:
+    """The callee spellings that wrap a model in a file, and each wrap's key: the wrapper classes by name and by the
+    aliases the file imports them under (``DistributedDataParallel as DDP``), and a wrapping function known by its
+    full name under the names the file calls it by (``from ray.train.torch import prepare_model``, or
+    ``train.torch.prepare_model`` after ``from ray import train``; ``_wrapper`` matches that dotted form)."""
+    names = _names()
+    found = {name: wrap.key for name, wrap in names.wrap_classes.items()}
+    for node in imports:
+        for a in node.names:
+            if isinstance(node, ast.ImportFrom):
+                if a.name in names.wrap_classes and a.asname:
+                    found[a.asname] = names.wrap_classes[a.name].key
+                qualified = f"{node.module}.{a.name}" if node.module and not node.level else None
+            else:
+                qualified = a.name if a.asname else a.name.split(".")[0]
+            if qualified is None:
+                continue
+            local = a.asname or (a.name if isinstance(node, ast.ImportFrom) else a.name.split(".")[0])
+            for constructor, key in names.constructors.items():
+                if constructor == qualified:
+                    found[local] = key
+                elif constructor.startswith(qualified + "."):
+                    found[local + constructor[len(qualified):]] = key  # ``train.torch.prepare_model``
+    return found
+
+
 def _wrapper(call: ast.Call, class_names: dict[str, str]) -> str | None:
     """What a call wraps a model with, when it visibly does (the key of the framework's wrap)."""
     name, owner = _callee(call.func)
-    if name in class_names:
-        return class_names[name]
+    dotted = f"{owner}.{name}" if owner is not None and name is not None else None
+    key = class_names.get(dotted) if dotted is not None else None
+    if key is None and name in class_names:
+        key = class_names[name]
+        if _names().wraps[key].class_name is None and owner is not None:
+            key = None  # a wrapping function's name called on something else (``self.prepare_model(model)``)
+    if key is not None:
+        wrap = _names().wraps[key]
+        return None if wrap.leaves_unwrapped is not None and wrap.leaves_unwrapped(_literal_arguments(call)) else key
     names = _names()
     wrap = names.prepare_methods.get(name) if name is not None else None
     if wrap is not None and owner is not None and owner.rsplit(".", 1)[-1] in names.preparer_names:
         return wrap.key
     return None
+
+
+def _built_to_wrap_nothing(call: ast.Call, key: str, assigns: list[ast.Assign]) -> bool:
+    """Whether a framework object's ``prepare``/``setup`` call prepares for one process only: every construction the
+    file assigns to its owner (``fabric = Fabric(devices=1)``) says so (the wrap's ``quiet_when_built``), as the
+    rules read it on LibCST's tree."""
+    wrap = _names().wraps[key]
+    _, owner = _callee(call.func)
+    if wrap.quiet_when_built is None or owner is None or not wrap.prepare_methods:
+        return False
+    built = [
+        node.value for node in assigns if isinstance(node.value, ast.Call)
+        and any(_dotted(target) == owner for target in node.targets)
+    ]
+    return bool(built) and all(wrap.quiet_when_built(_literal_arguments(value)) for value in built)
+
+
+def _literal_arguments(call: ast.Call) -> dict[str, object]:
+    """A call's arguments as :func:`gradlint.frameworks.framework.literal_arguments` reads them on LibCST's tree: by
+    keyword and by position (``"0"``...), each literal's value or ``...``; ``"*"``/``"**"`` for handed-on arguments."""
+    found: dict[str, object] = {}
+    values = [(str(i), arg) for i, arg in enumerate(a for a in call.args if not isinstance(a, ast.Starred))]
+    if any(isinstance(a, ast.Starred) for a in call.args):
+        found["*"] = ...
+    values += [(k.arg, k.value) for k in call.keywords if k.arg is not None]
+    if any(k.arg is None for k in call.keywords):
+        found["**"] = ...
+    for key, value in values:
+        try:
+            found[key] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            found[key] = ...
+    return found
 
 
 def _shard_of(callee: str) -> str | None:
@@ -725,6 +1007,9 @@ class ProjectIndex:
         releasing: dict[str, set[str]] = {}
         not_releasing: dict[str, set[str]] = {}
         dispatched: dict[str, set[str]] = {}
+        returning: dict[str, dict[str, set[str]]] = {}  # unit -> function -> what each definition returns ("" for no wrap)
+        helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
+        bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
@@ -742,6 +1027,11 @@ class ProjectIndex:
             releasing.setdefault(unit, set()).update(calls.releases)
             not_releasing.setdefault(unit, set()).update((calls.defines | calls.classes) - calls.releases)
             dispatched.setdefault(unit, set()).update(calls.scaled_dispatch)
+            _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
+            _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
+            for fact in calls.assigned:
+                target, callee = fact.split(":", 1)
+                bound.setdefault(unit, {}).setdefault(target, set()).add(callee)
         self._per_batch = {unit: frozenset(alone[unit] - shared[unit]) for unit in alone}
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
@@ -753,6 +1043,15 @@ class ProjectIndex:
         self._handed_scaler = {unit: frozenset(names) for unit, names in scalers_handed.items()}
         self._releases = {unit: frozenset(releasing[unit] - not_releasing[unit]) for unit in releasing}
         self._scaled_dispatch = {unit: frozenset(names) for unit, names in dispatched.items()}
+        self._returns_wrap = {unit: _agreed(found) for unit, found in returning.items()}
+        self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
+        self._bound = bound
+        self._units_in: dict[str, set[str]] = {}  # each folder's units: a package beside a script, or a folder of modules
+        self._imported_folders: dict[str, set[str]] = {}  # each unit's folders beside its files that they import
+        for path, calls in files:
+            folder = os.path.dirname(os.path.abspath(path))
+            self._units_in.setdefault(folder, set()).add(unit_of[path])
+            self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
         self._unit_of = unit_of
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
@@ -770,7 +1069,10 @@ class ProjectIndex:
         scaler; prefixed ``releases:``, the functions of the unit's other files that set gradient release
         up (every definition agreeing), which this file may call; prefixed ``scaled:``, ``callback:function``
         for its callbacks some function of the unit runs by name while the gradients are still scaled
-        (:mod:`gradlint.scaler_release_facts`; :class:`Context` reads them all back).
+        (:mod:`gradlint.scaler_release_facts`). Prefixed ``returns:``, ``function:wrapper`` for the functions
+        of the unit or of a folder beside it that it imports whose result this file assigns and which return a
+        wrapped model; prefixed ``backs:``, ``name:shape`` for the backward helpers it hands an optimizer to
+        (:meth:`_known_to`). :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -785,6 +1087,10 @@ class ProjectIndex:
         # A file's own release set-ups it reads itself; those of other files apply where it calls them.
         releases = self._releases.get(unit, frozenset()) - calls.defines - calls.classes
         scaled = [fact for fact in self._scaled_dispatch.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
+        callees = {fact.split(":", 1)[1] for fact in calls.assigned}
+        returned, helpers = self._known_to(unit)
+        returns = sorted(f"{name}:{returned[name]}" for name in callees - calls.top_level if name in returned)
+        backs = sorted(f"{name}:{helpers[name]}" for name in calls.hands if name in helpers)
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))
@@ -796,7 +1102,53 @@ class ProjectIndex:
             + tuple(HANDED_SCALER + name for name in sorted(handed_scaler))
             + tuple(RELEASES + name for name in sorted(releases))
             + tuple(SCALED_DISPATCH + name for name in sorted(scaled))
+            + tuple(RETURNS_WRAP + fact for fact in returns)
+            + tuple(BACKWARD_HELPER + fact for fact in backs)
         )
+
+    def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
+        """The functions returning a wrapped model and the backward helpers a unit's files can call: the unit's own,
+        and those of the folders beside its files that they import, a package or a folder of modules
+        (``from utils.torch_utils import smart_DDP`` in a script beside ``utils/``, ``import util.misc as misc``); the
+        unit decides a name both know. A helper class is reached through the names the unit binds to its instances."""
+        units = [unit]
+        for folder in sorted(self._imported_folders.get(unit, ())):
+            units.extend(sorted(self._units_in.get(folder, set()) - set(units)))
+        returned: dict[str, str] = {}
+        shapes: dict[str, str] = {}
+        for each in units:
+            for name, key in self._returns_wrap.get(each, {}).items():
+                returned.setdefault(name, key)
+            for name, shape in self._helper_shapes.get(each, {}).items():
+                shapes.setdefault(name, shape)
+        return returned, _helpers_by_name(shapes, self._bound.get(unit, {}))
+
+
+def _join_definitions(table: dict[str, set[str]], defined: Iterable[str], facts: Iterable[str]) -> None:
+    """Add what one file says of the names it defines: each ``name:value`` fact, and ``""`` for a definition without one."""
+    said = {}
+    for fact in facts:
+        name, value = fact.split(":", 1)
+        said[name] = value
+    for name in defined:
+        table.setdefault(name, set()).add(said.get(name, ""))
+
+
+def _agreed(table: dict[str, set[str]]) -> dict[str, str]:
+    """The names whose every definition in the unit says the same (and says something)."""
+    return {name: next(iter(values)) for name, values in table.items() if len(values) == 1 and "" not in values}
+
+
+def _helpers_by_name(shapes: dict[str, str], bound: dict[str, set[str]]) -> dict[str, str]:
+    """The names a call may reach a backward helper by: a helper function's own name, or a name every assignment of a
+    call in the unit binds to an instance of helper classes of one shape (``loss_scaler = NativeScaler()``; classes
+    are noted as ``Name()``)."""
+    found = {name: shape for name, shape in shapes.items() if not name.endswith("()")}
+    for name, callees in bound.items():
+        known = {shapes.get(f"{callee}()", "") for callee in callees}
+        if len(known) == 1 and "" not in known:
+            found.setdefault(name, known.pop())
+    return found
 
 
 def alone_in_its_run(calls: FileCalls) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
 from gradlint.syntax import callee_name, dotted_name, element_name, walk
@@ -179,6 +180,67 @@ def runs_every_micro_batch(event: Event, loop: Frame, acc: Accumulation) -> bool
     if acc.style == "guard":
         return not any(f.accumulation for f in frames_inside(event, loop))
     return event.inside(acc.frame)
+
+
+def once_per_pass(event: Event, loop: Frame) -> bool:
+    """Whether ``event`` runs on one iteration of ``loop`` per pass over its data (once per epoch), not on every
+    micro-batch: inside ``loop`` it sits in the ``if`` branch of a test that requires the pass's last batch, alone or
+    as one term of an ``and``: a framework's end-of-epoch flag (``self.trainer.is_last_batch``,
+    ``frameworks.EPOCH_END_FLAGS``), or the loop's own index compared to the last position of what it iterates
+    (``for i, b in enumerate(loader)``: ``i == len(loader) - 1``, ``i + 1 == len(loader)``). A term of an ``or`` (the
+    "or the last batch" clause of an accumulation guard) does not count."""
+    for frame in frames_inside(event, loop):
+        if frame.kind is not FrameKind.BRANCH or frame.branch != "if" or type(frame.node) is not cst.If:
+            continue
+        if any(_last_of_pass(term, loop) for term in _conjuncts(frame.node.test)):
+            return True
+    return False
+
+
+def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The terms of a chain of ``and`` (``a and b and c``), or the test itself."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return _conjuncts(test.left) + _conjuncts(test.right)
+    return [test]
+
+
+def _last_of_pass(term: cst.BaseExpression, loop: Frame) -> bool:
+    if type(term) is cst.Attribute and term.attr.value in frameworks.EPOCH_END_FLAGS:
+        return True
+    if type(term) is not cst.Comparison or len(term.comparisons) != 1 or type(term.comparisons[0].operator) is not cst.Equal:
+        return False
+    enumerated = _enumerated(loop)
+    if enumerated is None:
+        return False
+    index, iterated = enumerated
+    left, right = _offset(term.left), _offset(term.comparisons[0].comparator)
+    for (a, a_off), (b, b_off) in ((left, right), (right, left)):
+        if a == index and b == f"len({iterated})" and b_off - a_off == -1:
+            return True
+    return False
+
+
+def _enumerated(loop: Frame) -> tuple[str, str] | None:
+    """``for i, batch in enumerate(loader):`` → (``i``, ``loader``); None for any other loop."""
+    node = loop.node
+    if type(node) is not cst.For or type(node.iter) is not cst.Call or callee_name(node.iter) != "enumerate":
+        return None
+    if type(node.target) is not cst.Tuple or not node.target.elements or not node.iter.args:
+        return None
+    index, iterated = dotted_name(node.target.elements[0].value), dotted_name(node.iter.args[0].value)
+    return (index, iterated) if index is not None and iterated is not None else None
+
+
+def _offset(node: cst.BaseExpression) -> tuple[str | None, int]:
+    """``i + 1`` → (``i``, 1); ``len(loader) - 1`` → (``len(loader)``, -1); ``i`` → (``i``, 0)."""
+    offset = 0
+    if type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Subtract) and type(node.right) is cst.Integer:
+        offset = int(node.right.value) * (1 if type(node.operator) is cst.Add else -1)
+        node = node.left
+    if type(node) is cst.Call and callee_name(node) == "len" and len(node.args) == 1 and type(node.func) is cst.Name:
+        inner = dotted_name(node.args[0].value)
+        return (f"len({inner})" if inner is not None else None), offset
+    return dotted_name(node), offset
 
 
 def accumulation_place(model: LoopModel, acc: Accumulation) -> str:

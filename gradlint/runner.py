@@ -192,8 +192,16 @@ def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
         join_scope(f.path, scopes) for f in files
         if f.scanned and (f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch)
     }
+    _scan_scopes(files, checked, scopes, cache)
+    # Then the folders beside them that their files import: what a function there returns or backpropagates counts.
+    beside = _imported_beside([f for f in files if f.scanned and join_scope(f.path, scopes) in checked], scopes) - checked
+    _scan_scopes(files, beside, scopes, cache)
+
+
+def _scan_scopes(files: list[_File], wanted: set[str], scopes: dict[str, str | None], cache: Cache | None) -> None:
+    """Note what the loops call for each file not yet scanned whose unit is one of ``wanted``."""
     for file in files:
-        if file.scanned or join_scope(file.path, scopes) not in checked:
+        if file.scanned or join_scope(file.path, scopes) not in wanted:
             continue
         with cyclic_gc_paused():
             file.calls = scan_calls(file.text)
@@ -207,6 +215,20 @@ def _may_decide_for_others(text: str) -> bool:
     set-up (a function of it may set release up for its callers) or a scaled backward (it may run another file's
     callbacks on scaled gradients). The project index reads such a file (:mod:`gradlint.scaler_release_facts`)."""
     return RELEASE_SPELLINGS.search(text) is not None or (".scale(" in text and "backward" in text)
+
+
+def _imported_beside(files: list[_File], scopes: dict[str, str | None]) -> set[str]:
+    """The scopes of the folders beside these files that they import (``from utils.torch_utils import smart_DDP`` in a
+    script beside the ``utils`` package): a function there may return the wrapped model they train, or backpropagate
+    for them (:meth:`gradlint.project_index.ProjectIndex.context_of`)."""
+    found = set()
+    for file in files:
+        folder = os.path.dirname(file.path)
+        for name in file.calls.imports:
+            beside = os.path.join(folder, name)
+            if os.path.isdir(beside):
+                found.add(join_scope(os.path.join(beside, "__init__.py"), scopes))
+    return found
 
 
 def _stat(path: str) -> os.stat_result | None:

@@ -2,11 +2,11 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
-- ``parameters``: which parameters an optimizer holds (GL009)
+- ``parameters``: which parameters an optimizer holds and updates (GL009, GL012)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL107)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302–GL305)
+- ``distributed``: distributed data-parallel training (GL302–GL306)
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from gradlint.rules.clearing import (
     ZeroGradBetweenBackwardAndStep,
     ZeroGradInAccumulation,
 )
-from gradlint.rules.parameters import OptimizerOverFrozenParams
+from gradlint.rules.parameters import OptimizerOverFrozenParams, OptimizerSteppedOnOneSettingBranch
 from gradlint.rules.distributed import (
     AccumulationWithoutNoSync,
     DdpModelChangedAfterWrap,
     GradSyncSetAfterForward,
+    NoSyncAfterForward,
     NoSyncOnSteppingMicroBatch,
 )
 from gradlint.rules.gradient_release import (
@@ -62,6 +63,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     OptimizerOverFrozenParams,
     LossDividedWithoutAccumulation,
     StepOutsideAccumulationGuard,
+    OptimizerSteppedOnOneSettingBranch,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
@@ -78,6 +80,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     DdpModelChangedAfterWrap,
     GradSyncSetAfterForward,
     NoSyncOnSteppingMicroBatch,
+    NoSyncAfterForward,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302–GL305)."""
+"""Rules about distributed data-parallel training (GL302–GL306)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint import frameworks
-from gradlint.frameworks.framework import Wrap
+from gradlint.frameworks.framework import Wrap, literal_arguments
 from gradlint.frameworks.settings import framework_settings
 from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.parsed_file import ParsedFile
-from gradlint.queries import accumulation, accumulation_place, frames_inside, lies_in, steps_with_loops
-from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.queries import accumulation, accumulation_place, exclusive, frames_inside, lies_in, steps_with_loops
+from gradlint.rule import BACKWARD, STEP, CallNeed, Report, Rule
 from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
+
+
+# Any call handed an argument named as an optimizer: one of another file of the run may backpropagate the loss it is
+# handed too (the project index's ``backs:`` facts).
+HANDS_AN_OPTIMIZER = CallNeed(r"(?i)[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", handed=True)
 
 
 class AccumulationWithoutNoSync(Rule):
@@ -31,8 +36,17 @@ class AccumulationWithoutNoSync(Rule):
     pays for a full all-reduce. The same holds for a model prepared by
     accelerate (``accelerator.prepare`` wraps it in DDP when the script runs
     on several processes, and ``accelerator.backward`` only divides the loss),
-    a model set up by Lightning Fabric (its DDP and FSDP strategies), and an
-    FSDP2 model (``fully_shard``: every backward reduce-scatters).
+    a model set up by Lightning Fabric (its DDP and FSDP strategies), a model
+    prepared by Ray Train (``ray.train.torch.prepare_model`` wraps it in DDP or
+    FSDP when the run has several workers), and an FSDP2 model (``fully_shard``:
+    every backward reduce-scatters). The wrap may be a project's own helper in
+    another module (``model = smart_DDP(model)``, a function every ``return``
+    of which is a ``DistributedDataParallel(...)``), or a caller in another
+    module may hand the wrapped model in; the backward may be a helper's of
+    another module handed the loss and the optimizer, which backpropagates on
+    every call and steps only when a flag says so (MAE's
+    ``loss_scaler(loss, optimizer, update_grad=(i + 1) % accum == 0)``,
+    ``fixtures/crossfile/ddp_main_engine_loss_scaler/``).
 
     **Fix.** Run the micro-batches that do not step inside ``model.no_sync()``
     (or set ``model.require_backward_grad_sync = False`` for them); with
@@ -57,10 +71,13 @@ class AccumulationWithoutNoSync(Rule):
       or inside ``accelerator.accumulate()``, or the step's guard is
       ``accelerator.sync_gradients`` (accelerate decides); or the backward is
       one whose framework syncs by itself (a DeepSpeed engine, Lightning);
-    - a ``with ...no_sync():`` block holds the backward or any call that may
-      run the forward: DDP decides in the forward
+    - a ``with ...no_sync():`` block holds any call that may run the forward:
+      DDP decides in the forward
       (``fixtures/realworld/gl302_no_sync_around_forward_only__improved-diffusion.py``);
-      only a block of nothing but data moves and logging covers nothing
+      a block that holds the backward alone counts too, for a wrapper that reads
+      the flag in the backward (FSDP), and for torch's DDP it changes nothing,
+      which GL306 reports (one finding for one problem); only a block of nothing
+      but data moves and logging covers nothing
       (``fixtures/distributed/gl302_no_sync_covers_nothing.py``), and a
       ``no_sync()`` in an inner loop of its own beside the accumulated
       micro-batches is another model's (``fixtures/distributed/ddp_reference_beside_sharded_optimizer.py``);
@@ -81,11 +98,24 @@ class AccumulationWithoutNoSync(Rule):
       ``fixtures/realworld/gl302_prepared_through_list_no_sync__pytorch-accelerated.py``);
     - every ``Accelerator`` of the file is given an FSDP, DeepSpeed or
       Megatron-LM plugin (``fixtures/realworld/gl302_accelerator_with_fsdp_plugin__accelerate.py``),
-      every ``Fabric`` asks for ``devices=1`` (``fixtures/frameworks/fabric_accumulation_undivided.py``),
+      every ``Fabric`` asks for ``devices=1`` on one node, also when the model it
+      set up is handed to another function (``fixtures/frameworks/fabric_accumulation_undivided.py``,
+      ``fixtures/frameworks/ok_fabric_one_device_handed_to_fit.py``; ``num_nodes=4`` is four processes:
+      ``fixtures/frameworks/gl302_fabric_one_device_on_several_nodes.py``), every Ray Train
+      ``ScalingConfig`` of the module asks for one worker, or ``prepare_model`` is asked for no wrap
+      (``parallel_strategy=None``; ``fixtures/frameworks/ok_ray_one_worker.py``),
       or the accumulation count is 1 unless read from a DeepSpeed config
       (``fixtures/realworld/gl302_count_from_deepspeed_config__accelerate.py``);
     - ``fully_shard`` is another library's, not torch's
-      (``fixtures/realworld/gl302_other_library_fully_shard__Megatron-LM.py``).
+      (``fixtures/realworld/gl302_other_library_fully_shard__Megatron-LM.py``);
+    - a loop of the module calls a helper that holds the backward: the
+      problem is reported once, at the loop's call when the helper only
+      backpropagates, at the backward when the helper also steps (moving its
+      call would move the step too;
+      ``fixtures/distributed/gl302_step_helper_reported_once.py``), and the
+      helper, also read as a function that runs once per micro-batch, adds no
+      second finding; a loop that enters ``no_sync()`` around the call covers
+      it (``fixtures/distributed/ok_gl302_step_helper_no_sync.py``).
 
     **Bad**::
 
@@ -113,13 +143,18 @@ class AccumulationWithoutNoSync(Rule):
     summary = "a data-parallel model accumulates gradients without no_sync() on the micro-batches that do not step"
     severity = Severity.WARNING
     fix = None  # wrapping the non-stepping micro-batches in no_sync() restructures the loop: left to the author
-    # A wrap may be any of several spellings, or in another module (a caller passes the wrapped model in).
-    needs = ((BACKWARD, STEP),)
+    # A wrap may be any of several spellings, or in another module (a caller passes the wrapped model in). The backward
+    # may be a helper's of another module handed the loss and the optimizer (``loss_scaler(loss, optimizer, ...)``).
+    needs = ((BACKWARD, STEP), HANDS_AN_OPTIMIZER)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         wrapped, scopes = _wrapped_models(model)
         if not wrapped and not model.wrapped_by_caller:
             return
+        # The backwards a loop of the module judged through a call, in its micro-batches, of the helper that holds them
+        # (reporting at the call, or silenced by a ``no_sync()`` around it): the helper's own root, read as one iteration
+        # of a loop (after the module's other roots), would judge them again without what surrounds the call.
+        judged_through_a_call: set[int] = set()
         for root in model.roots:
             handed = _handed_in(model, root)
             seen = {**_models_seen_by(model, root, wrapped, scopes), **handed}
@@ -134,21 +169,33 @@ class AccumulationWithoutNoSync(Rule):
                 if found is None:
                     continue  # the micro-batches' forward is not the wrapped model's: their backward all-reduces nothing
                 name, by = found
+                judged_through_a_call.update(
+                    id(b.node) for b in acc.backwards if b.call_chain and lies_in(model, b.call_chain[0], region.node)
+                )
                 if _sync_switched_off(model, root, loop, acc):
                     continue
                 if _framework_accumulates(root, loop, acc):
                     continue
                 if by.quiet_for_count is not None and by.quiet_for_count(model, acc.count):
                     continue  # above 1 only under another engine of the framework, which reduces at its own boundary
-                for backward in acc.backwards:
+                # A backward on the step's own path first: of ``if amp: loss_scaler(...)`` / ``else: loss.backward()``,
+                # each step's own branch is where its author adds ``no_sync``.
+                for backward in sorted(acc.backwards, key=lambda b: exclusive(b, step)):
+                    if not backward.call_chain and id(backward.node) in judged_through_a_call:
+                        continue  # judged by the module's loop that calls the helper holding this backward
                     if acc.style == "guard" and backward.inside(acc.frame):
                         continue  # the stepping micro-batch's backward must all-reduce
                     if _synced_for_you(backward) or _in_context_handed(model, backward, name):
                         continue
+                    place = _in_loop(model, backward, region)
+                    if place is not backward.node and any(call is place for call in step.call_chain):
+                        place = backward.node  # the helper also steps: moving its call moves the step (report_site)
                     message = _message(model, name, by, step, acc)
+                    if place is not backward.node:
+                        message += f"; its backward is at line {model.line(backward.node)}, inside `{model.code(place.func)}`"
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(_in_loop(model, backward, region), message, event=backward)
+                    yield Report(place, message, event=backward)
                     break
 
 
@@ -175,10 +222,14 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
     wrap_calls = {
         id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
     }
+    returned = _returned_by_other_files(model)
     for function, table in index.assignments.items():
         for name, values in table.items():
             for value in values:
-                by = _constructed(value, wrap_calls) or _wrapped_by(model, function, value, wrap_calls)
+                by = (
+                    _constructed(value, wrap_calls) or _wrapped_by(model, function, value, wrap_calls)
+                    or (returned.get(_plain_callee(value) or "") if type(value) is cst.Call else None)
+                )
                 if by is not None:
                     wrapped.setdefault(name, by)
                     scopes.setdefault(name, set()).add(function)
@@ -192,7 +243,28 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
             target = dotted_name(args[0].value) if args else None
             if target is not None:
                 wrapped.setdefault(target, wrap)
+    one_process = {wrap.key for wrap in set(wrapped.values()) if wrap.one_process is not None and wrap.one_process(model)}
+    if one_process:  # ``ScalingConfig(num_workers=1)``: the wrap runs on one process, nothing is all-reduced
+        wrapped = {name: wrap for name, wrap in wrapped.items() if wrap.key not in one_process}
     return wrapped, scopes
+
+
+def _returned_by_other_files(model: LoopModel) -> dict[str, Wrap]:
+    """The functions of other files of the run that return a wrapped model (``smart_DDP(model)`` returning
+    ``DistributedDataParallel(...)``: the project index's ``returns:`` facts), and the wrap."""
+    found = {}
+    for fact in model.returned_wraps:
+        function, key = fact.split(":", 1)
+        wrap = frameworks.WRAPS.get(key)
+        if wrap is not None:
+            found[function] = wrap
+    return found
+
+
+def _plain_callee(call: cst.Call) -> str | None:
+    """The name of a call's callee when it is a plain name (``smart_DDP(model)``): a function the module imports, not a
+    method (the project index notes only calls of names imported so)."""
+    return call.func.value if type(call.func) is cst.Name else None
 
 
 def _constructed(value, wrap_calls: dict[int, Wrap]) -> Wrap | None:
@@ -224,7 +296,7 @@ def _wrapped_by(model: LoopModel, function, value, wrap_calls: dict[int, Wrap]) 
         if given is None or model.info(given).kind in _NOT_MODELS:
             return None
         built = _constructors(model, dotted_name(receiver(value)))
-        if wrap.quiet_when_built is not None and built and all(wrap.quiet_when_built(call) for call in built):
+        if wrap.quiet_when_built is not None and built and all(wrap.quiet_when_built(literal_arguments(call)) for call in built):
             return None  # ``Fabric(devices=1)``, ``Accelerator(fsdp_plugin=...)``: nothing all-reduces as DDP does
         return wrap
     helper = model.index.resolve_function(value, function) if listed is None else None
@@ -1069,7 +1141,9 @@ class NoSyncOnSteppingMicroBatch(Rule):
     - either test is not a plain ``(counter + a) % count == b`` comparison,
       or the two read different counters or counts (names compared by their
       last part: ``accum_grad`` and ``self.accum_grad`` are one count);
-    - the choice of ``no_sync`` is not entered around the loop's backward.
+    - the choice of ``no_sync`` is not entered around the loop's backward, or
+      it is entered around the backward alone of a DDP model (its forward
+      already decided to all-reduce: the ``no_sync()`` changes nothing, GL306).
 
     **Bad**::
 
@@ -1099,6 +1173,7 @@ class NoSyncOnSteppingMicroBatch(Rule):
     needs = tuple((method, BACKWARD, STEP) for method in sorted(frameworks.MODEL_NO_SYNC))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        wrapped: dict[str, Wrap] | None = None
         for root in model.roots:
             for step, loop in steps_with_loops(root):
                 stepping = _stepping_residue(step, loop)
@@ -1108,6 +1183,11 @@ class NoSyncOnSteppingMicroBatch(Rule):
                     chosen = _no_sync_residues(model, choice, loop)
                     if chosen is None or not _entered_around_backward(model, root, choice, loop):
                         continue
+                    if wrapped is None:
+                        wrapped = _wrapped_models(model)[0]
+                    seen = {**wrapped, **_handed_in(model, root)}
+                    if _after_forward(model, root, choice, seen, root.events_of(NO_SYNC)) is not None:
+                        continue  # the no_sync() changes nothing (GL306): the stepping micro-batch all-reduces anyway
                     covers, (counter, count, residue) = chosen
                     if (counter, count) != stepping[:2]:
                         continue
@@ -1248,3 +1328,251 @@ def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: 
         for place in (*backward.call_chain, backward.node)
         for block in blocks
     )
+
+
+class NoSyncAfterForward(Rule):
+    """``no_sync()`` holds only the backward: the DDP forward before it has already armed the all-reduce.
+
+    **Why it matters.** ``DistributedDataParallel`` decides in its forward
+    whether the coming backward all-reduces: ``_post_forward`` arms the
+    reducer (``prepare_for_backward``) only while
+    ``require_backward_grad_sync`` is true, and ``no_sync()`` does nothing
+    but set that flag to False for its block and restore it on exit. A
+    ``with model.no_sync():`` entered after the forward, around
+    ``loss.backward()`` alone, comes too late: the forward already ran with
+    the flag on, so the backward all-reduces anyway. Every micro-batch pays a
+    full all-reduce that the ``no_sync()`` was written to save, and nothing
+    says so (DDP's own docstring: "The forward pass should be included inside
+    the context manager, or else gradients will still be synchronized").
+    Wrappers that read the flag in the backward (FSDP's ``no_sync()``,
+    fairscale's ``ShardedDataParallel``) skip the reduction either way: the
+    rule only reports a model wrapped in torch's DDP.
+
+    **Fix.** Enter ``no_sync()`` before the forward, so that its block holds
+    the forward and the backward of the micro-batches that do not step.
+
+    **Stays quiet when**
+
+    - the ``no_sync()`` block holds any call that may run a forward (a call of
+      the model, or of any function that is not a backward, a loss scaler, an
+      optimizer's or a scaler's method, a data move or logging), followed into
+      the module's own helpers (``fixtures/distributed/ok_ddp_no_sync_around_forward.py``);
+    - the model is not known to be wrapped in torch's DDP (a wrapper of another
+      library, FSDP: ``fixtures/distributed/ok_gl306_fsdp_no_sync_around_backward.py``,
+      a model whose wrap the module does not show; Ray Train's ``prepare_model``
+      counts as DDP unless asked for FSDP:
+      ``fixtures/frameworks/ok_gl306_ray_fsdp_no_sync_around_backward.py``; a
+      project's helper of another file that returns ``DistributedDataParallel(...)``
+      counts as DDP: ``fixtures/crossfile/no_sync_around_backward_in_task/``), or
+      the module asks for DDP's Python reducer (``optimize_ddp = "python_reducer"``,
+      which reads the flag in the backward);
+    - another ``no_sync()`` or ``require_backward_grad_sync = ...`` of the same
+      code may cover the forward, or the code forwards through the wrapped
+      module (``model.module(x)``), bypassing DDP;
+    - the ``no_sync()`` is entered in a way the rule does not follow (an
+      ``ExitStack``, a context handed to other code).
+
+    **Bad**::
+
+        model = DistributedDataParallel(model)
+        for i, (x, y) in enumerate(loader):
+            loss = loss_fn(model(x), y) / accum
+            if (i + 1) % accum != 0:
+                with model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        model = DistributedDataParallel(model)
+        for i, (x, y) in enumerate(loader):
+            boundary = (i + 1) % accum == 0
+            with contextlib.nullcontext() if boundary else model.no_sync():
+                loss = loss_fn(model(x), y) / accum
+                loss.backward()
+            if boundary:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL306"
+    name = "no-sync-after-forward"
+    summary = "no_sync() holds only the backward: the DDP forward before it already armed the all-reduce"
+    severity = Severity.WARNING
+    fix = None  # the forward must move into the block: the block's extent is the author's call
+    needs = tuple((method, BACKWARD) for method in sorted(frameworks.MODEL_NO_SYNC))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        wrapped, _ = _wrapped_models(model)
+        reported: set[int] = set()  # the blocks reported: one finding for the ``no_sync()`` calls one ``with`` enters
+        for root in model.roots:
+            seen = {**wrapped, **_handed_in(model, root)}
+            switches = root.events_of(NO_SYNC)
+            for event in switches:
+                found = _after_forward(model, root, event, seen, switches)
+                if found is None or id(found[1]) in reported:
+                    continue
+                call = event.node
+                wrap, block = found
+                backward = next(
+                    (b for b in root.events_of(EventKind.BACKWARD) if any(lies_in(model, n, block) for n in (*b.call_chain, b.node))),
+                    None,
+                )
+                if backward is None:
+                    continue
+                reported.add(id(block))
+                at = next(n for n in (*backward.call_chain, backward.node) if lies_in(model, n, block))
+                entered = f", entered by the `with` at line {model.line(block)}," if model.line(block) != model.line(call) else ""
+                yield Report(
+                    call,
+                    f"`{model.code(call)}`{entered} holds only the backward at line {model.line(at)}, not the forward that built its loss: "
+                    f"{wrap.short or 'the wrapper'} decides in the forward whether the coming backward all-reduces ({wrap.forward_decides}), "
+                    f"so this backward still all-reduces; `no_sync()` must be entered before the forward and hold the forward and "
+                    f"the backward of the micro-batches that do not step",
+                )
+
+
+def _after_forward(
+    model: LoopModel, root: Root, event: Event, seen: dict[str, Wrap], switches: list[Event]
+) -> tuple[Wrap, cst.With] | None:
+    """When a ``no_sync()`` call certainly changes nothing: the model's wrapper decides in the forward, and the
+    ``with`` block that enters the call holds a backward and no call that may run a forward, with no other switch of
+    the code that may cover the forward; the wrap and the block. None otherwise."""
+    call = event.node
+    if type(call) is not cst.Call or method_name(call) not in frameworks.MODEL_NO_SYNC:
+        return None
+    owner = event.target
+    wrap = _wrap_named(seen, owner)
+    if wrap is None or not _arms_in_forward(model, owner, wrap):
+        return None
+    if model.text is not None and "python_reducer" in model.text:
+        return None  # DDP's Python reducer reads the flag in its backward hooks
+    block = _entered_block(model, call)
+    if block is None or not _backward_only(model, block, root):
+        return None
+    if any(other is not event and not _backward_only_switch(model, other, root) for other in switches):
+        return None  # another switch of the same code may cover the forward
+    if _forwards_around_wrapper(model, root, owner):
+        return None
+    return wrap, block
+
+
+def _wrap_named(seen: dict[str, Wrap], owner: str | None) -> Wrap | None:
+    """The wrap of the model a ``no_sync()`` is called on: by its name, or by the last part of it."""
+    if owner is None:
+        return None
+    if owner in seen:
+        return seen[owner]
+    matches = {wrap for name, wrap in seen.items() if last_name(name) == last_name(owner)}
+    return matches.pop() if len(matches) == 1 else None
+
+
+def _arms_in_forward(model: LoopModel, owner: str, wrap: Wrap) -> bool:
+    """Whether the model ``owner`` names is one whose wrapper decides in its forward whether the backward all-reduces:
+    its wrap says so for some wrapping call the module assigns to it (a model wrapped in DDP on one path and in a
+    wrapper of another library on another is DDP on the first), or, for a wrap the module does not show (a model
+    handed in, a helper of another file), for the wrap itself whatever its arguments."""
+    if wrap.arms_in_forward is None:
+        return False
+    if model.index is None:
+        return wrap.arms_in_forward({})
+    calls = [
+        value for table in model.index.assignments.values() for value in table.get(owner, [])
+        if type(value) is cst.Call and not isinstance(value, Unpacked)
+    ]
+    settings = framework_settings(model)
+    wrapping = [call for call in calls if any(call is c for c in settings.wrap_calls(wrap.key))]
+    if not wrapping:
+        return wrap.arms_in_forward({})
+    return any(wrap.arms_in_forward(literal_arguments(call)) for call in wrapping)
+
+
+def _entered_block(model: LoopModel, call: cst.Call) -> cst.With | None:
+    """The ``with`` block a ``no_sync()`` call is entered by: the call as a ``with`` item, or assigned to a name
+    (``ctx = model.no_sync() if not step else nullcontext()``) that a ``with`` of the same function enters."""
+    block = _with_of(model, call)
+    if block is not None:
+        return block
+    parents = model.parents or {}
+    node = parents.get(call)
+    while type(node) is cst.IfExp:  # ``model.no_sync() if not boundary else nullcontext()``
+        node = parents.get(node)
+    if type(node) is not cst.Assign or len(node.targets) != 1:
+        return None
+    name = dotted_name(node.targets[0].target)
+    scope = parents.get(node)
+    while scope is not None and type(scope) not in (cst.FunctionDef, cst.Module):
+        scope = parents.get(scope)
+    if name is None or scope is None:
+        return None
+    blocks = [
+        n for n in model.file.walk(scope) if type(n) is cst.With
+        and any(dotted_name(item.item) == name for item in n.items)
+    ]
+    return blocks[0] if len(blocks) == 1 else None
+
+
+# Calls that run no forward of a model: backpropagating, loss scaling, the optimizer's and scaler's own methods,
+# reductions of the loss, data moves and logging.
+_RUNS_NO_FORWARD = frozenset({
+    "backward", "scale", "step", "zero_grad", "unscale_", "update", "clip_grad_norm_", "clip_grad_value_",
+    "mean", "sum", "div", "mul", "div_", "mul_", "append",
+}) | _NOT_A_FORWARD
+
+
+def _backward_only(model: LoopModel, block: cst.With, root: Root) -> bool:
+    """Whether a ``with`` block holds a backward and no call that may run a forward (the module's own helpers it
+    calls are read too)."""
+    if not any(lies_in(model, n, block) for b in root.events_of(EventKind.BACKWARD) for n in (*b.call_chain, b.node)):
+        return False
+    quiet = _RUNS_NO_FORWARD | frameworks.BACKWARD_METHODS | frameworks.LOSS_SCALERS
+    pending: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(block.body, _function_of(model, block))]
+    visited: set[int] = set()
+    while pending:
+        node, function = pending.pop()
+        for call in model.file.walk(node):
+            if type(call) is not cst.Call:
+                continue
+            helper = model.index.resolve_function(call, function) if model.index is not None else None
+            if helper is not None:
+                if id(helper) not in visited:
+                    visited.add(id(helper))
+                    pending.append((helper.body, helper))
+                continue
+            if callee_name(call) not in quiet:
+                return False
+    return True
+
+
+def _backward_only_switch(model: LoopModel, event: Event, root: Root) -> bool:
+    """Whether another switch of the code is a ``no_sync()`` call entered around a backward only as well (so it covers
+    no forward either): the same question for each ``no_sync()`` of one ``with`` (ClassyVision enters two)."""
+    call = event.node
+    if type(call) is not cst.Call or method_name(call) not in frameworks.MODEL_NO_SYNC:
+        if type(call) is cst.Assign and _holds_no_sync_of_call(call):
+            return True  # ``ctx = model.no_sync() if ... else ...``: the call in it is judged itself
+        return False
+    block = _entered_block(model, call)
+    return block is not None and _backward_only(model, block, root)
+
+
+def _holds_no_sync_of_call(assign: cst.Assign) -> bool:
+    """``ctx = model.no_sync() if ... else ...``: an assignment whose value calls ``no_sync`` (that call is an event too)."""
+    return any(type(n) is cst.Call and callee_name(n) in frameworks.MODEL_NO_SYNC for n in walk(assign.value))
+
+
+def _function_of(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    parents = model.parents or {}
+    current = parents.get(node)
+    while current is not None and type(current) is not cst.FunctionDef:
+        current = parents.get(current)
+    return current
+
+
+def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
+    """Whether the code calls the module the wrapper wraps (``model.module(x)``): its backward is no DDP's."""
+    function = root.node if type(root.node) is cst.FunctionDef else None
+    return f"{owner}.module" in _called_names(model, root.node, function)

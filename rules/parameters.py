@@ -1,4 +1,4 @@
-"""Rules about which parameters an optimizer holds (GL009)."""
+"""Rules about which parameters an optimizer holds and updates (GL009, GL012)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import Severity
-from gradlint.model import LoopModel
+from gradlint.model import HANDOFF, FrameKind, LoopModel
 from gradlint.objects import ObjKind
-from gradlint.queries import same_object
+from gradlint.queries import frames_inside, same_object, steps_with_loops
 from gradlint.rule import STEP, Report, Rule, Spelled, call_of
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
 
@@ -289,3 +289,255 @@ def _only_moves(statement: cst.CSTNode) -> bool:
     else:
         return False
     return type(value) is cst.Call and type(value.func) is cst.Attribute and callee_name(value) in _HARMLESS_METHODS
+
+
+class OptimizerSteppedOnOneSettingBranch(Rule):
+    """An optimizer is stepped in one branch of a setting only, while the other branch does the same update without it.
+
+    **Why it matters.** Training loops often spell one update two ways under a
+    setting that holds for the whole run: ``if args.amp: scaler.step(opt) ...
+    else: opt.step()``, ``if args.clip: ... else: ...``. An optimizer stepped
+    in one of those branches only is never stepped when the setting takes the
+    other value: its parameters still get gradients from every backward, but
+    they are never updated (nor, usually, cleared), and nothing fails. The run
+    trains part of the model in one configuration and all of it in the other.
+
+    **Fix.** Step (and clear) the optimizer in both branches, or once after
+    the ``if``.
+
+    **Stays quiet when**
+
+    - the test can change from batch to batch (it reads a name the loop
+      assigns or binds, a counter, a call, a ``%``: alternating optimizers by
+      step, as ``fixtures/realworld/gl002_clear_and_step_in_exclusive_branches__modded-nanogpt.py``
+      does), or it is an accumulation guard;
+    - the other branch is no spelling of the same update: it steps no optimizer
+      that this branch steps too, and does not clip or unscale gradients for a
+      step that never comes (``if args.train_head_only: head_opt.step() else:
+      full_opt.step()`` chooses what trains; ``fixtures/parameters/ok_optimizers_chosen_by_setting.py``);
+    - the optimizer is stepped, or handed to other code, anywhere on the other
+      branch's path (inside it, or after the ``if``), or an optimizer of
+      unknown parameters, or one built over the same model (or a part of it),
+      is stepped there;
+    - no backward runs on the other branch's path, the optimizer's parameters
+      are not visibly built from a model the loop calls, or the module freezes
+      parameters (``requires_grad_(False)``: the other branch may train without them).
+
+    **Bad**::
+
+        for x, y in loader:
+            loss = loss_fn(model(x), y) + aux_loss_fn(aux_head(x))
+            if args.amp:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+                aux_optimizer.step()
+            optimizer.zero_grad()
+            aux_optimizer.zero_grad()
+
+    **Good**::
+
+        for x, y in loader:
+            loss = loss_fn(model(x), y) + aux_loss_fn(aux_head(x))
+            if args.amp:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.step(aux_optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+                aux_optimizer.step()
+            optimizer.zero_grad()
+            aux_optimizer.zero_grad()
+    """
+
+    code = "GL012"
+    name = "optimizer-stepped-on-one-setting-branch"
+    summary = "an optimizer steps in one branch of a setting only: with the other value its parameters never update"
+    severity = Severity.ERROR
+    fix = None  # where the missing step belongs (and through which scaler) is the author's call
+    needs = ((STEP, call_of("parameters")),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        if model.text is not None and FREEZES.literal in model.text and _freezes_anything(model.module):
+            return
+        reported: set[int] = set()
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target is None or id(step.node) in reported:
+                    continue
+                sources = _sources(model, step.target)
+                if not sources or not _forwarded(model, loop, sources):
+                    continue
+                for branch in reversed(frames_inside(step, loop)):
+                    found = _missing_on_other_branch(model, root, loop, step, branch, sources)
+                    if found is None:
+                        continue
+                    reported.add(id(step.node))
+                    yield Report(step.node, _one_branch_message(model, step, branch, found))
+                    break
+
+
+def _freezes_anything(module: cst.Module) -> bool:
+    return any(_frozen_by(statement) is not None for statement in _statements(module))
+
+
+def _missing_on_other_branch(model: LoopModel, root, loop, step, branch, sources: set[str]) -> tuple[str, cst.CSTNode] | None:
+    """When ``branch`` is one side of a setting's ``if`` and the other side's path does the same update without
+    stepping ``step``'s optimizer while a backward feeds it: (what the other side does instead, the backward)."""
+    if branch.kind is not FrameKind.BRANCH or type(branch.node) is not cst.If or branch.branch not in ("if", "else"):
+        return None
+    if branch.accumulation or branch.fixed or not _is_setting(model, branch.node.test, step, loop):
+        return None
+    other = "else" if branch.branch == "if" else "if"
+    events = root.events_in(loop)
+    on_other = [e for e in events if _in_side(e, branch.node, other)]
+    after = [e for e in events if not _in_side(e, branch.node, "if") and not _in_side(e, branch.node, "else")]
+    path = [e for e in on_other + after if not exclusive_from_side(e, branch.node, other)]
+    for event in path:
+        if event.kind in (EventKind.STEP, HANDOFF) and (event.target is None or same_object(event.target, step.target)):
+            return None  # stepped there too, or perhaps (an unknown optimizer, a call handed it)
+        if event.kind is EventKind.STEP and any(_related(s, o) for s in sources for o in _sources(model, event.target)):
+            return None  # an optimizer over the same model updates these parameters there
+        if event.kind is EventKind.STEP and not _sources(model, event.target):
+            return None  # an optimizer whose parameters are unknown may update them
+    same_update = [
+        e for e in on_other if e.kind is EventKind.STEP and e.target is not None
+        and any(s.kind is EventKind.STEP and same_object(s.target, e.target) and _in_side(s, branch.node, branch.branch) for s in events)
+    ]
+    prepares = [e for e in on_other if e.kind in (EventKind.CLIP, EventKind.UNSCALE)]
+    stepped_on_path = [e for e in path if e.kind is EventKind.STEP]
+    if same_update:
+        instead = f"steps `{same_update[0].target}` as this one does, but not `{step.target}`"
+    elif prepares and not stepped_on_path:
+        instead = f"prepares the gradients for a step (line {model.line(prepares[0].node)}) and steps nothing"
+    else:
+        return None
+    backward = next(
+        (b for b in root.events_of(EventKind.BACKWARD, loop)
+         if root.order(b) < root.order(step) and not _in_side(b, branch.node, branch.branch)
+         and not exclusive_from_side(b, branch.node, other)),
+        None,
+    )
+    if backward is None:
+        return None
+    return instead, backward.node
+
+
+def _in_side(event, node: cst.If, side: str) -> bool:
+    return any(f.kind is FrameKind.BRANCH and f.node is node and f.branch == side for f in event.frames)
+
+
+def exclusive_from_side(event, node: cst.If, side: str) -> bool:
+    """Whether ``event`` sits in a branch that cannot run together with ``side`` of ``node`` (another ``if`` inside
+    or around it taking its other way is fine; only ``node``'s own other side is excluded)."""
+    return _in_side(event, node, "else" if side == "if" else "if")
+
+
+def _is_setting(model: LoopModel, test: cst.BaseExpression, step, loop) -> bool:
+    """Whether an ``if`` test holds the same value on every batch of the loop: it reads names only (attributes of
+    arguments, configurations), none bound or assigned inside the loops around the step, no counter, no call other
+    than ``getattr``/``hasattr``/``bool``, no ``%``; a function read as one iteration (its caller's loop) may not test
+    its own parameters."""
+    names = []
+    for node in walk(test):
+        kind = type(node)
+        if kind is cst.Call and callee_name(node) not in ("getattr", "hasattr", "bool"):
+            return False
+        if kind is cst.BinaryOperation and type(node.operator) is cst.Modulo:
+            return False
+        if kind in (cst.Name, cst.Attribute):
+            name = dotted_name(node)
+            if name is not None:
+                names.append(name)
+    names = [n for n in names if n not in ("None", "True", "False", "getattr", "hasattr", "bool")]
+    if not names:
+        return False
+    changing: set[str] = set()
+    for frame in step.loops:
+        changing |= _assigned_in(model, frame.node)
+        if type(frame.node) is cst.FunctionDef:
+            params = frame.node.params
+            changing |= {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)} - {"self", "cls"}
+    for name in names:
+        parts = name.split(".")
+        if any(".".join(parts[: i + 1]) in changing for i in range(len(parts))):
+            return False
+        if re.search(r"step|iter|epoch|batch|count|idx|rank|^i$|^j$", parts[-1], re.IGNORECASE):
+            return False  # a counter, or which process runs it
+    return True
+
+
+def _assigned_in(model: LoopModel, node: cst.CSTNode) -> set[str]:
+    """The dotted names a loop (or a function) assigns or binds anywhere inside it."""
+    def read() -> set[str]:
+        found: set[str] = set()
+        for sub in model.file.walk(node):
+            kind = type(sub)
+            targets = []
+            if kind is cst.Assign:
+                targets = [t.target for t in sub.targets]
+            elif kind in (cst.AugAssign, cst.AnnAssign):
+                targets = [sub.target]
+            elif kind in (cst.For, cst.CompFor):
+                targets = [sub.target]
+            elif kind is cst.AsName:
+                targets = [sub.name]
+            elif kind is cst.NamedExpr:
+                targets = [sub.target]
+            for target in targets:
+                for part in walk(target):
+                    if type(part) in (cst.Name, cst.Attribute) and dotted_name(part):
+                        found.add(dotted_name(part))
+        return found
+
+    return model.file.once((_assigned_in, id(node)), read)
+
+
+def _sources(model: LoopModel, optimizer: str | None) -> set[str]:
+    """The models (dotted, ``self.`` dropped) whose ``.parameters()`` the module builds ``optimizer`` over; empty when
+    unknown or when any construction of it is not read."""
+    if optimizer is None or model.index is None:
+        return set()
+    values = [v for table in model.index.assignments.values() for v in table.get(optimizer, [])]
+    if not values or any(type(v) is not cst.Call for v in values):
+        return set()
+    found = set()
+    for value in values:
+        owners = [
+            dotted_name(receiver(n)) for arg in value.args for n in walk(arg)
+            if type(n) is cst.Call and callee_name(n) in ("parameters", "named_parameters")
+        ]
+        if not owners or None in owners:
+            return set()
+        found |= {o.removeprefix("self.") for o in owners}
+    return found
+
+
+def _related(a: str, b: str) -> bool:
+    """Whether two models are one, or one holds the other (``model`` and ``model.head``)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _forwarded(model: LoopModel, loop, sources: set[str]) -> bool:
+    """Whether the loop calls one of the models (or a model holding it): a forward that gives their parameters gradients."""
+    called = {
+        (dotted_name(n.func) or "").removeprefix("self.") for n in model.file.walk(loop.node) if type(n) is cst.Call
+    }
+    return any(_related(c, s) for c in called if c for s in sources)
+
+
+def _one_branch_message(model: LoopModel, step, branch, found: tuple[str, cst.CSTNode]) -> str:
+    instead, backward = found
+    test = model.code(branch.node.test)
+    when = f"`{test}` is {'true' if branch.branch == 'if' else 'false'}"
+    other = f"`{test}` is {'false' if branch.branch == 'if' else 'true'}"
+    return (
+        f"`{step.target}` is stepped only when {when} (line {model.line(branch.node)}); when {other}, the other branch "
+        f"{instead}: `{step.target}`'s parameters still get gradients from the backward at line {model.line(backward)} "
+        f"but are never updated in that configuration; step `{step.target}` in both branches (or once after the `if`)"
+    )

@@ -12,7 +12,15 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.model import Event, LoopModel
-from gradlint.queries import accumulation, accumulation_place, frames_inside, runs_every_micro_batch, split_by_setting, steps_with_loops
+from gradlint.queries import (
+    accumulation,
+    accumulation_place,
+    frames_inside,
+    once_per_pass,
+    runs_every_micro_batch,
+    split_by_setting,
+    steps_with_loops,
+)
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
 from gradlint.syntax import callee_name, dotted_name, terminal, walk
@@ -35,7 +43,14 @@ class SchedulerStepsPerMicroBatch(Rule):
     **Stays quiet when**
 
     - the scheduler steps under the accumulation guard, or takes an argument
-      (a metric or an epoch);
+      (a metric or an epoch), or steps once per pass over the data: under an
+      ``if`` that needs the epoch's last batch, a framework's flag
+      (Lightning's ``self.trainer.is_last_batch``,
+      ``fixtures/schedule/ok_scheduler_on_last_batch_lightning.py``) or the
+      loop's index at the last position of what it iterates
+      (``if i + 1 == len(loader):``,
+      ``fixtures/schedule/ok_scheduler_on_last_batch_of_loader.py``), alone or
+      in an ``and``;
     - the loop is accelerate's (``accelerator.backward`` or ``accumulate()``):
       its prepared schedulers skip the micro-batches that do not step. Inside
       ``with accelerator.accumulate(...)`` it reports a scheduler stepped beside
@@ -112,7 +127,7 @@ class SchedulerStepsPerMicroBatch(Rule):
                 for sched in scheds:
                     if sched.node in settled:
                         continue
-                    if not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step):
+                    if not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step) and not once_per_pass(sched, loop):
                         yield settled.note(
                             Report(
                                 sched.node,

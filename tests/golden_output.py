@@ -27,7 +27,8 @@ def _gradlint(*args: str) -> str:
         [sys.executable, "-m", "gradlint", "check", "--isolated", "--no-cache", "-j", "1", "--select", EVERY_RULE, *args, *PATHS],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )
-    if completed.returncode not in (0, 1):
+    # Exit 1 means findings, but an uncaught exception also exits 1: its traceback on stderr is a failure too.
+    if completed.returncode not in (0, 1) or "Traceback (most recent call last)" in completed.stderr:
         raise RuntimeError(f"gradlint exited {completed.returncode}: {completed.stderr}")
     return completed.stdout
 

@@ -271,3 +271,58 @@ def test_a_release_helper_of_another_module_is_seen_only_with_its_module(tmp_pat
     (case / "fused.py").write_text((case / "fused.py").read_text().replace("optimizers[param].step()", "print(param.grad.norm())"))
     apart = runner.run([str(case)], Config(root=case), jobs=1)
     assert [f.code for r in apart for f in r.findings] == []  # a hook that steps nothing releases nothing
+
+
+_HELPER = """
+import torch
+
+
+class Scaler:
+    def __init__(self):
+        self._scaler = torch.cuda.amp.GradScaler()
+
+    def __call__(self, loss, optimizer, update_grad=True):
+{body}
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "shape"),
+    [
+        # backward on every call, step only under the flag: a backward helper
+        ("        self._scaler.scale(loss).backward()\n        if update_grad:\n            self._scaler.step(optimizer)\n",
+         "0=loss,1=optimizer,2=update_grad,True,scaled"),
+        # a step outside the flag's branch: it steps on every call
+        ("        loss.backward()\n        optimizer.step()\n", None),
+        # a way out before the backward: it may not backpropagate
+        ("        if loss is None:\n            return\n        loss.backward()\n        if update_grad:\n            optimizer.step()\n", None),
+        # the backward only under a condition
+        ("        if update_grad:\n            loss.backward()\n            optimizer.step()\n", None),
+    ],
+)
+def test_a_backward_helper_backpropagates_on_every_call_and_steps_only_under_its_flag(body, shape):
+    from gradlint.project_index import scan_calls
+
+    facts = scan_calls(_HELPER.format(body=body)).backward_helpers
+    assert facts == (frozenset({f"Scaler():{shape}"}) if shape else frozenset())
+
+
+def test_a_helper_class_is_reached_only_through_names_bound_to_its_instances_alone(tmp_path):
+    """``loss_scaler`` is a backward helper for the engine only while every assignment of a call to that name in the
+    run builds the helper class; one bound to a GradScaler elsewhere leaves it unknown."""
+    from gradlint.project_index import ProjectIndex, scan_calls
+
+    helper = _HELPER.format(body="        loss.backward()\n        if update_grad:\n            optimizer.step()\n")
+    engine = "def train(model, loader, optimizer, loss_scaler):\n    for i, x in enumerate(loader):\n        loss_scaler(model(x), optimizer, update_grad=i % 2 == 0)\n"
+    main = "from engine import train\nfrom helper import Scaler\n\n\ndef main():\n    loss_scaler = Scaler()\n    train(None, [], None, loss_scaler)\n"
+    other = "import torch\nfrom engine import train\n\n\ndef main():\n    loss_scaler = torch.cuda.amp.GradScaler()\n"
+    files = {"helper.py": helper, "engine.py": engine, "main.py": main}
+
+    def backs(extra):
+        calls = {str(tmp_path / p): scan_calls(t) for p, t in {**files, **extra}.items()}
+        index = ProjectIndex(calls.items())
+        path = str(tmp_path / "engine.py")
+        return [c for c in index.context_of(path, calls[path]) if c.startswith("backs:")]
+
+    assert backs({}) == ["backs:loss_scaler:0=loss,1=optimizer,2=update_grad,True,plain"]
+    assert backs({"other.py": other}) == []

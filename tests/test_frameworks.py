@@ -132,3 +132,51 @@ def test_the_release_spellings_of_the_prefilter_are_the_release_walks():
     from gradlint.tokens import RELEASE_SPELLINGS
 
     assert RELEASE_SPELLINGS.substrings == RELEASE_TOKENS  # in order: the runner compares them as tokens
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "Fabric(accelerator='cuda', devices=1, precision='bf16-mixed')",
+        "Fabric(devices=[0], num_nodes=4)",
+        "prepare_model(model, True, None)",
+        "prepare_model(model, parallel_strategy=args.strategy, **kwargs)",
+        "Accelerator(*args, fsdp_plugin=plugin, gradient_accumulation_steps=-2)",
+    ],
+)
+def test_the_rules_and_the_project_index_read_a_calls_literal_arguments_alike(call):
+    """A wrap's declarations judge a call's arguments on LibCST's tree (the rules) and on Python's (the project index):
+    both readings must hand them the same values."""
+    from gradlint.frameworks.framework import literal_arguments
+    from gradlint.project_index import _literal_arguments
+
+    on_libcst = literal_arguments(cst.parse_expression(call))
+    on_python = _literal_arguments(ast.parse(call, mode="eval").body)
+    assert on_libcst == on_python
+    assert on_libcst  # every call above hands something
+
+
+def test_fabric_is_one_process_only_for_one_device_on_one_node():
+    from gradlint.frameworks.framework import literal_arguments
+    from gradlint.frameworks.lightning import FRAMEWORK as LIGHTNING
+
+    quiet = next(w for w in LIGHTNING.wraps if w.key == "fabric").quiet_when_built
+    read = lambda code: quiet(literal_arguments(cst.parse_expression(code)))  # noqa: E731
+    assert read("Fabric(devices=1)") and read("Fabric(accelerator='cpu', devices=[2], num_nodes=1)")
+    assert not read("Fabric(devices=1, num_nodes=4)")
+    assert not read("Fabric(devices=2)") and not read("Fabric(devices=n)") and not read("Fabric(devices=1, **cfg)")
+
+
+def test_ray_trains_prepare_model_wraps_unless_asked_not_to_and_decides_in_the_forward_only_as_ddp():
+    from gradlint.frameworks.framework import literal_arguments
+    from gradlint.frameworks.ray_train import FRAMEWORK as RAY
+
+    wrap = RAY.wraps[0]
+    arguments = lambda code: literal_arguments(cst.parse_expression(code))  # noqa: E731
+    assert not wrap.leaves_unwrapped(arguments("prepare_model(model)"))
+    assert wrap.arms_in_forward(arguments("prepare_model(model)"))
+    assert not wrap.arms_in_forward(arguments("prepare_model(model, parallel_strategy='fsdp')"))
+    assert not wrap.leaves_unwrapped(arguments("prepare_model(model, parallel_strategy='fsdp')"))
+    for unwrapped in ("prepare_model(model, parallel_strategy=None)", "prepare_model(model, True, False)",
+                      "prepare_model(model, wrap_ddp=False)", "prepare_model(model, parallel_strategy=args.strategy)"):
+        assert wrap.leaves_unwrapped(arguments(unwrapped)), unwrapped

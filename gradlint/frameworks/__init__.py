@@ -28,6 +28,7 @@ from gradlint.frameworks import (
     lightning,
     opacus,
     optimi,
+    ray_train,
     torch_ddp,
     torch_xla,
     torchtune,
@@ -58,6 +59,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     lightning.FRAMEWORK,
     deepspeed.FRAMEWORK,
     apex.FRAMEWORK,
+    ray_train.FRAMEWORK,
     fp16_optimizers.FRAMEWORK,
     hf_trainer.FRAMEWORK,
     optimi.FRAMEWORK,
@@ -131,8 +133,8 @@ def divides_by_count(event: Event) -> bool:
 def all_reduces_as_plain(event: Event) -> bool:
     """Whether a backward all-reduces as a plain one would: no framework, or one that leaves the all-reduce to the
     wrapped model (anything else, a framework's own or a replayed graph's, decides when it all-reduces)."""
-    if event.framework is None:
-        return True
+    if event.framework is None or event.framework == "handed":
+        return True  # "handed": a helper of the run whose own backward is a plain one (``loss_scaler(loss, opt)``)
     backward = _BY_KEY.get(event.framework)
     return backward is not None and not backward.decides_sync
 
@@ -235,6 +237,7 @@ CLIP_METHODS: frozenset[str] = frozenset(_joined("clip_methods"))
 CLIP_OWNER_KINDS: dict[ObjKind, str] = _merged("clip_owner_kinds")
 AVERAGING_STEPS: frozenset[str] = frozenset(_joined("averaging_steps"))
 STEP_FUNCTIONS: dict[str, str] = _merged("step_functions")
+EPOCH_END_FLAGS: frozenset[str] = frozenset(_joined("epoch_end_flags"))
 LOSS_SCALERS: frozenset[str] = frozenset(_joined("loss_scalers"))
 
 

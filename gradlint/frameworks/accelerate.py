@@ -80,9 +80,9 @@ _ACCELERATOR = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Acce
 _NOT_DDP_PLUGINS = ("fsdp_plugin", "deepspeed_plugin", "deepspeed_plugins", "megatron_lm_plugin")
 
 
-def _not_ddp_plugin(call: cst.Call) -> bool:
-    """``Accelerator(fsdp_plugin=...)`` and the like."""
-    return any(keyword_arg(call, keyword) is not None for keyword in _NOT_DDP_PLUGINS)
+def _not_ddp_plugin(arguments: dict[str, object]) -> bool:
+    """``Accelerator(fsdp_plugin=...)`` and the like (the constructor's arguments)."""
+    return any(keyword in arguments for keyword in _NOT_DDP_PLUGINS)
 
 
 def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) -> bool:

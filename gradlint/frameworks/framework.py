@@ -39,6 +39,7 @@ The terms, and who reads them:
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 from collections.abc import Callable
@@ -191,12 +192,49 @@ class Wrap:
     wrapper_object: bool = False  # returns a new object around the module: a loop that calls the module bypasses it
     hooks_at_wrap: bool = False  # registers the all-reduce hooks on the parameters' gradient accumulators when wrapping
     short: str = ""  # how messages name a model it wrapped (``DDP``)
-    # ``constructor calls of the owner -> bool``: every framework object was built so that nothing is all-reduced
-    # (one device, a plugin that shards instead): a prepared model is then no data-parallel one
-    quiet_when_built: Callable[[cst.Call], bool] | None = None
+    # ``arguments of a constructor call of the owner -> bool`` (:func:`literal_arguments`): every framework object was
+    # built so that nothing is all-reduced (one process, a plugin that shards instead): a prepared model is then no
+    # data-parallel one. Read on LibCST's calls by the rules and on Python's by the project index.
+    quiet_when_built: Callable[[dict[str, object]], bool] | None = None
+    # ``arguments of the wrapping call -> bool``: this call wraps nothing (``prepare_model(model, parallel_strategy=None)``),
+    # or what it wraps in cannot be told (a strategy held in a variable): not read as a wrap
+    leaves_unwrapped: Callable[[dict[str, object]], bool] | None = None
+    # ``model -> bool``: the module runs the wrap on one process only (``ScalingConfig(num_workers=1)``): nothing to all-reduce
+    one_process: Callable[[LoopModel], bool] | None = None
+    # ``arguments of the wrapping call -> bool``: the wrapper decides in the forward whether the coming backward
+    # all-reduces (torch DDP's ``_post_forward`` arms the reducer only while ``require_backward_grad_sync`` is true),
+    # so a ``no_sync()`` entered after the forward changes nothing (GL306). None: it decides in the backward (FSDP,
+    # fairscale's ShardedDataParallel), or it cannot be told.
+    arms_in_forward: Callable[[dict[str, object]], bool] | None = None
+    forward_decides: str = ""  # how GL306's message says the wrapper decides in the forward (its own names)
     # ``model, count -> bool``: the accumulation count says another engine of the framework, not this wrap, reduces
     quiet_for_count: Callable[[LoopModel, cst.BaseExpression | None], bool] | None = None
     tokens: tuple[str, ...] = ()  # what a file must spell to wrap a model so (a rule's prefilter tokens)
+
+
+# In :func:`literal_arguments`, the value of an argument that is no literal; ``"**"`` maps to it when ``**kwargs``
+# is handed on, ``"*"`` when ``*args`` is.
+NOT_LITERAL = Ellipsis
+
+
+def literal_arguments(call: cst.Call) -> dict[str, object]:
+    """A LibCST call's arguments by keyword, and by position as ``"0"``, ``"1"``...: each literal's value
+    (``devices=1`` → 1, ``devices=[0]`` → [0], ``parallel_strategy=None`` → None), or :data:`NOT_LITERAL`.
+    The project index reads Python's calls the same way (``project_index._literal_arguments``)."""
+    found: dict[str, object] = {}
+    position = 0
+    for arg in call.args:
+        if arg.star:
+            found[arg.star] = NOT_LITERAL
+            continue
+        key = arg.keyword.value if arg.keyword is not None else str(position)
+        if arg.keyword is None:
+            position += 1
+        try:
+            found[key] = ast.literal_eval(cst.Module([]).code_for_node(arg.value).strip())
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            found[key] = NOT_LITERAL
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +362,9 @@ class Framework:
     loss_scalers: frozenset[str] = frozenset()  # calls that multiply the loss they are handed by a loss scale
     # ``index -> {function: why}``: functions the framework calls once per batch, leaving them the gradient work
     per_batch: Callable[[ModuleIndex], dict[cst.FunctionDef, str]] | None = None
+    # Attributes of the framework's objects that are true on the last batch of an epoch only (``trainer.is_last_batch``):
+    # a branch that needs one runs once per pass over the data (GL301)
+    epoch_end_flags: frozenset[str] = frozenset()
     # -- gradient release
     release_calls: tuple[ReleaseCall, ...] = ()
     release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases

@@ -12,8 +12,18 @@ undivided, and a Trainer with ``accumulate_grad_batches`` other than 1 is
 refused. Fabric divides nothing: ``Fabric.backward(loss)`` hands the loss to
 the strategy; ``setup``/``setup_module`` wrap the model for the strategy
 (DDP or FSDP on several devices: every backward all-reduces), and
-``no_backward_sync(model, enabled=...)`` skips that.
+``no_backward_sync(model, enabled=...)`` skips that. Which strategy Fabric
+runs: with ``strategy="auto"`` (the default), its connector picks DDP when
+``num_nodes > 1`` or when there are several devices, and
+``SingleDeviceStrategy`` (no wrap) for one device on one node, so
+``Fabric(devices=1)`` on one node all-reduces nothing; the arguments may also
+come from the environment the ``fabric run`` command line sets (``LT_DEVICES``,
+refused when it contradicts a value the code gives).
 ``clip_gradients`` (of a LightningModule or of Fabric) is theirs.
+``Trainer.is_last_batch`` is true on the last batch of an epoch only: a
+branch that needs it runs once per epoch (Lightning's documentation steps an
+epoch-wise scheduler under ``if self.trainer.is_last_batch:`` in manual
+optimization).
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
@@ -23,7 +33,13 @@ Where it was read: pytorch-lightning tag 2.6.1,
 ``clip_gradients``), ``src/lightning/pytorch/trainer/configuration_validator.py``
 ("Automatic gradient accumulation is not supported for manual
 optimization"), ``src/lightning/fabric/fabric.py`` (``Fabric.setup``,
-``setup_module``, ``backward``, ``clip_gradients``, ``no_backward_sync``).
+``setup_module``, ``backward``, ``clip_gradients``, ``no_backward_sync``),
+``src/lightning/fabric/connector.py`` (``_Connector.__init__``,
+``_choose_strategy``, ``_argument_from_env``),
+``src/lightning/pytorch/trainer/trainer.py`` (``Trainer.is_last_batch``:
+``fit_loop.epoch_loop.batch_progress.is_last_batch``, which
+``src/lightning/pytorch/loops/training_epoch_loop.py`` sets from the data
+fetcher's ``done``).
 The same since Lightning 2.0 (Fabric's ``no_backward_sync`` since 1.9);
 ``pytorch_lightning`` is the package's older name.
 """
@@ -44,7 +60,7 @@ from gradlint.frameworks.framework import (
     Wrap,
 )
 from gradlint.kinds import ObjKind
-from gradlint.syntax import bool_literal, dotted_name, keyword_arg, number, walk
+from gradlint.syntax import bool_literal, dotted_name, walk
 
 if TYPE_CHECKING:
     from gradlint.module_index import ModuleIndex
@@ -69,10 +85,18 @@ _MODULE = frozenset({
 })
 
 
-def _one_device(call: cst.Call) -> bool:
-    """``Fabric(devices=1)``: a single-device strategy, nothing to all-reduce."""
-    arg = keyword_arg(call, "devices")
-    return arg is not None and number(arg.value) == 1
+def _one_process(arguments: dict[str, object]) -> bool:
+    """``Fabric(devices=1)`` on one node (``num_nodes`` left out or 1): one process, nothing to all-reduce.
+
+    With ``strategy="auto"`` the connector then picks ``SingleDeviceStrategy`` (``_choose_strategy``: "ddp" only
+    for ``num_nodes > 1`` or several devices), which wraps nothing; a strategy named outright (``"ddp"``) still
+    runs one process, whose all-reduce has no other rank to wait for. ``devices=[0]`` is one device too.
+    ``num_nodes=4`` with one device each is four processes: DDP.
+    """
+    devices = arguments.get("devices", arguments.get("2"))
+    one_device = devices == 1 or (type(devices) is list and len(devices) == 1)
+    nodes = arguments.get("num_nodes", arguments.get("3", 1))
+    return one_device and nodes == 1 and "*" not in arguments and "**" not in arguments
 
 
 def _fabric_message(name: str, where: str) -> str:
@@ -137,7 +161,7 @@ FRAMEWORK = Framework(
     wraps=(
         Wrap(
             "fabric", _fabric_message, prepare_methods=frozenset({"setup", "setup_module"}),
-            owner_names=frozenset({"fabric"}), quiet_when_built=_one_device,
+            owner_names=frozenset({"fabric"}), quiet_when_built=_one_process,
         ),
     ),
     accumulation_settings={"lightning": AccumulationSetting(_TRAINER, "accumulate_grad_batches")},
@@ -152,4 +176,5 @@ FRAMEWORK = Framework(
     ),
     clip_methods=frozenset({"clip_gradients"}),
     per_batch=_manual_training_steps,
+    epoch_end_flags=frozenset({"is_last_batch"}),
 )

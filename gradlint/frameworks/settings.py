@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from gradlint.frameworks import FRAMEWORKS
+from gradlint.frameworks.framework import literal_arguments
 from gradlint.imports import ImportMap
 from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number, walk
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 _ACCUMULATION = [(key, setting) for framework in FRAMEWORKS for key, setting in framework.accumulation_settings.items()]
 _CONFIGS = [(key, setting) for framework in FRAMEWORKS for key, setting in framework.config_settings.items()]
 _SUBCLASSES = [subclasses for framework in FRAMEWORKS for subclasses in framework.subclasses]
-_WRAP_CONSTRUCTORS = [(wrap.key, wrap.constructors) for framework in FRAMEWORKS for wrap in framework.wraps if wrap.constructors]
+_WRAP_CONSTRUCTORS = [(wrap, wrap.constructors) for framework in FRAMEWORKS for wrap in framework.wraps if wrap.constructors]
 _WRAP_FUNCTIONS = [
     (wrap.key, f"{wrap.function_module}.", f".{wrap.function}")
     for framework in FRAMEWORKS for wrap in framework.wraps if wrap.function is not None
@@ -167,9 +168,10 @@ def _read_call(
             ):
                 found.may_accumulate = True
             return
-    for key, constructors in _WRAP_CONSTRUCTORS:
+    for wrap, constructors in _WRAP_CONSTRUCTORS:
         if names & constructors:
-            settings.wraps.setdefault(key, []).append(call)
+            if wrap.leaves_unwrapped is None or not wrap.leaves_unwrapped(literal_arguments(call)):
+                settings.wraps.setdefault(wrap.key, []).append(call)
             return
     for key, prefix, suffix in _WRAP_FUNCTIONS:
         if any(n.startswith(prefix) and n.endswith(suffix) for n in names):

@@ -5,7 +5,17 @@ hooks every parameter's gradient accumulator: each backward all-reduces
 (averages over the ranks) the gradients as they complete, but only after a
 forward that prepared it: ``_post_forward`` calls
 ``reducer.prepare_for_backward`` only while ``require_backward_grad_sync``
-is true, and ``no_sync()`` sets that attribute to False for its block.
+is true, and ``no_sync()`` sets that attribute to False for its block and
+restores it on exit. So DDP decides in the forward whether the coming
+backward all-reduces: a ``no_sync()`` entered after the forward, around the
+backward alone, changes nothing (``no_sync``'s own docstring: "The forward
+pass should be included inside the context manager, or else gradients will
+still be synchronized"), unless the Python reducer of compiled DDP runs
+(``optimize_ddp = "python_reducer"``: ``_register_accum_grad_hook`` reads
+the flag in the backward). FSDP1's ``no_sync()`` (``_sync_gradients``, read
+in ``_runtime_utils._post_backward_hook``) and FSDP2's
+``set_requires_gradient_sync`` (``reduce_grads``, read in
+``FSDPParamGroup.post_backward``) are read in the backward.
 ``register_comm_hook(state, hook)`` replaces the all-reduce by the hook.
 FSDP2's ``fully_shard(module)`` reduce-scatters each backward's gradients;
 ``set_requires_gradient_sync(False)`` ("the equivalent of ``no_sync`` in
@@ -14,10 +24,12 @@ FSDP1") keeps them unsharded and unreduced until switched back.
 
 Where it was read: torch 2.13.0 (the wheel this project pins),
 ``torch/nn/parallel/distributed.py``: ``DistributedDataParallel._ddp_init_helper``
-(``self.reducer = dist.Reducer(...)``), ``_post_forward``, ``no_sync``,
+(``self.reducer = dist.Reducer(...)``), ``_pre_forward``, ``_post_forward``, ``no_sync``,
+``_register_accum_grad_hook``,
 ``register_comm_hook``; ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``:
 ``fully_shard``, ``FSDPModule.set_requires_gradient_sync``;
-``torch/distributed/fsdp/sharded_grad_scaler.py``. ``fully_shard`` is
+``torch/distributed/fsdp/sharded_grad_scaler.py``; ``torch/distributed/fsdp/fully_sharded_data_parallel.py``
+(``no_sync``) and ``_runtime_utils.py``, ``_fully_shard/_fsdp_param_group.py`` for where FSDP reads its flags. ``fully_shard`` is
 exported both as ``torch.distributed.fsdp.fully_shard`` and, where FSDP2
 first appeared, ``torch.distributed._composable.fsdp.fully_shard``: any
 ``fully_shard`` under ``torch.distributed`` is this one (other libraries
@@ -52,6 +64,13 @@ def _fsdp2_message(name: str, where: str) -> str:
     )
 
 
+# How DDP decides in the forward whether the coming backward all-reduces (``_post_forward``; ``no_sync``), for GL306.
+FORWARD_DECIDES = (
+    "its forward arms the all-reduce of the coming backward while `require_backward_grad_sync` is true "
+    "(`_post_forward` calls `reducer.prepare_for_backward`), and `no_sync()` only sets that flag for its block"
+)
+
+
 def _switches_off_sync(call: cst.Call) -> bool:
     """``model.set_requires_gradient_sync(flag)``: told not to reduce (anything but a literal True)."""
     args = positional_args(call)
@@ -71,7 +90,8 @@ FRAMEWORK = Framework(
     wraps=(
         Wrap(
             "ddp", _ddp_message, constructors=_DDP, class_name="DistributedDataParallel", wrapper_object=True,
-            hooks_at_wrap=True, short="DDP", tokens=("DistributedDataParallel",),
+            hooks_at_wrap=True, short="DDP", tokens=("DistributedDataParallel",), arms_in_forward=lambda arguments: True,
+            forward_decides=FORWARD_DECIDES,
         ),
         Wrap("fsdp2", _fsdp2_message, function="fully_shard", function_module="torch.distributed"),
     ),
