@@ -38,7 +38,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -1572,6 +1572,9 @@ class GradsKeptAllocated(Rule):
       no None check (``flatten([p.grad for p in params])``);
     - the zeroing is inside a class's own ``zero_grad``: freeing or zeroing is
       its caller's choice;
+    - the zeroing is a mask, not a clear: written in a method of an optimizer
+      class (its own update reads the zeros, as for an infinite norm), or
+      under a test of the parameter's name (``if ".experts" not in name:``);
     - the code backpropagates once and never steps (a gradient comparison);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
@@ -1607,6 +1610,8 @@ class GradsKeptAllocated(Rule):
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
                 if _inside_own_zero_grad(model, event) or _caller_chose_in_place(event):
                     continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
+                if _inside_optimizer_update(model, event) or _masks_parameters_by_name(event):
+                    continue  # gradients zeroed so that what reads them next skips them: a mask, not a clear
                 if _no_next_backward(root, event):
                     continue  # one backward, no step: nothing is kept between steps
                 if _kept_on_purpose(model, root, event):
@@ -1640,6 +1645,70 @@ def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
             return True
         function = _function_around(model, function)
     return False
+
+
+def _inside_optimizer_update(model: LoopModel, event: Event) -> bool:
+    """Whether a manual zeroing is written in a method of an optimizer class (one whose bases, followed through the
+    module's own classes, include a name ending in ``Optimizer``): the optimizer zeroes gradients its own update then
+    reads (a clipping factor of 0 for an infinite norm), which ``None`` would break."""
+    if not event.manual or model.index is None:
+        return False
+    bases: dict[str, list[str]] = {}
+    for node in model.module.body:
+        if type(node) is cst.ClassDef:
+            bases[node.name.value] = [terminal(arg.value) or "" for arg in node.bases]
+    function = _function_around(model, event.node)
+    while function is not None:
+        owner = model.index.class_of.get(function)
+        if owner is not None and _derives_from_optimizer(owner, bases, set()):
+            return True
+        function = _function_around(model, function)
+    return False
+
+
+def _derives_from_optimizer(name: str, bases: dict[str, list[str]], seen: set[str]) -> bool:
+    if name in seen:
+        return False
+    seen.add(name)
+    return any(base.endswith("Optimizer") or _derives_from_optimizer(base, bases, seen) for base in bases.get(name, ()))
+
+
+def _masks_parameters_by_name(event: Event) -> bool:
+    """Whether a manual zeroing runs under a test of the name of the parameter a loop around it walks (``for name, p in
+    model.named_parameters(): if ".experts" not in name: p.grad.zero_()``): it zeroes some parameters' gradients so
+    that what reads them next skips them, while a clear empties them all."""
+    if not event.manual:
+        return False
+    loop_names: set[str] = set()
+    for frame in event.frames:
+        if frame.kind is FrameKind.LOOP and type(frame.node) is cst.For:
+            loop_names.update(_names_in(frame.node.target))
+    if not loop_names:
+        return False
+    for frame in event.frames:
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and _tests_a_name(frame.node.test, loop_names):
+            return True
+    return False
+
+
+def _tests_a_name(test: cst.BaseExpression, names: set[str]) -> bool:
+    """Whether ``test`` asks of one of ``names`` (or of an expression of it, ``_canonical_name(name)``) whether a string
+    is in it or it starts or ends with one."""
+    for node in walk(test):
+        if type(node) is cst.Comparison:
+            for target in node.comparisons:
+                if type(target.operator) in (cst.In, cst.NotIn) and type(node.left) in (cst.SimpleString, cst.FormattedString):
+                    if _names_in(target.comparator) & names:
+                        return True
+        elif type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("startswith", "endswith"):
+            if _names_in(node.func.value) & names:
+                return True
+    return False
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    """The plain names spelled in ``node`` (``name`` in ``_canonical_name(name)``)."""
+    return {each.value for each in walk(node) if type(each) is cst.Name}
 
 
 def _caller_chose_in_place(event: Event) -> bool:
