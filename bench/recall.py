@@ -2,8 +2,10 @@
 
     python bench/recall.py                          # mirrors under /work/.mirror
     python bench/recall.py --mirrors DIR --work /tmp/recall
+    python bench/recall.py --bugfixes bench/realworld/heldout/bugfixes.tsv
 
-``bench/realworld/bugfixes.tsv`` lists bugs chosen by what was fixed, not by
+``bench/realworld/bugfixes.tsv`` (or the file given with ``--bugfixes``, in
+its columns) lists bugs chosen by what was fixed, not by
 whether gradlint finds them: for each, the fixing commit, the file, the line
 of the buggy statement in the fix's parent commit and the rule that should
 report it (``none`` when no rule covers that kind of bug: a miss all the same).
@@ -18,7 +20,8 @@ file within ``WINDOW`` lines of the recorded line. The same is done on the fix
 commit: a finding that is still there on the fixed code (same code, same file,
 same flagged text) is listed as suspicious.
 
-Nothing is downloaded: without the mirrors the script says so and exits 2.
+Nothing is downloaded: without the mirrors, or without the bug list, the
+script says so and exits 2.
 It is not part of the test suite.
 """
 
@@ -198,9 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"), help="folder of bare git mirrors")
     parser.add_argument("--work", type=Path, help="where the trees are extracted (default: a temporary folder)")
+    parser.add_argument("--bugfixes", type=Path, default=BUGFIXES,
+                        help="the fixed bugs to measure, in bugfixes.tsv's columns (default: the recall set)")
     args = parser.parse_args(argv)
 
-    bugs = load_bugs(read_tsv(BUGFIXES))
+    if not args.bugfixes.is_file():
+        print(f"recall: no bug list at {args.bugfixes}", file=sys.stderr)
+        return 2
+    bugs = load_bugs(read_tsv(args.bugfixes))
     repositories = sorted({bug.repository for bug in bugs})
     missing = [name for name in repositories if mirror_of(args.mirrors, name) is None]
     if missing:

@@ -2,19 +2,22 @@
 
     python bench/sweep.py                          # mirrors under /work/.mirror
     python bench/sweep.py --mirrors DIR --work /tmp/sweep --select GL204
+    python bench/sweep.py --repos bench/realworld/heldout/repos.tsv --verdicts bench/realworld/heldout/verdicts.tsv
 
-``bench/realworld/repos.tsv`` pins each repository to one commit. For each,
+``bench/realworld/repos.tsv`` (or the file given with ``--repos``, in its
+columns) pins each repository to one commit. For each,
 the Python files of that commit are read out of a bare git mirror
 (``DIR/<owner>+<name>/repo``, or ``DIR/<owner>+<name>`` itself) into a work
 folder, gradlint checks them (no cache, no configuration, JSON output), and
-every finding is joined with ``bench/realworld/verdicts.tsv`` by repository,
+every finding is joined with ``bench/realworld/verdicts.tsv`` (or ``--verdicts``) by repository,
 path, code and the stripped text of the flagged line (and which of several
 identical lines it is), so that a verdict survives line shifts. The script
 prints one markdown table (findings, true, false, untriaged and precision per
 rule and overall) and the untriaged findings, ready to be triaged and
 appended to the verdicts.
 
-Nothing is downloaded: without the mirrors the script says so and exits 2.
+Nothing is downloaded: without the mirrors, or without the repository list
+or the verdicts file, the script says so and exits 2.
 It is not part of the test suite.
 """
 
@@ -198,15 +201,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="where the trees are extracted (default: a temporary folder)")
     parser.add_argument("--select", help="rule codes to run instead of the defaults (e.g. GL204)")
     parser.add_argument("--untriaged-tsv", type=Path, help="also write the untriaged findings here, in verdicts.tsv's columns")
+    parser.add_argument("--repos", type=Path, default=REPOS,
+                        help="the pinned repositories, in repos.tsv's columns (default: the sweep set)")
+    parser.add_argument("--verdicts", type=Path, default=VERDICTS,
+                        help="the triaged findings, in verdicts.tsv's columns (default: the sweep's verdicts)")
     args = parser.parse_args(argv)
 
-    repos = read_tsv(REPOS)
+    for path in (args.repos, args.verdicts):
+        if not path.is_file():
+            print(f"sweep: no such file: {path}", file=sys.stderr)
+            return 2
+    repos = read_tsv(args.repos)
     missing = [row["repository"] for row in repos if mirror_of(args.mirrors, row["repository"]) is None]
     if missing:
         print(f"sweep: no git mirror under {args.mirrors} for {len(missing)} of {len(repos)} repositories "
               f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}); fetch them first", file=sys.stderr)
         return 2
-    verdicts = load_verdicts(read_tsv(VERDICTS))
+    verdicts = load_verdicts(read_tsv(args.verdicts))
 
     work = args.work or Path(tempfile.mkdtemp(prefix="gradlint-sweep-"))
     findings, files = [], 0
