@@ -101,6 +101,21 @@ def test_missing_mirrors_give_one_clear_error(tmp_path, capsys):
     assert error.startswith("recall: no git mirror under") and error.count("\n") == 1
 
 
+def test_a_missing_bug_list_gives_one_clear_error(tmp_path, capsys):
+    assert recall.main(["--mirrors", str(tmp_path), "--bugfixes", str(tmp_path / "absent.tsv")]) == 2
+    error = capsys.readouterr().err
+    assert error == f"recall: no bug list at {tmp_path / 'absent.tsv'}\n"
+
+
+def test_the_bug_list_given_is_the_one_read(tmp_path, capsys):
+    bugs = tmp_path / "bugs.tsv"
+    bugs.write_text("repository\tfix_commit\tpath\tline\texpected\twhat\tsource\n"
+                    f"other/repo\t{'a' * 40}\ttrain.py\t3\tGL001\tw\thttps://github.com/other/repo/pull/1\n")
+    assert recall.main(["--mirrors", str(tmp_path), "--bugfixes", str(bugs)]) == 2
+    error = capsys.readouterr().err
+    assert "for 1 of 1 repositories (other/repo)" in error
+
+
 def test_a_buggy_file_that_does_not_parse_is_told_apart(tmp_path):
     (tmp_path / "old.py").write_text("def train(:\n    pass\n")
     (tmp_path / "new.py").write_text("def train():\n    pass\n")

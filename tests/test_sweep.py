@@ -78,6 +78,21 @@ def test_missing_mirrors_give_one_clear_error(tmp_path, capsys):
     assert error.startswith("sweep: no git mirror under") and error.count("\n") == 1
 
 
+@pytest.mark.parametrize("flag", ["--repos", "--verdicts"])
+def test_a_missing_list_gives_one_clear_error(tmp_path, capsys, flag):
+    assert sweep.main(["--mirrors", str(tmp_path), flag, str(tmp_path / "absent.tsv")]) == 2
+    assert capsys.readouterr().err == f"sweep: no such file: {tmp_path / 'absent.tsv'}\n"
+
+
+def test_the_repository_list_given_is_the_one_read(tmp_path, capsys):
+    repos = tmp_path / "repos.tsv"
+    repos.write_text(f"repository\tcommit\twhat\nother/repo\t{'b' * 40}\tw\n")
+    verdicts = tmp_path / "verdicts.tsv"
+    verdicts.write_text("\t".join(sweep.VERDICT_COLUMNS) + "\n")
+    assert sweep.main(["--mirrors", str(tmp_path), "--repos", str(repos), "--verdicts", str(verdicts)]) == 2
+    assert "for 1 of 1 repositories (other/repo)" in capsys.readouterr().err
+
+
 def test_identical_lines_in_one_file_keep_their_own_verdicts(tmp_path):
     verdicts = sweep.load_verdicts([
         {**_verdict("t.py", "GL005", "p.grad.zero_()", "true"), "occurrence": "1"},
