@@ -3,6 +3,7 @@
 import importlib.util
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,30 @@ def test_committed_bugfixes_are_well_formed():
         assert bug.expected == "none" or re.fullmatch(r"GL\d{3}", bug.expected), bug
         assert bug.source.startswith("https://github.com/"), bug
     assert {bug.expected for bug in bugs} - {"none"} <= set(RULES_BY_CODE)
+
+
+_HELD_OUT = recall.BUGFIXES.parent / "heldout"
+
+
+@pytest.mark.parametrize(("batch", "earlier", "min_bugs", "min_repositories"), [
+    ("bugfixes.tsv", (), 30, 20),
+    ("bugfixes-2.tsv", ("bugfixes.tsv", "repos.tsv"), 25, 15),
+])
+def test_the_held_out_bugs_are_well_formed_and_kept_apart(batch, earlier, min_bugs, min_repositories):
+    """A held-out batch is kept out of the sets the rules are tuned on (the recall set, the sweep) and out of the held-out lists before it."""
+    bugs = recall.load_bugs(recall.read_tsv(_HELD_OUT / batch))
+    assert len(bugs) >= min_bugs
+    for bug in bugs:
+        assert re.fullmatch(r"[0-9a-f]{40}", bug.fix_commit), bug
+        assert bug.expected == "none" or bug.expected in RULES_BY_CODE, bug
+        assert bug.source.startswith("https://github.com/"), bug
+    per_repository = Counter(bug.repository for bug in bugs)
+    assert len(per_repository) >= min_repositories and max(per_repository.values()) <= 3
+    tuned = {bug.repository.lower() for bug in recall.load_bugs(recall.read_tsv(recall.BUGFIXES))}
+    tuned |= {row["repository"].lower() for row in recall.read_tsv(recall.BUGFIXES.parent / "repos.tsv")}
+    for earlier_list in earlier:
+        tuned |= {row["repository"].lower() for row in recall.read_tsv(_HELD_OUT / earlier_list)}
+    assert not {name.lower() for name in per_repository} & tuned
 
 
 def test_missing_mirrors_give_one_clear_error(tmp_path, capsys):

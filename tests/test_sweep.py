@@ -72,6 +72,27 @@ def test_committed_verdicts_are_well_formed():
         assert row["reason"].strip(), row
 
 
+def test_the_held_out_repositories_are_pinned_and_kept_apart():
+    """The held-out repositories are pinned, and none is in the sweep, the recall set or the held-out bug fixes."""
+    held_out = sweep.HERE / "heldout"
+    rows = sweep.read_tsv(held_out / "repos.tsv")
+    assert len(rows) >= 20
+    for row in rows:
+        assert len(row["commit"]) == 40 and int(row["commit"], 16) >= 0, row
+        assert row["what"].strip(), row
+    names = {row["repository"].lower() for row in rows}
+    assert len(names) == len(rows)
+    elsewhere = {row["repository"].lower() for row in sweep.read_tsv(sweep.REPOS)}
+    for bugs in (sweep.HERE / "bugfixes.tsv", held_out / "bugfixes.tsv"):
+        elsewhere |= {row["repository"].lower() for row in sweep.read_tsv(bugs)}
+    assert not names & elsewhere
+    verdicts = sweep.read_tsv(held_out / "verdicts.tsv")
+    assert len(sweep.load_verdicts(verdicts)) == len(verdicts)
+    pinned = {row["repository"]: row["commit"] for row in rows}
+    for row in verdicts:
+        assert pinned.get(row["repository"]) == row["commit"] and row["reason"].strip(), row
+
+
 def test_missing_mirrors_give_one_clear_error(tmp_path, capsys):
     assert sweep.main(["--mirrors", str(tmp_path)]) == 2
     error = capsys.readouterr().err
