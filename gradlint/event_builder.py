@@ -918,18 +918,7 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
     if not isinstance(test.comparisons[0].operator, _THRESHOLD_TESTS):
         return False
     counter = dotted_name(test.left) if type(test.left) in (cst.Name, cst.Attribute) else None
-    if counter is None:
-        return False
-    lines = statement.body.body
-    smalls = lines if type(statement.body) is cst.SimpleStatementSuite else [
-        small for line in lines if type(line) is cst.SimpleStatementLine for small in line.body
-    ]
-    for small in smalls:
-        if type(small) is cst.Assign and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
-            return True
-        if type(small) is cst.AugAssign and type(small.operator) is cst.SubtractAssign and dotted_name(small.target) == counter:
-            return True
-    return False
+    return counter is not None and _resets(statement, counter)
 
 
 def _disjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -22,6 +22,7 @@ from gradlint.parsed_file import ParsedFile
 from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
 from gradlint.python_nodes import FiledTree
+from gradlint.queries import function_holding
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -281,7 +282,7 @@ def _moves_with_its_call(model: LoopModel, event: Event, call: cst.Call) -> bool
     parameter (a loss the caller made)."""
     position = event.call_chain.index(call)
     inner = event.call_chain[position + 1] if position + 1 < len(event.call_chain) else event.node
-    function = _function_holding(model, inner)
+    function = function_holding(model, inner)
     root = next((r for r in model.roots if r.node is function), None) if function is not None else None
     if root is None:
         return False
@@ -289,19 +290,10 @@ def _moves_with_its_call(model: LoopModel, event: Event, call: cst.Call) -> bool
         if other.kind in (EventKind.BACKWARD, EventKind.STEP) and other.node is not event.node:
             return False
     if event.kind is EventKind.BACKWARD:
-        helper = _function_holding(model, event.node)
+        helper = function_holding(model, event.node)
         loss = event.loss.value if type(event.loss) is cst.Name else None
         return helper is not None and loss is not None and loss in _parameter_names(helper)
     return True
-
-
-def _function_holding(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
-    """The function whose body holds ``node`` (read up the module index's parents)."""
-    parents = model.parents or {}
-    node = parents.get(node)
-    while node is not None and type(node) is not cst.FunctionDef:
-        node = parents.get(node)
-    return node
 
 
 def _parameter_names(function: cst.FunctionDef) -> set[str]:

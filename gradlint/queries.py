@@ -506,3 +506,12 @@ def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
     if type(value) is cst.Call and callee_name(value) == "optimizers":
         return True
     return type(value) in (cst.Name, cst.Attribute)
+
+
+def function_holding(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The innermost function whose body holds ``node`` (read up the module index's parents), or None at module level."""
+    parents = model.parents or {}
+    current = parents.get(node)
+    while current is not None and type(current) is not cst.FunctionDef:
+        current = parents.get(current)
+    return current

@@ -24,6 +24,7 @@ from gradlint.queries import (
     clears_between_backward_and_step,
     exclusive,
     frames_inside,
+    function_holding,
     handoff_may_clear,
     in_other_branch,
     innermost_loop,
@@ -274,7 +275,7 @@ def _computed_by(model: LoopModel, backward: Event, sources: frozenset[str]) -> 
         return False
     expressions = [backward.loss]
     name = dotted_name(backward.loss) or _root_of(backward.loss)
-    function = _function_around(model, backward.node)
+    function = function_holding(model, backward.node)
     if name is not None:
         expressions += [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
     calls = [node for expression in expressions for node in model.file.walk(expression) if type(node) is cst.Call]
@@ -801,7 +802,7 @@ def _prepared_clear_before_backward(
     if setting.without_count or not all(counts_more_than_one(c) for c in setting.counts):
         return None  # some construction of the module syncs on every micro-batch: the clear may be the plain one
     name = last_name(zero.target or "")
-    function = _function_around(model, block.node)
+    function = function_holding(model, block.node)
     if not name or name != last_name(step.target or "") or function is None or not declared.prepared_in(model.file, function, name):
         return None
     if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
@@ -1058,7 +1059,7 @@ def _loss_divisions(model: LoopModel, backward: Event) -> list[tuple[cst.CSTNode
         return found
     divisions_in(loss)
     if type(loss) is cst.Name:
-        function = _function_around(model, backward.node)
+        function = function_holding(model, backward.node)
         for value in model.index.assignments.get(function, {}).get(loss.value, []):
             if isinstance(value, cst.BaseExpression):
                 divisions_in(value)
@@ -1172,7 +1173,7 @@ def _by_running_counter(model: LoopModel, backward: Event) -> cst.BinaryOperatio
     name = dotted_name(backward.loss)
     if name is None:
         return None
-    function = _function_around(model, backward.node)
+    function = function_holding(model, backward.node)
     return running_division(function, name, model.index) or running_division(function, _scaled_from(model, backward, name), model.index)
 
 
@@ -1247,7 +1248,7 @@ def _undoes_loss_scale(model: LoopModel, divide: Event, backwards: list[Event]) 
     """
     divisor = {dotted_name(n) for n in model.file.walk(divide.node) if type(n) in (cst.Name, cst.Attribute)} - {None}
     for backward in backwards:
-        assignments = model.index.assignments.get(_function_around(model, backward.node), {}) if model.index else {}
+        assignments = model.index.assignments.get(function_holding(model, backward.node), {}) if model.index else {}
         if backward.loss is None:
             continue
         loss_name = dotted_name(backward.loss)
@@ -1301,7 +1302,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     if index is None:
         return False
     for backward in acc.backwards:
-        function = _function_around(model, backward.node)
+        function = function_holding(model, backward.node)
         table = index.assignments.get(function, {})  # where the loss is made, even when inlined
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
@@ -1313,7 +1314,7 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
-    for node in model.file.walk(_function_around(model, acc.frame.node) or model.module):
+    for node in model.file.walk(function_holding(model, acc.frame.node) or model.module):
         kind = type(node)
         if kind is cst.Assign or kind is cst.AugAssign:
             if not {n.value for n in model.file.walk(node.value) if type(n) is cst.Name} & counts:
@@ -1629,21 +1630,13 @@ class GradsKeptAllocated(Rule):
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
 
 
-def _function_around(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
-    parents = model.parents or {}
-    node = parents.get(node)
-    while node is not None and type(node) is not cst.FunctionDef:
-        node = parents.get(node)
-    return node
-
-
 def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
     """Whether the zeroing is written inside a class's ``zero_grad`` method (``_zero_grad_group_helper`` too)."""
-    function = _function_around(model, event.node)
+    function = function_holding(model, event.node)
     while function is not None:
         if "zero_grad" in function.name.value and model.index is not None and model.index.class_of.get(function):
             return True
-        function = _function_around(model, function)
+        function = function_holding(model, function)
     return False
 
 
@@ -1657,12 +1650,12 @@ def _inside_optimizer_update(model: LoopModel, event: Event) -> bool:
     for node in model.module.body:
         if type(node) is cst.ClassDef:
             bases[node.name.value] = [terminal(arg.value) or "" for arg in node.bases]
-    function = _function_around(model, event.node)
+    function = function_holding(model, event.node)
     while function is not None:
         owner = model.index.class_of.get(function)
         if owner is not None and _derives_from_optimizer(owner, bases, set()):
             return True
-        function = _function_around(model, function)
+        function = function_holding(model, function)
     return False
 
 

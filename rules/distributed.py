@@ -16,7 +16,7 @@ from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.parsed_file import ParsedFile
-from gradlint.queries import accumulation, accumulation_place, exclusive, frames_inside, lies_in, steps_with_loops
+from gradlint.queries import accumulation, accumulation_place, exclusive, frames_inside, function_holding, lies_in, steps_with_loops
 from gradlint.rule import BACKWARD, STEP, CallNeed, Report, Rule
 from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
@@ -1529,7 +1529,7 @@ def _backward_only(model: LoopModel, block: cst.With, root: Root) -> bool:
     if not any(lies_in(model, n, block) for b in root.events_of(EventKind.BACKWARD) for n in (*b.call_chain, b.node)):
         return False
     quiet = _RUNS_NO_FORWARD | frameworks.BACKWARD_METHODS | frameworks.LOSS_SCALERS
-    pending: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(block.body, _function_of(model, block))]
+    pending: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(block.body, function_holding(model, block))]
     visited: set[int] = set()
     while pending:
         node, function = pending.pop()
@@ -1562,14 +1562,6 @@ def _backward_only_switch(model: LoopModel, event: Event, root: Root) -> bool:
 def _holds_no_sync_of_call(assign: cst.Assign) -> bool:
     """``ctx = model.no_sync() if ... else ...``: an assignment whose value calls ``no_sync`` (that call is an event too)."""
     return any(type(n) is cst.Call and callee_name(n) in frameworks.MODEL_NO_SYNC for n in walk(assign.value))
-
-
-def _function_of(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:
-    parents = model.parents or {}
-    current = parents.get(node)
-    while current is not None and type(current) is not cst.FunctionDef:
-        current = parents.get(current)
-    return current
 
 
 def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
