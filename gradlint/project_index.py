@@ -374,7 +374,7 @@ def _own_nodes(function: ast.AST) -> Iterator[ast.AST]:
 def _with_assigned_and_helpers(calls: FileCalls, text: str, tree: FiledTree) -> FileCalls:
     """``calls`` with the calls the file assigns (``target:callee``) and, when the text backpropagates, its backward
     helpers (:func:`_backward_helper`)."""
-    by_type = tree.by_type()
+    by_type = _statements_by_type(tree.tree)
     # A callee the file imports by name may be another file's function or class (``from utils.torch_utils import
     # smart_DDP``, ``from util.misc import NativeScalerWithGradNormCount as NativeScaler``); any class construction
     # (a capitalised callee, ``torch.cuda.amp.GradScaler()``) binds its target to something else.
@@ -409,6 +409,19 @@ def _with_assigned_and_helpers(calls: FileCalls, text: str, tree: FiledTree) -> 
                 helpers.add(f"{function.name}:{shape}")
     top_level = frozenset(n.name for n in tree.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
     return dataclasses.replace(calls, assigned=frozenset(assigned), backward_helpers=frozenset(helpers), top_level=top_level)
+
+
+def _statements_by_type(module: ast.Module) -> dict[type, list[ast.stmt]]:
+    """Every statement of ``module``, nested ones included, filed by exact type. Reading statements only (no
+    expression is visited) costs a fraction of filing every node, and imports, assignments, functions and classes
+    are all statements."""
+    table: dict[type, list[ast.stmt]] = {}
+    pending = list(module.body)
+    while pending:
+        statement = pending.pop()
+        table.setdefault(type(statement), []).append(statement)
+        pending.extend(_statements_inside(statement))
+    return table
 
 
 def _spans_one_of(function: ast.AST, lines: list[int]) -> bool:
@@ -1053,6 +1066,7 @@ class ProjectIndex:
             self._units_in.setdefault(folder, set()).add(unit_of[path])
             self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
         self._unit_of = unit_of
+        self._known: dict[str, tuple[dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
         """What a file's findings depend on beyond its own text, among its own functions' names.
@@ -1110,7 +1124,15 @@ class ProjectIndex:
         """The functions returning a wrapped model and the backward helpers a unit's files can call: the unit's own,
         and those of the folders beside its files that they import, a package or a folder of modules
         (``from utils.torch_utils import smart_DDP`` in a script beside ``utils/``, ``import util.misc as misc``); the
-        unit decides a name both know. A helper class is reached through the names the unit binds to its instances."""
+        unit decides a name both know. A helper class is reached through the names the unit binds to its instances.
+        Computed once per unit: every file of a unit asks the same (on a package of thousands of files, merging the
+        tables again for each file made the run's cost grow with the square of the package)."""
+        known = self._known.get(unit)
+        if known is None:
+            known = self._known[unit] = self._merge_known(unit)
+        return known
+
+    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
         units = [unit]
         for folder in sorted(self._imported_folders.get(unit, ())):
             units.extend(sorted(self._units_in.get(folder, set()) - set(units)))
