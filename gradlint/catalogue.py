@@ -249,7 +249,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), _TOKEN_12),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_12)),
     ),
     RuleInfo(
         code='GL303',

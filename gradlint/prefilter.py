@@ -99,6 +99,8 @@ def _names_optimizer(node: ast.expr) -> bool:
 # that the run runs while the gradients are still scaled).
 RELEASE_STAND_IN = "register_post_accumulate_grad_hook"
 SCALED_BACKWARD_STAND_IN = "scaler.scale(loss).backward()"
+# ... and a backward in a helper of another file that this file hands its loss and optimizer (``backs:``).
+HELPER_BACKWARD_STAND_IN = "loss.backward()"
 
 
 def text_in_context(text: str, context: Iterable[str]) -> str:
@@ -107,16 +109,19 @@ def text_in_context(text: str, context: Iterable[str]) -> str:
     A call of a function of another file of the run that sets gradient
     release up (``releases:``) is a release set-up the text does not spell,
     and a callback of this file that the run runs after a scaled backward
-    (``scaled:``) sees gradients the text does not scale: the text reads as
-    if it spelled them. The same text is returned when nothing applies.
+    (``scaled:``) sees gradients the text does not scale, and a call of a
+    backward helper of another file (``backs:``) backpropagates where the
+    text spells no backward: the text reads as if it spelled them. The same text is returned when nothing applies.
     """
-    from gradlint.project_index import RELEASES, SCALED_DISPATCH
+    from gradlint.project_index import BACKWARD_HELPER, RELEASES, SCALED_DISPATCH
 
     added = []
     if any(name.startswith(RELEASES) and name[len(RELEASES):] in text for name in context):
         added.append(RELEASE_STAND_IN)
     if any(name.startswith(SCALED_DISPATCH) for name in context):
         added.append(SCALED_BACKWARD_STAND_IN)
+    if any(name.startswith(BACKWARD_HELPER) for name in context):
+        added.append(HELPER_BACKWARD_STAND_IN)
     return "\n".join((text, *added)) if added else text
 
 

@@ -23,7 +23,7 @@ from gradlint.discovery import Unreadable, discover
 from gradlint.findings import FileResult
 from gradlint.gc_pause import cyclic_gc_paused
 from gradlint.prefilter import called_names, rules_that_might_fire, text_in_context
-from gradlint.tokens import RELEASE_SPELLINGS
+from gradlint.tokens import HANDS_AN_OPTIMIZER, RELEASE_SPELLINGS
 from gradlint.named import COMPILED, named_files, syntax_error
 from gradlint.project_index import FileCalls, ProjectIndex, join_scope, python_tree, scan_calls
 from gradlint.source import SourceError, decode, read_bytes
@@ -186,11 +186,12 @@ def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
     never parses them. A file known only from the cache counts as one that may be checked.
     """
     scopes: dict[str, str | None] = {}
-    # A file that sets gradient release up for others, or runs their callbacks on scaled gradients, may make a file of
-    # its unit that fires nothing by its own text a checked one.
+    # A file that sets gradient release up for others, runs their callbacks on scaled gradients or hands an optimizer
+    # to a call (a backward helper of another file) may make a file of its unit that fires nothing by its own text a
+    # checked one.
     checked = {
         join_scope(f.path, scopes) for f in files
-        if f.scanned and (f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch)
+        if f.scanned and (f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch or f.calls.hands)
     }
     _scan_scopes(files, checked, scopes, cache)
     # Then the folders beside them that their files import: what a function there returns or backpropagates counts.
@@ -212,9 +213,14 @@ def _scan_scopes(files: list[_File], wanted: set[str], scopes: dict[str, str | N
 
 def _may_decide_for_others(text: str) -> bool:
     """Whether a file no rule fires on may still decide what another file of its run does: it spells a gradient-release
-    set-up (a function of it may set release up for its callers) or a scaled backward (it may run another file's
-    callbacks on scaled gradients). The project index reads such a file (:mod:`gradlint.scaler_release_facts`)."""
-    return RELEASE_SPELLINGS.search(text) is not None or (".scale(" in text and "backward" in text)
+    set-up (a function of it may set release up for its callers), a scaled backward (it may run another file's
+    callbacks on scaled gradients), or a call handed an optimizer (a backward helper of another file may
+    backpropagate for it: GL302 then reads it in context, :func:`gradlint.prefilter.text_in_context`). The project index reads such a file (:mod:`gradlint.scaler_release_facts`)."""
+    return (
+        RELEASE_SPELLINGS.search(text) is not None
+        or (".scale(" in text and "backward" in text)
+        or HANDS_AN_OPTIMIZER.pattern.search(text) is not None
+    )
 
 
 def _imported_beside(files: list[_File], scopes: dict[str, str | None]) -> set[str]:

@@ -123,6 +123,11 @@ STEP = call_of("step", handed=True)
 SCALER = re.compile("caler", re.IGNORECASE)
 
 
+# A call handed an argument named as an optimizer (``loss_scaler(loss, optimizer, update_grad=...)``): a function of
+# another file may backpropagate or step for this one. A file that spells one may hand its loss to a backward helper.
+HANDS_AN_OPTIMIZER = CallNeed(r"(?i)[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", handed=True)
+
+
 # What every gradient-release set-up spells (torch's hook and ``_apply_optimizer_in_backward``, and the frameworks'
 # ``release_tokens``: ``gradlint.release_setups.RELEASE_TOKENS``, spelled out here so that start-up loads no LibCST;
 # tests/test_frameworks.py holds the two equal). A file that spells one may set release up for another file of its run.

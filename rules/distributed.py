@@ -17,13 +17,13 @@ from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.parsed_file import ParsedFile
 from gradlint.queries import accumulation, accumulation_place, exclusive, frames_inside, function_holding, lies_in, steps_with_loops
-from gradlint.rule import BACKWARD, STEP, CallNeed, Report, Rule
+from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.tokens import HANDS_AN_OPTIMIZER
 from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
 
 
 # Any call handed an argument named as an optimizer: one of another file of the run may backpropagate the loss it is
 # handed too (the project index's ``backs:`` facts).
-HANDS_AN_OPTIMIZER = CallNeed(r"(?i)[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", handed=True)
 
 
 class AccumulationWithoutNoSync(Rule):
@@ -145,7 +145,7 @@ class AccumulationWithoutNoSync(Rule):
     fix = None  # wrapping the non-stepping micro-batches in no_sync() restructures the loop: left to the author
     # A wrap may be any of several spellings, or in another module (a caller passes the wrapped model in). The backward
     # may be a helper's of another module handed the loss and the optimizer (``loss_scaler(loss, optimizer, ...)``).
-    needs = ((BACKWARD, STEP), HANDS_AN_OPTIMIZER)
+    needs = ((BACKWARD, STEP), (BACKWARD, HANDS_AN_OPTIMIZER))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         wrapped, scopes = _wrapped_models(model)
