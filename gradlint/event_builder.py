@@ -649,7 +649,7 @@ class EventBuilder:
         if receiver_name is None or receiver_name in ("self", "cls"):
             return None
         if receiver_name.startswith("self."):
-            values = [v for table in self.index.assignments.values() for v in table.get(receiver_name, [])]
+            values = list(self.index.assigned_anywhere(receiver_name))
         else:
             values = self._assigned(receiver_name, function)
         if len(values) != 1 or type(values[0]) is not cst.Call:
@@ -684,7 +684,7 @@ class EventBuilder:
         (``wrapper_classes``), whose ``step()`` and ``zero_grad()`` step and clear an optimizer it holds
         (``self.optimizer.step()``): an optimizer by another name."""
         if name not in self._wrappers:
-            values = [v for table in self.index.assignments.values() for v in table.get(name, [])]
+            values = list(self.index.assigned_anywhere(name))
             classes = {dotted_name(v.func) if type(v) is cst.Call else None for v in values}
             found = False
             if len(classes) == 1 and None not in classes:

@@ -57,6 +57,7 @@ class ModuleIndex:
         self.nested: dict[cst.FunctionDef | None, dict[str, cst.FunctionDef]] = {None: {}}
         # Per function (None: module level): name -> every expression assigned to it.
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
+        self._anywhere: dict[str, list[cst.BaseExpression]] | None = None  # assigned_anywhere's table, once built
         self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
         # Per function (None: module level): the augmented assignments of its own code, not of nested defs or class bodies.
         self.augmented: dict[cst.FunctionDef | None, list[cst.AugAssign]] = {}
@@ -263,7 +264,19 @@ class ModuleIndex:
                 if name not in divided and all(_made_of_divided(v, divided, self.file.children) for v in values):
                     divided.add(name)
 
+    def assigned_anywhere(self, name: str | None) -> list[cst.BaseExpression]:
+        """Every value the module assigns to ``name``, in any function, in the order of ``assignments`` (its functions,
+        then each one's values). One table for all names: a rule asking this for each call no longer walks every
+        function's table each time (which made a large module's cost grow with its square)."""
+        if self._anywhere is None:
+            self._anywhere = {}
+            for table in self.assignments.values():
+                for each, values in table.items():
+                    self._anywhere.setdefault(each, []).extend(values)
+        return self._anywhere.get(name, []) if name is not None else []
+
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
+        self._anywhere = None
         table = self.assignments.setdefault(function, {})
         if type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List) and len(target.elements) == len(value.elements):
             for t, v in zip(target.elements, value.elements):

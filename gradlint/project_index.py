@@ -691,9 +691,12 @@ def _wrapped_passed(calls: list[ast.Call], assigns: list[ast.Assign], from_impor
         shard = shard_names.get(callee) or _shard_of(callee)
         if shard is not None and call.args and _dotted(call.args[0]):
             wrapped.setdefault(_dotted(call.args[0]), shard)
+    built: dict[str, list[ast.Call]] | None = None  # each name the file assigns calls to, and those calls
     for node in assigns:
         by = _wrapper(node.value, class_names) if isinstance(node.value, ast.Call) else None
-        if by is None or _built_to_wrap_nothing(node.value, by, assigns):
+        if by is not None and built is None:
+            built = _calls_assigned(assigns)
+        if by is None or _built_to_wrap_nothing(node.value, by, built):
             continue
         for target in node.targets:
             elements = target.elts if isinstance(target, ast.Tuple) else [target]
@@ -765,19 +768,28 @@ def _wrapper(call: ast.Call, class_names: dict[str, str]) -> str | None:
     return None
 
 
-def _built_to_wrap_nothing(call: ast.Call, key: str, assigns: list[ast.Assign]) -> bool:
+def _calls_assigned(assigns: list[ast.Assign]) -> dict[str, list[ast.Call]]:
+    """Each dotted name the file assigns a call to (``fabric = Fabric(devices=1)``), and those calls in order."""
+    found: dict[str, list[ast.Call]] = {}
+    for node in assigns:
+        if isinstance(node.value, ast.Call):
+            for target in node.targets:
+                name = _dotted(target)
+                if name is not None:
+                    found.setdefault(name, []).append(node.value)
+    return found
+
+
+def _built_to_wrap_nothing(call: ast.Call, key: str, built: dict[str, list[ast.Call]]) -> bool:
     """Whether a framework object's ``prepare``/``setup`` call prepares for one process only: every construction the
-    file assigns to its owner (``fabric = Fabric(devices=1)``) says so (the wrap's ``quiet_when_built``), as the
-    rules read it on LibCST's tree."""
+    file assigns to its owner (``fabric = Fabric(devices=1)``, from :func:`_calls_assigned`) says so (the wrap's
+    ``quiet_when_built``), as the rules read it on LibCST's tree."""
     wrap = _names().wraps[key]
     _, owner = _callee(call.func)
     if wrap.quiet_when_built is None or owner is None or not wrap.prepare_methods:
         return False
-    built = [
-        node.value for node in assigns if isinstance(node.value, ast.Call)
-        and any(_dotted(target) == owner for target in node.targets)
-    ]
-    return bool(built) and all(wrap.quiet_when_built(_literal_arguments(value)) for value in built)
+    constructions = built.get(owner, [])
+    return bool(constructions) and all(wrap.quiet_when_built(_literal_arguments(value)) for value in constructions)
 
 
 def _literal_arguments(call: ast.Call) -> dict[str, object]:

@@ -38,8 +38,7 @@ def _built_from(model: LoopModel, outer: str, inner: str) -> bool:
         return False
     return any(
         type(value) is cst.Call and any(same_object(dotted_name(arg.value), inner) for arg in value.args)
-        for table in model.index.assignments.values()
-        for value in table.get(outer, [])
+        for value in model.index.assigned_anywhere(outer)
     )
 
 
@@ -59,8 +58,7 @@ def _picked_from(model: LoopModel, name: str, element: str) -> bool:
         return False
     return any(
         type(value) is cst.Subscript and same_object(element_name(value), element)
-        for table in model.index.assignments.values()
-        for value in table.get(name, [])
+        for value in model.index.assigned_anywhere(name)
     )
 
 

@@ -1129,7 +1129,7 @@ def _literal(model: LoopModel, node: cst.BaseExpression) -> float | None:
     value = number(node)
     if value is not None or type(node) is not cst.Name or model.index is None:
         return value
-    assigned = [v for table in model.index.assignments.values() for v in table.get(node.value, [])]
+    assigned = list(model.index.assigned_anywhere(node.value))
     changed = any(dotted_name(a.target) == node.value for nodes in model.index.augmented.values() for a in nodes)
     if len(assigned) != 1 or changed or not isinstance(assigned[0], cst.BaseExpression):
         return None

@@ -334,7 +334,7 @@ def _prepared_list_item(model: LoopModel, function, value: cst.Subscript) -> tup
 def _constructors(model: LoopModel, name: str | None) -> list[cst.Call]:
     """The calls the module assigns to ``name`` (a framework object's constructor), in any function."""
     return [
-        value for table in model.index.assignments.values() for value in table.get(name, [])
+        value for value in model.index.assigned_anywhere(name)
         if type(value) is cst.Call
     ]
 
@@ -1480,11 +1480,12 @@ def _arms_in_forward(model: LoopModel, owner: str, wrap: Wrap) -> bool:
     if model.index is None:
         return wrap.arms_in_forward({})
     calls = [
-        value for table in model.index.assignments.values() for value in table.get(owner, [])
+        value for value in model.index.assigned_anywhere(owner)
         if type(value) is cst.Call and not isinstance(value, Unpacked)
     ]
     settings = framework_settings(model)
-    wrapping = [call for call in calls if any(call is c for c in settings.wrap_calls(wrap.key))]
+    wrap_calls = {id(c) for c in settings.wrap_calls(wrap.key)}
+    wrapping = [call for call in calls if id(call) in wrap_calls]
     if not wrapping:
         return wrap.arms_in_forward({})
     return any(wrap.arms_in_forward(literal_arguments(call)) for call in wrapping)

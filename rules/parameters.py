@@ -503,7 +503,7 @@ def _sources(model: LoopModel, optimizer: str | None) -> set[str]:
     unknown or when any construction of it is not read."""
     if optimizer is None or model.index is None:
         return set()
-    values = [v for table in model.index.assignments.values() for v in table.get(optimizer, [])]
+    values = list(model.index.assigned_anywhere(optimizer))
     if not values or any(type(v) is not cst.Call for v in values):
         return set()
     found = set()

@@ -224,7 +224,7 @@ def wrap_in_words(model: LoopModel, name: str, wrap: Wrap) -> Wrap:
     others = [w for w in _joined("wraps") if w.class_name == wrap.class_name and w is not wrap and w.constructor_prefix]
     if not others:
         return wrap
-    built = [value for table in model.index.assignments.values() for value in table.get(name, []) if type(value) is cst.Call]
+    built = [value for value in model.index.assigned_anywhere(name) if type(value) is cst.Call]
     for other in others:
         if any(any(q.startswith(other.constructor_prefix) for q in model.index.qualified_names(call.func)) for call in built):
             return other

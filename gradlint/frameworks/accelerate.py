@@ -94,7 +94,7 @@ def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) ->
     name = dotted_name(count) if count is not None else None
     if name is None or model.index is None:
         return False
-    values = [v for table in model.index.assignments.values() for v in table.get(name, [])]
+    values = list(model.index.assigned_anywhere(name))
     return any("deepspeed" in model.code(v) for v in values if not isinstance(v, Unpacked)) and all(
         not isinstance(v, Unpacked) and (number(v) == 1 or "deepspeed" in model.code(v)) for v in values
     )

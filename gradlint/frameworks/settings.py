@@ -268,6 +268,7 @@ class _Factories:
         children_of: ChildrenOf,
     ) -> None:
         self.imports, self.names, self.functions, self.calls, self.children_of = imports, names, functions, calls, children_of
+        self._classes_in: dict[int, cst.FunctionDef] | None = None  # id of a class -> the function it is defined in
 
     def makes(self, cls: cst.ClassDef, base: cst.BaseExpression, bases: frozenset[str]) -> bool:
         """Whether the base expression of ``cls`` is always one of ``bases``."""
@@ -314,11 +315,16 @@ class _Factories:
         return bool(handed) and all(self._always(v, bases, 1) for v in handed)
 
     def _enclosing(self, cls: cst.ClassDef) -> cst.FunctionDef | None:
-        for defined in self.functions.values():
-            for function in defined:
-                if any(node is cls for node in walk(function.body, children_of=self.children_of) if type(node) is cst.ClassDef):
-                    return function
-        return None
+        """The first function (in the order of ``functions``) whose body defines ``cls``. Each function body is walked
+        once for all classes: walking them again for every class made a module's cost grow with its square."""
+        if self._classes_in is None:
+            self._classes_in = {}
+            for defined in self.functions.values():
+                for function in defined:
+                    for node in walk(function.body, children_of=self.children_of):
+                        if type(node) is cst.ClassDef:
+                            self._classes_in.setdefault(id(node), function)
+        return self._classes_in.get(id(cls))
 
 
 def _parameters(function: cst.FunctionDef) -> list[str]:
