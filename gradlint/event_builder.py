@@ -17,6 +17,7 @@ from gradlint.project_index import BackwardHelper
 from gradlint.syntax import (
     SCALING_CALLS,
     bool_literal,
+    boolean_terms,
     callee_name,
     contains_division,
     dotted_name,
@@ -342,7 +343,7 @@ class EventBuilder:
         statement = self.index.file.parent_map().get(test)
         if type(statement) is not cst.If or statement.test is not test:
             return False
-        for side in _disjuncts(test):
+        for side in boolean_terms(test, cst.Or):
             if type(side) is not cst.Comparison or len(side.comparisons) != 1:
                 continue
             if not isinstance(side.comparisons[0].operator, _THRESHOLD_TESTS):
@@ -919,13 +920,6 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
         return False
     counter = dotted_name(test.left) if type(test.left) in (cst.Name, cst.Attribute) else None
     return counter is not None and _resets(statement, counter)
-
-
-def _disjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The operands of an ``or`` chain (``a or b or c``), or the test itself."""
-    if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
-        return _disjuncts(test.left) + _disjuncts(test.right)
-    return [test]
 
 
 def _resets(statement: cst.If, counter: str) -> bool:

@@ -23,6 +23,7 @@ from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
 from gradlint.python_nodes import FiledTree
 from gradlint.queries import function_holding
+from gradlint.syntax import parameter_names
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -292,13 +293,8 @@ def _moves_with_its_call(model: LoopModel, event: Event, call: cst.Call) -> bool
     if event.kind is EventKind.BACKWARD:
         helper = function_holding(model, event.node)
         loss = event.loss.value if type(event.loss) is cst.Name else None
-        return helper is not None and loss is not None and loss in _parameter_names(helper)
+        return helper is not None and loss is not None and loss in parameter_names(helper)
     return True
-
-
-def _parameter_names(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    return {p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
 
 
 def lint_text(

@@ -17,7 +17,7 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import callee_name, dotted_name, element_name, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -190,16 +190,9 @@ def once_per_pass(event: Event, loop: Frame) -> bool:
     for frame in frames_inside(event, loop):
         if frame.kind is not FrameKind.BRANCH or frame.branch != "if" or type(frame.node) is not cst.If:
             continue
-        if any(_last_of_pass(term, loop) for term in _conjuncts(frame.node.test)):
+        if any(_last_of_pass(term, loop) for term in boolean_terms(frame.node.test, cst.And)):
             return True
     return False
-
-
-def _conjuncts(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The terms of a chain of ``and`` (``a and b and c``), or the test itself."""
-    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
-        return _conjuncts(test.left) + _conjuncts(test.right)
-    return [test]
 
 
 def _last_of_pass(term: cst.BaseExpression, loop: Frame) -> bool:

@@ -387,3 +387,16 @@ def number(node: cst.CSTNode) -> float | None:
         return float(ast.literal_eval(node.value))
     except (ValueError, SyntaxError):
         return None
+
+
+def boolean_terms(test: cst.BaseExpression, operator: type[cst.BaseBooleanOp]) -> list[cst.BaseExpression]:
+    """The operands of a chain of one boolean operator (``a or b or c`` for :class:`libcst.Or`), or the test itself."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is operator:
+        return boolean_terms(test.left, operator) + boolean_terms(test.right, operator)
+    return [test]
+
+
+def parameter_names(function: cst.FunctionDef) -> list[str]:
+    """The names of a function's positional and keyword parameters, in order (``*args`` and ``**kwargs`` left out)."""
+    params = function.params
+    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]

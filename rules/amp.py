@@ -31,7 +31,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import callee_name, dotted_name, receiver
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -354,16 +354,9 @@ def _implies(model: LoopModel, given: Frame, needed: Frame) -> bool:
         return True
     if needed.branch != "if" or given.branch != "if" or type(needed.node) is not cst.If or type(given.node) is not cst.If:
         return False
-    any_of = {_term_code(model, t) for t in _terms(needed.node.test, cst.Or)}
-    each_of = {_term_code(model, t) for t in _terms(given.node.test, cst.And)}
+    any_of = {_term_code(model, t) for t in boolean_terms(needed.node.test, cst.Or)}
+    each_of = {_term_code(model, t) for t in boolean_terms(given.node.test, cst.And)}
     return not any_of.isdisjoint(each_of)
-
-
-def _terms(test: cst.BaseExpression, operator: type) -> list[cst.BaseExpression]:
-    """The operands of a chain of one boolean operator (``a or b or c``), or the test itself."""
-    if type(test) is cst.BooleanOperation and type(test.operator) is operator:
-        return _terms(test.left, operator) + _terms(test.right, operator)
-    return [test]
 
 
 def _term_code(model: LoopModel, term: cst.BaseExpression) -> str:

@@ -21,7 +21,7 @@ import libcst as cst
 from gradlint.frameworks import FRAMEWORKS
 from gradlint.frameworks.framework import literal_arguments
 from gradlint.imports import ImportMap
-from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number, walk
+from gradlint.syntax import TRIVIA, ChildrenOf, children, dotted_name, keyword_arg, number, parameter_names, walk
 
 if TYPE_CHECKING:
     from gradlint.model import LoopModel
@@ -275,7 +275,7 @@ class _Factories:
         if type(base) is not cst.Name:
             return False
         enclosing = self._enclosing(cls)
-        if enclosing is not None and base.value in _parameters(enclosing):
+        if enclosing is not None and base.value in parameter_names(enclosing):
             return self._handed(enclosing, base.value, bases)
         return self._always(base, bases, 0)
 
@@ -300,7 +300,7 @@ class _Factories:
 
     def _handed(self, function: cst.FunctionDef, parameter: str, bases: frozenset[str]) -> bool:
         """Whether every call of ``function`` in the module hands ``parameter`` one of ``bases`` (and there is one)."""
-        position = _parameters(function).index(parameter)
+        position = parameter_names(function).index(parameter)
         handed = []
         for call in self.calls:
             if type(call.func) is not cst.Name or call.func.value != function.name.value:
@@ -325,11 +325,6 @@ class _Factories:
                         if type(node) is cst.ClassDef:
                             self._classes_in.setdefault(id(node), function)
         return self._classes_in.get(id(cls))
-
-
-def _parameters(function: cst.FunctionDef) -> list[str]:
-    params = function.params
-    return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
 
 
 def _returns(function: cst.FunctionDef, children_of: ChildrenOf) -> list[cst.Return]:
