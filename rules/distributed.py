@@ -1268,7 +1268,8 @@ def _stepping_residue(step: Event, loop: Frame) -> _Residue | None:
 
 
 def _terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The terms of a chain of one boolean operator (``a or b or c``), or the test itself."""
+    """The terms of a chain of ``and`` and ``or``, mixed (``a and b or c``), or the test itself: a modular comparison
+    that is any one of them decides the residue (:func:`_stepping_residue`)."""
     if type(test) is cst.BooleanOperation:
         return _terms(test.left) + _terms(test.right)
     return [test]
