@@ -27,9 +27,15 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from gradlint import frameworks
 from gradlint.kinds import ObjKind
-from gradlint.objects import kind_of_constructor
+from gradlint.objects import kind_of_constructor, last_name
+from gradlint.syntax import callee_name, dotted_name, positional_args
+
+if TYPE_CHECKING:
+    from gradlint.model import Event, LoopModel
 
 
 class UpdateScale(enum.Enum):
@@ -59,6 +65,32 @@ def update_scale(constructors: Iterable[Iterable[str]]) -> UpdateScale:
     for qualified in constructors:
         found.add(_of_class(qualified))
     return found.pop() if len(found) == 1 else UpdateScale.UNKNOWN
+
+
+def stepped_update_scale(model: "LoopModel", step: "Event") -> tuple[UpdateScale, str | None]:
+    """How the optimizer a step steps answers the gradient's scale, from the classes it is built from, and the class.
+
+    Every ``name = Class(...)`` of the optimizer's last name in the module counts
+    (``model, opt = accelerator.prepare(model, opt)`` hands it back unchanged).
+    """
+    if model.index is None or step.target is None:
+        return UpdateScale.UNKNOWN, None
+    calls = list(model.index.constructions.get(last_name(step.target), ()))
+    built: list[set[str]] = []
+    seen: set[int] = set()
+    while calls:
+        call = calls.pop()
+        if id(call) in seen:
+            continue
+        seen.add(id(call))
+        handed = positional_args(call)
+        if callee_name(call) in frameworks.RETURNS_GIVEN_ALONE and len(handed) == 1 and dotted_name(handed[0].value):
+            calls.extend(model.index.constructions.get(last_name(dotted_name(handed[0].value)), ()))
+            continue
+        built.append(model.index.qualified_names(call.func))
+    scale = update_scale(built)
+    names = {q.rsplit(".", 1)[-1] for q in built[0]} if built and scale is not UpdateScale.UNKNOWN else set()
+    return scale, names.pop() if len(names) == 1 else None
 
 
 def _of_class(qualified: Iterable[str]) -> UpdateScale:

@@ -432,6 +432,74 @@ def split_by_setting(a: Event, b: Event) -> bool:
     return any(f.accumulation_on is not None and sides.get(f.accumulation_on[0], f.accumulation_on[1]) != f.accumulation_on[1] for f in b.frames)
 
 
+def opposite_sides_of_settings(model: LoopModel, a: Event, b: Event) -> bool:
+    """Whether one event runs only where every term of a test on settings holds, and the other only in its ``else``.
+
+    ``if args.fp16: if args.amp == "pytorch": scaler.scale(loss).backward()``
+    in a helper and ``if args.fp16 and args.amp == "pytorch": scaler.step(opt)
+    else: opt.step()`` in the loop never meet, though no ``if`` holds both.
+    Only tests made of settings count: names and attribute chains, negated
+    or compared with constants (``args.amp == "pytorch"``, ``not self.fp16``,
+    ``scaler is not None``), none of them assigned in the function the test
+    sits in; a test that calls, indexes or computes may change between the two.
+    """
+    holds_a, fails_a = _setting_sides(model, a)
+    holds_b, fails_b = _setting_sides(model, b)
+    return any(test <= holds_b for test in fails_a) or any(test <= holds_a for test in fails_b)
+
+
+def _setting_sides(model: LoopModel, event: Event) -> tuple[set[str], list[frozenset[str]]]:
+    """The setting terms that hold wherever ``event`` runs, and the tests (as sets of terms) whose ``else`` it is in."""
+    holds: set[str] = set()
+    fails: list[frozenset[str]] = []
+    for frame in event.frames:
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If:
+            continue
+        terms = boolean_terms(frame.node.test, cst.And)
+        if not all(_is_setting(term) for term in terms) or _assigned_where_tested(model, frame.node, terms):
+            continue
+        written = frozenset(_EMPTY_MODULE.code_for_node(term) for term in terms)
+        if frame.branch == "if":
+            holds |= written
+        elif frame.branch == "else":
+            fails.append(written)
+    return holds, fails
+
+
+_EMPTY_MODULE = cst.Module(body=[])
+
+
+def _is_setting(term: cst.BaseExpression) -> bool:
+    """``args.fp16``, ``not use_amp``, ``cfg.amp == "apex"``, ``scaler is not None``: a read of configuration."""
+    if type(term) is cst.UnaryOperation and type(term.operator) is cst.Not:
+        return _is_setting(term.expression)
+    if type(term) is cst.Comparison:
+        return _is_setting_read(term.left) and all(
+            type(c.comparator) in (cst.SimpleString, cst.Integer, cst.Float) or (type(c.comparator) is cst.Name and c.comparator.value in ("None", "True", "False"))
+            for c in term.comparisons
+        )
+    return _is_setting_read(term)
+
+
+def _is_setting_read(node: cst.BaseExpression) -> bool:
+    return type(node) in (cst.Name, cst.Attribute) and dotted_name(node) is not None
+
+
+def _assigned_where_tested(model: LoopModel, test: cst.If, terms: list[cst.BaseExpression]) -> bool:
+    """Whether a name the test reads is assigned in the function holding it (more than once at module level)."""
+    if model.index is None:
+        return True
+    function = function_holding(model, test)
+    table = model.index.assignments.get(function, {})
+    allowed = 1 if function is None else 0
+    for term in terms:
+        for node in walk(term):
+            name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
+            if name is not None and len(table.get(name, ())) > allowed:
+                return True
+    return False
+
+
 def backwards_reaching(
     events: list[Event], event: Event, stop: Callable[[Event], bool] = lambda e: False, *, position: int | None = None
 ) -> list[Event]:

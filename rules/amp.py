@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -12,7 +13,9 @@ from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import GRAD_READ, Event, Frame, FrameKind, LoopModel
 from gradlint.objects import last_name
+from gradlint.optimizer_updates import UpdateScale, stepped_update_scale
 from gradlint.queries import (
+    opposite_sides_of_settings,
     Accumulation,
     accumulation,
     accumulation_place,
@@ -31,7 +34,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, receiver
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, positional_args, receiver
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -176,8 +179,19 @@ class StepBypassesScaler(Rule):
 
     - the direct step and the scaled backward sit in complementary branches
       (``if amp: scaler.step(opt) else: opt.step()``), also when each branch
-      calls its own method;
-    - the optimizer is also stepped through the scaler, or steps a closure.
+      calls its own method, or on opposite sides of the same settings in
+      different ``if``s (the backward under ``if args.fp16:`` and ``if
+      args.amp == "pytorch":`` in a helper, the step in the ``else`` of ``if
+      args.fp16 and args.amp == "pytorch":``);
+    - the optimizer is also stepped through the scaler, or steps a closure;
+    - the scale is a constant kept on purpose and the optimizer divides it
+      away: the scaler is built with an explicit scale
+      (``GradScaler(1024)``), nothing but ``scale(loss)`` ever uses it (no
+      ``update()``, so the scale never changes), and the optimizer is Adam or
+      one of its kin, whose update ``m / (sqrt(v) + eps)`` is the same for a
+      gradient 1024 times larger. Half-precision kernels such as
+      tiny-cuda-nn's are trained this way. With SGD, a default scale, or a
+      scale that ``update()`` grows until it overflows, it is flagged.
 
     **Bad**::
 
@@ -216,9 +230,11 @@ class StepBypassesScaler(Rule):
                 for step in bypassing[id(loop)]:
                     if id(step) not in reaching:
                         reaching[id(step)] = backwards_reaching(root.events, step, position=root.order(step))
-                    if not any(b is backward for b in reaching[id(step)]):
+                    if not any(b is backward for b in reaching[id(step)]) or opposite_sides_of_settings(model, backward, step):
                         continue  # another backward (or none) feeds this step
                     scaler = _scaler_of(backward, model)
+                    if _constant_scale_divided_away(model, scaler, step):
+                        continue
                     yield Report(
                         step.node,
                         f"the backward at line {model.line(backward.node)} is scaled by `{scaler}` but "
@@ -226,6 +242,38 @@ class StepBypassesScaler(Rule):
                         f"are unscaled and inf/NaN steps are skipped",
                         fix=fixes.step_through_scaler(model, step, backward),
                     )
+
+
+def _constant_scale_divided_away(model: LoopModel, scaler: str, step: Event) -> bool:
+    """``GradScaler(1024)`` used only to multiply the loss, and an Adam-like optimizer stepped directly.
+
+    The scale never changes (nothing in the module but ``scaler.scale(...)``
+    reads the scaler, so no ``update()`` runs and no one else is handed it),
+    it was chosen (an explicit scale, not the default 65536 meant to be
+    grown and backed off), and the optimizer's update divides the gradient's
+    scale away.
+    """
+    if model.index is None:
+        return False
+    name = last_name(scaler)
+    built = model.index.constructions.get(name, ())
+    if not built or not all(_explicit_scale(call) for call in built):
+        return False
+    text = model.index.file.text
+    for use in re.finditer(rf"(?<![\w.]){re.escape(scaler)}\b|\.{re.escape(name)}\b", text):
+        after = text[use.end():use.end() + 8]
+        if not (after.startswith(".scale(") or re.match(r"\s*=[^=]", after)):
+            return False
+    return stepped_update_scale(model, step)[0] is UpdateScale.NORMALISED
+
+
+def _explicit_scale(call: cst.Call) -> bool:
+    """``GradScaler(1024)``, ``GradScaler("cuda", init_scale=1024)``: a scaler built with a scale of its own."""
+    if last_name(callee_name(call)) != "GradScaler":
+        return False
+    if keyword_arg(call, "init_scale") is not None:
+        return True
+    return any(type(arg.value) not in (cst.SimpleString, cst.FormattedString) for arg in positional_args(call))
 
 
 def _scaler_of(backward: Event, model: LoopModel) -> str:

@@ -15,7 +15,7 @@ from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
-from gradlint.optimizer_updates import UpdateScale, too_large, update_scale
+from gradlint.optimizer_updates import stepped_update_scale, too_large
 from gradlint.queries import (
     Accumulation,
     accumulation,
@@ -1009,7 +1009,7 @@ class UnscaledAccumulatedLoss(Rule):
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
-                        f"but the loss is not divided by {count}: {too_large(*_update_scale(model, step))}",
+                        f"but the loss is not divided by {count}: {too_large(*stepped_update_scale(model, step))}",
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,),
                     )
@@ -1134,32 +1134,6 @@ def _literal(model: LoopModel, node: cst.BaseExpression) -> float | None:
     if len(assigned) != 1 or changed or not isinstance(assigned[0], cst.BaseExpression):
         return None
     return number(assigned[0])
-
-
-def _update_scale(model: LoopModel, step: Event) -> tuple[UpdateScale, str | None]:
-    """How the stepped optimizer's update answers the gradient's scale, from the classes it is built from, and the class.
-
-    Every ``name = Class(...)`` of the optimizer's last name in the module counts
-    (``model, opt = accelerator.prepare(model, opt)`` hands it back unchanged).
-    """
-    if model.index is None or step.target is None:
-        return UpdateScale.UNKNOWN, None
-    calls = list(model.index.constructions.get(last_name(step.target), ()))
-    built: list[set[str]] = []
-    seen: set[int] = set()
-    while calls:
-        call = calls.pop()
-        if id(call) in seen:
-            continue
-        seen.add(id(call))
-        handed = positional_args(call)
-        if callee_name(call) in frameworks.RETURNS_GIVEN_ALONE and len(handed) == 1 and dotted_name(handed[0].value):
-            calls.extend(model.index.constructions.get(last_name(dotted_name(handed[0].value)), ()))
-            continue
-        built.append(model.index.qualified_names(call.func))
-    scale = update_scale(built)
-    names = {q.rsplit(".", 1)[-1] for q in built[0]} if built and scale is not UpdateScale.UNKNOWN else set()
-    return scale, names.pop() if len(names) == 1 else None
 
 
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
