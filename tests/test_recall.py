@@ -102,6 +102,7 @@ _HELD_OUT = recall.BUGFIXES.parent / "heldout"
 @pytest.mark.parametrize(("batch", "earlier", "min_bugs", "min_repositories"), [
     ("bugfixes.tsv", (), 30, 20),
     ("bugfixes-2.tsv", ("bugfixes.tsv", "repos.tsv"), 25, 15),
+    ("bugfixes-3.tsv", ("bugfixes.tsv", "repos.tsv", "bugfixes-2.tsv", "repos-3.tsv"), 25, 15),
 ])
 def test_the_held_out_bugs_are_well_formed_and_kept_apart(batch, earlier, min_bugs, min_repositories):
     """A held-out batch is kept out of the sets the rules are tuned on (the recall set, the sweep) and out of the held-out lists before it."""

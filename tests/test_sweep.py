@@ -72,10 +72,14 @@ def test_committed_verdicts_are_well_formed():
         assert row["reason"].strip(), row
 
 
-def test_the_held_out_repositories_are_pinned_and_kept_apart():
-    """The held-out repositories are pinned, and none is in the sweep, the recall set or the held-out bug fixes."""
+@pytest.mark.parametrize(("repos", "verdicts_file", "earlier"), [
+    ("repos.tsv", "verdicts.tsv", ("bugfixes.tsv",)),
+    ("repos-3.tsv", "verdicts-3.tsv", ("bugfixes.tsv", "bugfixes-2.tsv", "repos.tsv", "bugfixes-3.tsv")),
+])
+def test_the_held_out_repositories_are_pinned_and_kept_apart(repos, verdicts_file, earlier):
+    """The held-out repositories are pinned, and none is in the sweep, the recall set or the held-out lists beside them."""
     held_out = sweep.HERE / "heldout"
-    rows = sweep.read_tsv(held_out / "repos.tsv")
+    rows = sweep.read_tsv(held_out / repos)
     assert len(rows) >= 20
     for row in rows:
         assert len(row["commit"]) == 40 and int(row["commit"], 16) >= 0, row
@@ -83,10 +87,11 @@ def test_the_held_out_repositories_are_pinned_and_kept_apart():
     names = {row["repository"].lower() for row in rows}
     assert len(names) == len(rows)
     elsewhere = {row["repository"].lower() for row in sweep.read_tsv(sweep.REPOS)}
-    for bugs in (sweep.HERE / "bugfixes.tsv", held_out / "bugfixes.tsv"):
-        elsewhere |= {row["repository"].lower() for row in sweep.read_tsv(bugs)}
+    elsewhere |= {row["repository"].lower() for row in sweep.read_tsv(sweep.HERE / "bugfixes.tsv")}
+    for other in earlier:
+        elsewhere |= {row["repository"].lower() for row in sweep.read_tsv(held_out / other)}
     assert not names & elsewhere
-    verdicts = sweep.read_tsv(held_out / "verdicts.tsv")
+    verdicts = sweep.read_tsv(held_out / verdicts_file)
     assert len(sweep.load_verdicts(verdicts)) == len(verdicts)
     pinned = {row["repository"]: row["commit"] for row in rows}
     for row in verdicts:
