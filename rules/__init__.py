@@ -3,7 +3,7 @@
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012)
-- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL107)
+- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
 - ``distributed``: distributed data-parallel training (GL302–GL306)
@@ -23,6 +23,7 @@ from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
     ScaledGradientStatistic,
+    ScalerRebuiltEveryStep,
     ScalerUnscalePerMicroBatch,
     ScalerUpdateSkipped,
     ScalerWithoutUpdate,
@@ -71,6 +72,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ScalerUnscalePerMicroBatch,
     ScalerUpdateSkipped,
     ScaledGradientStatistic,
+    ScalerRebuiltEveryStep,
     GradScalerWithGradientRelease,
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,

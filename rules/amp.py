@@ -1,4 +1,4 @@
-"""Rules about mixed precision with a ``GradScaler`` (GL101–GL105)."""
+"""Rules about mixed precision with a ``GradScaler`` (GL101–GL108)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import GRAD_READ, Event, Frame, FrameKind, LoopModel
-from gradlint.objects import last_name
+from gradlint.kinds import ObjKind
+from gradlint.objects import kind_of_constructor, last_name
 from gradlint.queries import (
     Accumulation,
     accumulation,
@@ -1014,3 +1015,187 @@ def _statistic_report(model: LoopModel, read: Event, at: cst.CSTNode, backward: 
         f"`{model.code(at)}`{inside} reads gradients still scaled by `{scaler}` (backward at line "
         f"{model.line(backward.node)}) {where}: the statistic is multiplied by the loss scale; {fix}",
     )
+
+
+class ScalerRebuiltEveryStep(Rule):
+    """A ``GradScaler`` is built anew on every iteration of the loop that steps through it.
+
+    **Why it matters.** The scaler's state is its loss scale and its count of
+    steps since the last overflow. ``update()`` halves the scale after an
+    overflow and doubles it after ``growth_interval`` clean steps, on the
+    scaler object. A scaler built inside the training loop (or inside the
+    per-batch method a loop calls) starts again from ``init_scale`` on every
+    step: the scale never adapts, ``update()`` works on an object thrown away
+    a moment later, and a scale that overflows skips every single step.
+
+    **Fix.** Build the scaler once, before the loop (``self.scaler =
+    GradScaler()`` in ``__init__``), and step and update that one.
+
+    **Stays quiet when**
+
+    - the scaler is built in an outer loop (once per epoch) and stepped in an
+      inner one: it adapts within the epoch;
+    - the constructor sits under a test of the scaler itself (``if scaler is
+      None: scaler = GradScaler()``: built once, lazily);
+    - the scaler is built with ``enabled=False``, or the function loads a
+      state into it (``scaler.load_state_dict(...)``) before it steps;
+    - a function that builds and steps a scaler is called by no loop of the
+      run (one step per call, from no loop).
+
+    **Bad**::
+
+        for batch in loader:
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.scale(model(batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        scaler = torch.amp.GradScaler("cuda")
+        for batch in loader:
+            scaler.scale(model(batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    """
+
+    code = "GL108"
+    name = "scaler-rebuilt-every-step"
+    summary = "a `GradScaler` built on every iteration of the loop that steps it: the loss scale never adapts"
+    severity = Severity.ERROR
+    fix = None
+    needs = ((STEP, SCALER), (call_of("update"), SCALER))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index, parents = model.index, model.parents
+        if index is None or parents is None:
+            return
+        for root in model.roots:
+            function = root.node
+            if type(function) is not cst.FunctionDef:
+                continue
+            for name, built in _scaler_constructions(index, function):
+                loop = _built_once_per(built, name, function, parents)
+                if loop is False:
+                    continue
+                used = _stepped_through(root, name, loop)
+                if used is None or _loads_state(model, function, name):
+                    continue
+                where = f"in the loop at line {model.line(loop)}" if loop is not None else _runs_per_batch(model, root, function)
+                if where is None:
+                    continue
+                yield Report(
+                    built,
+                    f"`{model.code(built)}` builds a new grad scaler {where}, and `{model.code(used.node)}` at line "
+                    f"{model.line(used.node)} steps through it: the loss scale starts again from its initial value on "
+                    f"every step and `update()` adapts a scaler that is thrown away; build `{name}` once, before the loop",
+                )
+
+
+def _scaler_constructions(index, function: cst.FunctionDef) -> Iterator[tuple[str, cst.Call]]:
+    """``(name, call)`` for each grad scaler constructor assigned to a name in ``function`` (not ``enabled=False``)."""
+    for name, values in index.assignments.get(function, {}).items():
+        for value in values:
+            if type(value) is not cst.Call or not any(
+                kind_of_constructor(q) is ObjKind.SCALER for q in index.qualified_names(value.func)
+            ):
+                continue
+            if any(a.keyword is not None and a.keyword.value == "enabled" and type(a.value) is cst.Name and a.value.value == "False" for a in value.args):
+                continue
+            yield name, value
+
+
+def _built_once_per(built: cst.Call, name: str, function: cst.FunctionDef, parents) -> cst.CSTNode | None | bool:
+    """The innermost loop of ``function`` around a constructor (None: none), or False when the constructor runs
+    only under a test of the scaler itself (built once, lazily) or sits in a nested function or class."""
+    node, loop = built, None
+    while node is not function:
+        node = parents.get(node)
+        if node is None or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda) and node is not function:
+            return False
+        if loop is None and type(node) in (cst.For, cst.While):
+            loop = node
+        if type(node) in (cst.If, cst.While) and _mentions(node.test, name):
+            return False
+        if type(node) is cst.IfExp and _mentions(node.test, name):
+            return False
+    return loop
+
+
+def _mentions(test: cst.BaseExpression, name: str) -> bool:
+    target = last_name(name)
+    return any(
+        type(n) in (cst.Name, cst.Attribute) and (dotted := dotted_name(n)) is not None and last_name(dotted) == target
+        for n in _subtree(test)
+    )
+
+
+def _subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _subtree(child)
+
+
+def _own_loop(event: Event) -> cst.CSTNode | None:
+    """The innermost loop statement of the event's own function around it (not a whole function read as one)."""
+    for frame in reversed(event.loops):
+        if type(frame.node) in (cst.For, cst.While):
+            return frame.node
+    return None
+
+
+def _stepped_through(root, name: str, loop: cst.CSTNode | None) -> Event | None:
+    """The first ``scaler.step`` or ``scaler.update()`` of ``name`` written in the root's own function whose
+    innermost loop is ``loop``: the same iteration that built the scaler."""
+    for event in root.events:
+        if event.call_chain:
+            continue
+        scaler = event.via_scaler if event.kind is EventKind.STEP else event.target if event.kind is EventKind.SCALER_UPDATE else None
+        if scaler is not None and same_object(scaler, name) and last_name(scaler) == last_name(name) and _own_loop(event) is loop:
+            return event
+    return None
+
+
+def _loads_state(model: LoopModel, function: cst.FunctionDef, name: str) -> bool:
+    """Whether the function loads a saved state into the scaler (``scaler.load_state_dict(...)``)."""
+    return any(
+        type(node) is cst.Call and callee_name(node) == "load_state_dict" and (owner := receiver(node)) is not None
+        and dotted_name(owner) == name
+        for node in _subtree(function)
+    )
+
+
+def _runs_per_batch(model: LoopModel, root, function: cst.FunctionDef) -> str | None:
+    """How the function runs once per batch, for the message, or None: read so by the model, called from some loop
+    of the run, or a whole optimization step (a scaled backward, a step and an update through the scaler, no loop of
+    its own) that no code of this module calls outside a loop and that is no test. Training takes many steps: a
+    function that is one step runs once per batch wherever its caller is."""
+    name = function.name.value
+    if any(frame.called_by is not None and frame.node is function for frame in (f for e in root.events for f in e.loops)):
+        return f"on every call of `{name}`, which runs once per batch"
+    if name in model.called_in_loop:
+        return f"on every call of `{name}`, which a loop of the run calls"
+    if name.startswith("test") or any(e.loops for e in root.events):
+        return None
+    kinds = {e.kind for e in root.events if not e.call_chain}
+    scaled = any(e.kind is EventKind.BACKWARD and e.scaled for e in root.events)
+    if not scaled or EventKind.SCALER_UPDATE not in kinds or not any(e.kind is EventKind.STEP and e.via_scaler for e in root.events):
+        return None
+    if _called_outside_a_loop(model, name):
+        return None
+    return f"on every call of `{name}`, one whole optimization step (scaled backward, step, update), so once per batch"
+
+
+def _called_outside_a_loop(model: LoopModel, name: str) -> bool:
+    """Whether some call of ``name`` in the module runs outside every loop."""
+    parents = model.parents
+    for node in _subtree(model.module):
+        if type(node) is cst.Call and callee_name(node) == name:
+            above = parents.get(node)
+            while above is not None and type(above) not in (cst.For, cst.While):
+                above = parents.get(above)
+            if above is None:
+                return True
+    return False
