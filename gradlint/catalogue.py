@@ -296,6 +296,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         enabled_by_default=True,
         needs=(('no_sync', BACKWARD),),
     ),
+    RuleInfo(
+        code='GL307',
+        name='norm-clipped-on-shards',
+        summary="a plain clip_grad_norm_ over a sharded model's parameters: each rank clips its shard by its own norm",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=(('clip_grad_norm', 'FullyShardedDataParallel'),),
+    ),
 )
 
 RULES_BY_CODE: dict[str, RuleInfo] = {rule.code: rule for rule in ALL_RULES}

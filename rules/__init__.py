@@ -6,7 +6,7 @@
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302–GL306)
+- ``distributed``: distributed data-parallel training (GL302–GL307)
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from gradlint.rules.distributed import (
     GradSyncSetAfterForward,
     NoSyncAfterForward,
     NoSyncOnSteppingMicroBatch,
+    NormClippedOnShards,
 )
 from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
@@ -83,6 +84,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradSyncSetAfterForward,
     NoSyncOnSteppingMicroBatch,
     NoSyncAfterForward,
+    NormClippedOnShards,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

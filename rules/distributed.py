@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302–GL306)."""
+"""Rules about distributed data-parallel training (GL302–GL307)."""
 
 from __future__ import annotations
 
@@ -1570,3 +1570,136 @@ def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
     """Whether the code calls the module the wrapper wraps (``model.module(x)``): its backward is no DDP's."""
     function = root.node if type(root.node) is cst.FunctionDef else None
     return f"{owner}.module" in _called_names(model, root.node, function)
+
+
+def _class_tokens(sharded) -> tuple[str, ...]:
+    """The prefilter tokens of a sharded wrapper: its class names (``FullyShardedDataParallel``)."""
+    return tuple(sorted({name.rsplit(".", 1)[-1] for name in sharded.constructors}))
+
+
+class NormClippedOnShards(Rule):
+    """A plain norm-clipping function is handed the parameters of a model whose ranks each hold a shard of every gradient.
+
+    **Why it matters.** FSDP (``FullyShardedDataParallel``) with a sharded
+    strategy (``FULL_SHARD``, its default, ``SHARD_GRAD_OP``, the hybrid
+    ones) leaves each rank only its own shard of every gradient after the
+    backward. ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``
+    then measures the norm of this rank's shard alone and scales each shard
+    by its own factor: the update is no longer a clipped gradient, it
+    differs from rank to rank in scale, and the norm it returns (and logs)
+    is not the model's. FSDP's own ``model.clip_grad_norm_(max_norm)``
+    reduces the norm over the ranks first.
+
+    **Fix.** Call the wrapper's method: ``model.clip_grad_norm_(max_norm)``.
+
+    **Stays quiet when**
+
+    - the model was wrapped with ``sharding_strategy=ShardingStrategy.NO_SHARD``
+      (or a variable assigned nothing else): whole gradients on every rank;
+    - the model was sharded with FSDP2's ``fully_shard``: its gradients are
+      ``DTensor``s, whose norm ``clip_grad_norm_`` reduces over the ranks;
+    - the clip is the wrapper's own method, or clips by value (element by
+      element, the same on a shard as on the whole).
+
+    **Bad**::
+
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)
+        for batch in loader:
+            model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)
+        for batch in loader:
+            model(**batch).loss.backward()
+            model.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    code = "GL307"
+    name = "norm-clipped-on-shards"
+    summary = "a plain clip_grad_norm_ over a sharded model's parameters: each rank clips its shard by its own norm"
+    severity = Severity.ERROR
+    fix = None
+    needs = tuple(("clip_grad_norm", token) for sharded in frameworks.SHARDED_GRADS for token in _class_tokens(sharded))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index = model.index
+        if index is None:
+            return
+        reported: set[int] = set()
+        for root in model.roots:
+            for clip in root.events_of(EventKind.CLIP):
+                call = clip.node
+                if type(call) is not cst.Call or id(call) in reported:
+                    continue
+                qualified = index.qualified_names(call.func)
+                for sharded in frameworks.SHARDED_GRADS:
+                    if not qualified & sharded.norm_clips:
+                        continue
+                    owner = _parameters_owner(call)
+                    found = _sharded_wrap(model, call, owner, sharded) if owner is not None else None
+                    if found is None:
+                        continue
+                    reported.add(id(call))
+                    wrap, strategy = found
+                    yield Report(
+                        call,
+                        f"`{owner}` is wrapped by {sharded.short} at line {model.line(wrap)} ({strategy}), so each rank "
+                        f"holds only a shard of every gradient: `{model.code(call.func)}` takes this rank's norm and "
+                        f"clips each shard by its own factor; call `{owner}.{sharded.clip_method}(...)`, which reduces "
+                        f"the norm over the ranks",
+                        event=clip,
+                    )
+                    break
+
+
+def _parameters_owner(call: cst.Call) -> str | None:
+    """``model`` for a clip handed ``model.parameters()`` (first argument or ``parameters=``)."""
+    args = positional_args(call)
+    arg = args[0] if args else keyword_arg(call, "parameters")
+    value = arg.value if arg is not None else None
+    if type(value) is not cst.Call or method_name(value) != "parameters" or value.args:
+        return None
+    return dotted_name(value.func.value)
+
+
+def _sharded_wrap(model: LoopModel, clip: cst.Call, owner: str, sharded) -> tuple[cst.Call, str] | None:
+    """``(wrapping call, the strategy in words)`` for the wrap of ``owner`` that shards its gradients, or None when
+    no wrap of it by ``sharded`` is seen or every one keeps whole gradients."""
+    index = model.index
+    function = function_holding(model, clip)
+    if "." in owner:
+        values = index.assigned_anywhere(owner)
+    else:
+        values = [*index.assignments.get(function, {}).get(owner, ()), *index.assignments.get(None, {}).get(owner, ())]
+    for value in values:
+        if type(value) is not cst.Call or not index.qualified_names(value.func) & sharded.constructors:
+            continue
+        strategy = _strategy(model, value, sharded)
+        if strategy is not None:
+            return value, strategy
+    return None
+
+
+def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
+    """How the wrap's strategy shards, in words, or None when it keeps whole gradients for sure."""
+    arg = keyword_arg(wrap, sharded.strategy_keyword)
+    if arg is None:
+        return f"`{sharded.strategy_keyword}` not given: `{sharded.default}`"
+    named = dotted_name(arg.value)
+    if named is None:
+        return f"`{sharded.strategy_keyword}={model.code(arg.value)}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))
+    if last_name(named) in sharded.unsharded:
+        return None
+    if "." in named:
+        return f"`{sharded.strategy_keyword}={named}`"
+    values = model.index.assignments.get(function_holding(model, wrap), {}).get(named, []) or model.index.assigned_anywhere(named)
+    names = [dotted_name(v) if isinstance(v, cst.BaseExpression) else None for v in values]
+    if names and all(n is not None and last_name(n) in sharded.unsharded for n in names):
+        return None
+    return f"`{sharded.strategy_keyword}={named}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))
