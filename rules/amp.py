@@ -288,7 +288,15 @@ class ClipBeforeUnscale(Rule):
     callback that clips, which a function of the run runs by name right
     after its scaled backward and before it unscales
     (``self.call_hook("after_backward")``, ``for hook in self._hooks:
-    hook.after_backward(self)``, in an engine class of another module).
+    hook.after_backward(self)``, in an engine class of another module). And
+    clipping by hooks: a call of a function of the run that registers, on
+    every parameter of a model, a hook that clamps the gradient it is handed
+    (``p.register_hook(lambda grad: grad.clamp(-c, c))``, allennlp's
+    ``enable_gradient_clipping``), in a module that steps through a grad
+    scaler: the hooks run inside the scaled backward, before any
+    ``unscale_`` can (quiet when the hook's bound reads the loss scale, the
+    call runs under a test of the scaler, or every scaler is built with
+    ``enabled=False``).
 
     **Stays quiet when** an ``unscale_`` runs between the scaled backward and
     the clip (in the step function or the callback, or in any function of
@@ -334,6 +342,52 @@ class ClipBeforeUnscale(Rule):
                         yield from _clip_before_scaler_step(model, root, event, position, reaching)
                         if not reaching:
                             yield from _clip_in_scaled_callback(model, root, event, position)
+        yield from _clipped_by_hooks(model)
+
+
+def _clipped_by_hooks(model: LoopModel) -> Iterator[Report]:
+    """A call of a function of the run that clips gradients by hooks on a model's parameters
+    (``register_hook(lambda grad: grad.clamp(-c, c))``, :mod:`gradlint.scaler_release_facts`), in a module that
+    steps through a grad scaler: the hooks run inside the scaled backward, before any ``unscale_`` can.
+
+    Quiet when every scaler of the module is built with ``enabled=False``, when the call runs under a test of the
+    scaler (``if scaler is None:``), or when the call is inside the very function that registers the hooks.
+    """
+    if not model.clamp_hooks or model.index is None:
+        return
+    steps = [e for r in model.roots for e in r.events if e.kind is EventKind.STEP and e.via_scaler is not None]
+    if not steps or all(_built_disabled(model, s.via_scaler) for s in steps):
+        return
+    scaler, step = steps[0].via_scaler, steps[0]
+    parents = model.parents or {}
+    for call in model.file.every_node(model.module):
+        if type(call) is not cst.Call or callee_name(call) not in model.clamp_hooks or not call.args:
+            continue
+        function = parents.get(call)
+        under_scaler_test = False
+        while function is not None and type(function) is not cst.FunctionDef:
+            if type(function) in (cst.If, cst.While, cst.IfExp) and _mentions(function.test, scaler):
+                under_scaler_test = True
+            function = parents.get(function)
+        if under_scaler_test or (function is not None and function.name.value in model.clamp_hooks):
+            continue
+        yield Report(
+            call,
+            f"`{model.code(call)}` clips gradients by hooks on the parameters, which run inside the backward, while "
+            f"this module steps through `{scaler}` (`{model.code(step.node)}` at line {model.line(step.node)}): the "
+            f"hooks clip gradients still multiplied by the loss scale, before any `unscale_` can run; clip after "
+            f"`{scaler}.unscale_(optimizer)` instead (`clip_grad_value_`), or scale the hook's bound by "
+            f"`{scaler}.get_scale()`",
+        )
+
+
+def _built_disabled(model: LoopModel, scaler: str) -> bool:
+    """Whether every construction the module assigns to the scaler's name passes ``enabled=False``."""
+    built = [v for v in model.index.assigned_anywhere(scaler) if type(v) is cst.Call]
+    return bool(built) and all(
+        any(a.keyword is not None and a.keyword.value == "enabled" and type(a.value) is cst.Name and a.value.value == "False" for a in v.args)
+        for v in built
+    )
 
 
 def _same_condition(model: LoopModel, a: Frame, b: Frame) -> bool:
