@@ -674,6 +674,13 @@ class ScalerUnscalePerMicroBatch(Rule):
     ``scaler.step(optimizer)``: ``unscale_`` right before the clip,
     ``update()`` right after the step.
 
+    Also flagged: a function with no loop of its own that unscales on every
+    call and steps and updates through the scaler only ``if flag:``, a
+    parameter of the function (``optimize_parameters(self, it,
+    apply_gradient)``): a call with the flag off unscales with no update
+    after, and the next call's ``unscale_`` raises
+    (``fixtures/realworld/gl105_unscale_every_call_step_on_flag__traiNNer.py``).
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):
@@ -725,6 +732,7 @@ class ScalerUnscalePerMicroBatch(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
             yield from _unscaling_clips(model, root)
+            yield from _unscale_when_flag_skips_step(model, root)
             seen: set[int] = set()
             for step, loop in steps_with_loops(root):
                 if step.via_scaler is None:
@@ -759,6 +767,54 @@ class ScalerUnscalePerMicroBatch(Rule):
             fix=fixes.move_update_after_step(model, event, step),
             event=event, against=(step,),
         )
+
+
+def _unscale_when_flag_skips_step(model: LoopModel, root) -> Iterator[Report]:
+    """A function with no loop of its own that backpropagates, unscales on every call and steps and updates through
+    the scaler only when a parameter says so (``def optimize_parameters(self, it, apply_gradient):`` ... ``if
+    apply_gradient: scaler.step(opt); scaler.update()``): a call with the flag off unscales with no update after,
+    and the next call's ``unscale_`` raises. Whatever the caller's cadence, the flag exists to be off sometimes."""
+    function = root.node
+    if type(function) is not cst.FunctionDef:
+        return
+    own = [e for e in root.events if not e.call_chain and not any(type(f.node) in (cst.For, cst.While) for f in e.loops)]
+    for step in own:
+        if step.kind is not EventKind.STEP or step.via_scaler is None:
+            continue
+        flag = next((f for f in step.frames if _tests_parameter(f, function)), None)
+        if flag is None:
+            continue
+        scaler = step.via_scaler
+        updates = [e for e in own if e.kind is EventKind.SCALER_UPDATE and same_object(e.target, scaler)]
+        if any(not e.inside(flag) for e in updates):
+            continue  # an update runs on the calls that do not step
+        for unscale in own:
+            if unscale.kind is not EventKind.UNSCALE or not same_object(unscale.via_scaler, scaler):
+                continue
+            if unscale.inside(flag) or root.order(unscale) > root.order(step) or any(
+                f.kind is FrameKind.BRANCH and _mentions(f.node.test, flag.node.test.value) for f in unscale.frames if type(f.node) is cst.If
+            ):
+                continue
+            if not any(e.kind is EventKind.BACKWARD and e.scaled and root.order(e) < root.order(unscale) for e in root.events):
+                continue
+            name = flag.node.test.value
+            yield Report(
+                unscale.node,
+                f"`{model.code(unscale.node)}` runs on every call of `{function.name.value}` but "
+                f"`{scaler}.step({step.target})` only when `{name}` is true: a call that does not step unscales with "
+                f"no `update()` after, and the next call's `unscale_` raises `unscale_() has already been called on "
+                f"this optimizer since the last update()`; unscale under `if {name}:`, right before clipping and the step",
+                event=unscale, against=(step,),
+            )
+            break
+
+
+def _tests_parameter(frame: Frame, function: cst.FunctionDef) -> bool:
+    """An ``if`` branch whose test is a bare parameter of the function (``if apply_gradient:``)."""
+    return (
+        frame.kind is FrameKind.BRANCH and frame.branch == "if" and type(frame.node) is cst.If
+        and type(frame.node.test) is cst.Name and _is_parameter(frame.node.test.value, function)
+    )
 
 
 def _unscaling_clips(model: LoopModel, root) -> Iterator[Report]:
