@@ -32,7 +32,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, receiver
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, receiver, walk
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -1238,14 +1238,8 @@ def _mentions(test: cst.BaseExpression, name: str) -> bool:
     target = last_name(name)
     return any(
         type(n) in (cst.Name, cst.Attribute) and (dotted := dotted_name(n)) is not None and last_name(dotted) == target
-        for n in _subtree(test)
+        for n in walk(test, into_lambdas=True)
     )
-
-
-def _subtree(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    yield node
-    for child in node.children:
-        yield from _subtree(child)
 
 
 def _own_loop(event: Event) -> cst.CSTNode | None:
@@ -1273,7 +1267,7 @@ def _loads_state(model: LoopModel, function: cst.FunctionDef, name: str) -> bool
     return any(
         type(node) is cst.Call and callee_name(node) == "load_state_dict" and (owner := receiver(node)) is not None
         and dotted_name(owner) == name
-        for node in _subtree(function)
+        for node in model.file.walk(function)
     )
 
 
@@ -1301,7 +1295,7 @@ def _runs_per_batch(model: LoopModel, root, function: cst.FunctionDef) -> str | 
 def _called_outside_a_loop(model: LoopModel, name: str) -> bool:
     """Whether some call of ``name`` in the module runs outside every loop."""
     parents = model.parents
-    for node in _subtree(model.module):
+    for node in model.file.every_node(model.module):
         if type(node) is cst.Call and callee_name(node) == name:
             above = parents.get(node)
             while above is not None and type(above) not in (cst.For, cst.While):
