@@ -62,6 +62,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         returned_wraps=known.returns_wrap,
         keeps_handed=known.keeps_handed,
         handed_scaler=known.handed_scaler,
+        clamp_hooks=known.clamp_hooks,
         scaled_dispatch=known.scaled_dispatch,
     )
 

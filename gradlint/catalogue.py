@@ -198,6 +198,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, _TOKEN_8, SCALER),),
     ),
     RuleInfo(
+        code='GL108',
+        name='scaler-rebuilt-every-step',
+        summary='a `GradScaler` built on every iteration of the loop that steps it: the loss scale never adapts',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((STEP, SCALER), (_TOKEN_7, SCALER)),
+    ),
+    RuleInfo(
         code='GL201',
         name='gradscaler-with-gradient-release',
         summary='a GradScaler or float16 autocast together with gradient release',
@@ -286,6 +295,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         fix=None,
         enabled_by_default=True,
         needs=(('no_sync', BACKWARD),),
+    ),
+    RuleInfo(
+        code='GL307',
+        name='norm-clipped-on-shards',
+        summary="a plain clip_grad_norm_ over a sharded model's parameters: each rank clips its shard by its own norm",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=(('clip_grad_norm', 'FullyShardedDataParallel'),),
     ),
 )
 

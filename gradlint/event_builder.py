@@ -851,7 +851,13 @@ class EventBuilder:
             bound_loss = bindings.get(event.loss.value)
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
+            if bound_loss is not None and not event.scaled and self._scales(_unreduced(_uncast(bound_loss))):
+                changes["scaled"] = True  # ``self._backward(scaler.scale(loss))``: the helper backpropagates a scaled loss
         return dataclasses.replace(event, **changes)
+
+    def _scales(self, value: cst.BaseExpression) -> bool:
+        """``scaler.scale(loss)``: a grad scaler's scaling of a loss."""
+        return type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER
 
 
 # What a helper handed the optimizer does by its name: stepping, or something else than stepping.

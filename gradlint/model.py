@@ -187,6 +187,7 @@ class LoopModel:
     keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
     handed_scaler: frozenset[str] = frozenset()  # functions some call of the run hands a grad scaler
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled
+    clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property

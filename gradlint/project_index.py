@@ -81,6 +81,8 @@ class FileCalls:
     # they are handed on every call and step the optimizer they are handed only when a flag says so (:func:`_backward_helper`)
     backward_helpers: frozenset[str] = frozenset()
     top_level: frozenset[str] = frozenset()  # the names of the module-level functions the file defines
+    # Its functions that clip gradients by hooks on a model's parameters (:mod:`gradlint.scaler_release_facts`)
+    clamp_hooks: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -91,6 +93,7 @@ class FileCalls:
             sorted(self.classes), sorted(self.wraps_optimizer),
             sorted(self.hands_scaler), sorted(self.releases), sorted(self.scaled_dispatch),
             sorted(self.returns_wrap), sorted(self.assigned), sorted(self.backward_helpers), sorted(self.top_level),
+            sorted(self.clamp_hooks),
         ]
 
     @classmethod
@@ -123,6 +126,9 @@ RETURNS_WRAP = "returns:"
 # ``backs:name:shape``: a name this file calls with an optimizer is, in the whole run, a helper that backpropagates the
 # loss it is handed on every call and steps the optimizer only when a flag argument is true (:class:`BackwardHelper`).
 BACKWARD_HELPER = "backs:"
+# ``clamps:name``: a function of the run (every definition of the name agreeing) that clips gradients by hooks on the
+# parameters of a model, inside the backward (:mod:`gradlint.scaler_release_facts`).
+CLAMP_HOOKS = "clamps:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +147,7 @@ class Context:
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs its callback while gradients are scaled
     returns_wrap: frozenset[str] = frozenset()  # ``function:wrapper``: functions of the run returning a wrapped model
     backward_helpers: frozenset[str] = frozenset()  # ``name:shape``: helpers of the run that backpropagate (BackwardHelper)
+    clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -148,7 +155,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER,
+            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -1032,6 +1039,8 @@ class ProjectIndex:
         releasing: dict[str, set[str]] = {}
         not_releasing: dict[str, set[str]] = {}
         dispatched: dict[str, set[str]] = {}
+        clamping: dict[str, set[str]] = {}  # unit -> functions that clip gradients by hooks
+        not_clamping: dict[str, set[str]] = {}
         returning: dict[str, dict[str, set[str]]] = {}  # unit -> function -> what each definition returns ("" for no wrap)
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
@@ -1052,6 +1061,8 @@ class ProjectIndex:
             releasing.setdefault(unit, set()).update(calls.releases)
             not_releasing.setdefault(unit, set()).update((calls.defines | calls.classes) - calls.releases)
             dispatched.setdefault(unit, set()).update(calls.scaled_dispatch)
+            clamping.setdefault(unit, set()).update(calls.clamp_hooks)
+            not_clamping.setdefault(unit, set()).update(calls.defines - calls.clamp_hooks)
             _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
             for fact in calls.assigned:
@@ -1068,6 +1079,7 @@ class ProjectIndex:
         self._handed_scaler = {unit: frozenset(names) for unit, names in scalers_handed.items()}
         self._releases = {unit: frozenset(releasing[unit] - not_releasing[unit]) for unit in releasing}
         self._scaled_dispatch = {unit: frozenset(names) for unit, names in dispatched.items()}
+        self._clamp_hooks = {unit: frozenset(clamping[unit] - not_clamping[unit]) for unit in clamping}
         self._returns_wrap = {unit: _agreed(found) for unit, found in returning.items()}
         self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
         self._bound = bound
@@ -1098,7 +1110,8 @@ class ProjectIndex:
         (:mod:`gradlint.scaler_release_facts`). Prefixed ``returns:``, ``function:wrapper`` for the functions
         of the unit or of a folder beside it that it imports whose result this file assigns and which return a
         wrapped model; prefixed ``backs:``, ``name:shape`` for the backward helpers it hands an optimizer to
-        (:meth:`_known_to`). :class:`Context` reads them all back.
+        (:meth:`_known_to`); prefixed ``clamps:``, the functions of the unit that clip gradients by hooks on a
+        model's parameters (every definition agreeing), its own among them. :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1130,6 +1143,7 @@ class ProjectIndex:
             + tuple(SCALED_DISPATCH + name for name in sorted(scaled))
             + tuple(RETURNS_WRAP + fact for fact in returns)
             + tuple(BACKWARD_HELPER + fact for fact in backs)
+            + tuple(CLAMP_HOOKS + name for name in sorted(self._clamp_hooks.get(unit, frozenset())))
         )
 
     def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -1,6 +1,6 @@
 """What one file tells the other files of its run about grad scalers and gradient release, read from Python's tree.
 
-Three facts, each noted by :func:`scaler_release_facts` for the project index
+Four facts, each noted by :func:`scaler_release_facts` for the project index
 (:mod:`gradlint.project_index`), which joins them per unit:
 
 - ``hands_scaler``: the names this file calls with a grad scaler as an
@@ -19,6 +19,12 @@ Three facts, each noted by :func:`scaler_release_facts` for the project index
   hook dispatcher (``self.call_hook("after_backward")``) or a loop over the
   hooks (``for h in self._hooks: h.after_backward()``). A callback of that
   name that clips clips scaled gradients (GL103).
+- ``clamp_hooks``: the functions this file defines that clip gradients by
+  hooks: ``p.register_hook(hook)`` on each parameter of a model
+  (``for p in model.parameters():``) with a hook that clamps or clips the
+  gradient it is handed (``lambda grad: grad.clamp(-c, c)``). The hooks run
+  inside the backward, before any ``unscale_`` can: under a grad scaler
+  they clip scaled gradients (GL103).
 
 Each fact is read only when the text can hold it (a cheap substring test),
 so most files cost nothing more than the scan already did.
@@ -40,6 +46,8 @@ _HOOKS = re.compile(r"hook|callback", re.IGNORECASE)
 _IDENTIFIER = re.compile(r"^[A-Za-z_]\w*$")
 _SCALER = re.compile("caler", re.IGNORECASE)  # a scaler is known by a name containing "scaler" in any case
 _DEPTH = 2  # how many calls deep a hook is followed to the step it makes
+_CLAMPS = re.compile(r"clamp|clip", re.IGNORECASE)  # a call that bounds the gradient a hook is handed
+_PARAMETERS = frozenset({"parameters", "named_parameters"})
 
 
 @functools.cache
@@ -63,6 +71,8 @@ def scaler_release_facts(text: str, tree: FiledTree) -> dict[str, frozenset[str]
     tokens, _, _ = _release_names()
     if any(token in text for token in tokens):
         facts["releases"] = _release_helpers(tree)
+    if "register_hook" in text and _CLAMPS.search(text):
+        facts["clamp_hooks"] = _clamp_hook_functions(tree)
     return facts
 
 
@@ -261,3 +271,58 @@ def _is_scaled_backward(call: ast.Call) -> bool:
         type(inner) is ast.Call and type(inner.func) is ast.Attribute and inner.func.attr == "scale"
         and kind_from_name(_last(inner.func.value) or "") is ObjKind.SCALER
     )
+
+
+# -- gradients clipped by hooks during the backward
+
+
+def _clamp_hook_functions(tree: FiledTree) -> frozenset[str]:
+    """The functions of the file (module functions and methods) that register a clamping hook on every parameter of
+    a model (:func:`registers_clamping_hooks`)."""
+    functions = [*tree.by_type().get(ast.FunctionDef, ()), *tree.by_type().get(ast.AsyncFunctionDef, ())]
+    return frozenset(f.name for f in functions if registers_clamping_hooks(f))
+
+
+def registers_clamping_hooks(function: ast.AST) -> bool:
+    """Whether ``function`` runs ``p.register_hook(hook)`` for each parameter ``p`` of a model (``for p in
+    model.parameters():``, ``for name, p in model.named_parameters():``) with a hook (a lambda or a nested function)
+    that bounds the gradient it is handed (a ``clamp``/``clip`` call on it) and reads no loss scale."""
+    nested = {n.name: n for n in walk(function) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not function}
+    for loop in walk(function):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or not _over_parameters(loop.iter):
+            continue
+        bound = {n.id for n in walk(loop.target) if type(n) is ast.Name}
+        for node in walk(loop):
+            if (
+                type(node) is ast.Call and _last(node.func) == "register_hook" and node.args
+                and type(node.func) is ast.Attribute and _last(node.func.value) in bound
+            ):
+                hook = node.args[0]
+                body = hook if type(hook) is ast.Lambda else nested.get(hook.id) if type(hook) is ast.Name else None
+                if body is not None and _bounds_its_argument(body):
+                    return True
+    return False
+
+
+def _over_parameters(node: ast.AST) -> bool:
+    """``model.parameters()``, ``self.model.named_parameters()``."""
+    return type(node) is ast.Call and _last(node.func) in _PARAMETERS
+
+
+def _bounds_its_argument(hook: ast.AST) -> bool:
+    """Whether a hook calls a clamp or clip on its first argument (``grad.clamp(...)``, ``torch.clamp(grad, ...)``,
+    ``clamp_tensor(grad, ...)``) and reads no loss scale (a threshold scaled by ``scaler.get_scale()`` is meant)."""
+    args = hook.args.args if hasattr(hook, "args") else []
+    if not args:
+        return False
+    grad = args[0].arg
+    if any(type(n) in (ast.Name, ast.Attribute) and "scale" in (_last(n) or "").lower() for n in walk(hook)):
+        return False
+    for node in walk(hook):
+        if type(node) is not ast.Call or not _CLAMPS.search(_last(node.func) or ""):
+            continue
+        operands = [node.func.value] if type(node.func) is ast.Attribute else []
+        operands += list(node.args)
+        if any(type(o) is ast.Name and o.id == grad for o in operands):
+            return True
+    return False

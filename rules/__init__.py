@@ -3,10 +3,10 @@
 - ``clearing``: when gradients are cleared (GL001–GL005)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012)
-- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL107)
+- ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301)
-- ``distributed``: distributed data-parallel training (GL302–GL306)
+- ``distributed``: distributed data-parallel training (GL302–GL307)
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from gradlint.rules.amp import (
     BackwardWithoutScaler,
     ClipBeforeUnscale,
     ScaledGradientStatistic,
+    ScalerRebuiltEveryStep,
     ScalerUnscalePerMicroBatch,
     ScalerUpdateSkipped,
     ScalerWithoutUpdate,
@@ -42,6 +43,7 @@ from gradlint.rules.distributed import (
     GradSyncSetAfterForward,
     NoSyncAfterForward,
     NoSyncOnSteppingMicroBatch,
+    NormClippedOnShards,
 )
 from gradlint.rules.gradient_release import (
     AccumulationWithGradientRelease,
@@ -71,6 +73,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ScalerUnscalePerMicroBatch,
     ScalerUpdateSkipped,
     ScaledGradientStatistic,
+    ScalerRebuiltEveryStep,
     GradScalerWithGradientRelease,
     AccumulationWithGradientRelease,
     ClippingWithGradientRelease,
@@ -81,6 +84,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradSyncSetAfterForward,
     NoSyncOnSteppingMicroBatch,
     NoSyncAfterForward,
+    NormClippedOnShards,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

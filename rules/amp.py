@@ -1,4 +1,4 @@
-"""Rules about mixed precision with a ``GradScaler`` (GL101–GL105)."""
+"""Rules about mixed precision with a ``GradScaler`` (GL101–GL108)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import amp as fixes
 from gradlint.model import GRAD_READ, Event, Frame, FrameKind, LoopModel
-from gradlint.objects import last_name
+from gradlint.kinds import ObjKind
+from gradlint.objects import kind_of_constructor, last_name
 from gradlint.optimizer_updates import UpdateScale, stepped_update_scale
 from gradlint.queries import (
-    opposite_sides_of_settings,
     Accumulation,
     accumulation,
     accumulation_place,
@@ -26,6 +26,7 @@ from gradlint.queries import (
     innermost_loop,
     leaves_before,
     loop_phrase,
+    opposite_sides_of_settings,
     region,
     runs_every_micro_batch,
     same_object,
@@ -34,7 +35,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, positional_args, receiver
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, positional_args, receiver, walk
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -335,7 +336,15 @@ class ClipBeforeUnscale(Rule):
     callback that clips, which a function of the run runs by name right
     after its scaled backward and before it unscales
     (``self.call_hook("after_backward")``, ``for hook in self._hooks:
-    hook.after_backward(self)``, in an engine class of another module).
+    hook.after_backward(self)``, in an engine class of another module). And
+    clipping by hooks: a call of a function of the run that registers, on
+    every parameter of a model, a hook that clamps the gradient it is handed
+    (``p.register_hook(lambda grad: grad.clamp(-c, c))``, allennlp's
+    ``enable_gradient_clipping``), in a module that steps through a grad
+    scaler: the hooks run inside the scaled backward, before any
+    ``unscale_`` can (quiet when the hook's bound reads the loss scale, the
+    call runs under a test of the scaler, or every scaler is built with
+    ``enabled=False``).
 
     **Stays quiet when** an ``unscale_`` runs between the scaled backward and
     the clip (in the step function or the callback, or in any function of
@@ -381,6 +390,52 @@ class ClipBeforeUnscale(Rule):
                         yield from _clip_before_scaler_step(model, root, event, position, reaching)
                         if not reaching:
                             yield from _clip_in_scaled_callback(model, root, event, position)
+        yield from _clipped_by_hooks(model)
+
+
+def _clipped_by_hooks(model: LoopModel) -> Iterator[Report]:
+    """A call of a function of the run that clips gradients by hooks on a model's parameters
+    (``register_hook(lambda grad: grad.clamp(-c, c))``, :mod:`gradlint.scaler_release_facts`), in a module that
+    steps through a grad scaler: the hooks run inside the scaled backward, before any ``unscale_`` can.
+
+    Quiet when every scaler of the module is built with ``enabled=False``, when the call runs under a test of the
+    scaler (``if scaler is None:``), or when the call is inside the very function that registers the hooks.
+    """
+    if not model.clamp_hooks or model.index is None:
+        return
+    steps = [e for r in model.roots for e in r.events if e.kind is EventKind.STEP and e.via_scaler is not None]
+    if not steps or all(_built_disabled(model, s.via_scaler) for s in steps):
+        return
+    scaler, step = steps[0].via_scaler, steps[0]
+    parents = model.parents or {}
+    for call in model.file.every_node(model.module):
+        if type(call) is not cst.Call or callee_name(call) not in model.clamp_hooks or not call.args:
+            continue
+        function = parents.get(call)
+        under_scaler_test = False
+        while function is not None and type(function) is not cst.FunctionDef:
+            if type(function) in (cst.If, cst.While, cst.IfExp) and _mentions(function.test, scaler):
+                under_scaler_test = True
+            function = parents.get(function)
+        if under_scaler_test or (function is not None and function.name.value in model.clamp_hooks):
+            continue
+        yield Report(
+            call,
+            f"`{model.code(call)}` clips gradients by hooks on the parameters, which run inside the backward, while "
+            f"this module steps through `{scaler}` (`{model.code(step.node)}` at line {model.line(step.node)}): the "
+            f"hooks clip gradients still multiplied by the loss scale, before any `unscale_` can run; clip after "
+            f"`{scaler}.unscale_(optimizer)` instead (`clip_grad_value_`), or scale the hook's bound by "
+            f"`{scaler}.get_scale()`",
+        )
+
+
+def _built_disabled(model: LoopModel, scaler: str) -> bool:
+    """Whether every construction the module assigns to the scaler's name passes ``enabled=False``."""
+    built = [v for v in model.index.assigned_anywhere(scaler) if type(v) is cst.Call]
+    return bool(built) and all(
+        any(a.keyword is not None and a.keyword.value == "enabled" and type(a.value) is cst.Name and a.value.value == "False" for a in v.args)
+        for v in built
+    )
 
 
 def _same_condition(model: LoopModel, a: Frame, b: Frame) -> bool:
@@ -667,6 +722,13 @@ class ScalerUnscalePerMicroBatch(Rule):
     ``scaler.step(optimizer)``: ``unscale_`` right before the clip,
     ``update()`` right after the step.
 
+    Also flagged: a function with no loop of its own that unscales on every
+    call and steps and updates through the scaler only ``if flag:``, a
+    parameter of the function (``optimize_parameters(self, it,
+    apply_gradient)``): a call with the flag off unscales with no update
+    after, and the next call's ``unscale_`` raises
+    (``fixtures/realworld/gl105_unscale_every_call_step_on_flag__traiNNer.py``).
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):
@@ -718,6 +780,7 @@ class ScalerUnscalePerMicroBatch(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
             yield from _unscaling_clips(model, root)
+            yield from _unscale_when_flag_skips_step(model, root)
             seen: set[int] = set()
             for step, loop in steps_with_loops(root):
                 if step.via_scaler is None:
@@ -752,6 +815,54 @@ class ScalerUnscalePerMicroBatch(Rule):
             fix=fixes.move_update_after_step(model, event, step),
             event=event, against=(step,),
         )
+
+
+def _unscale_when_flag_skips_step(model: LoopModel, root) -> Iterator[Report]:
+    """A function with no loop of its own that backpropagates, unscales on every call and steps and updates through
+    the scaler only when a parameter says so (``def optimize_parameters(self, it, apply_gradient):`` ... ``if
+    apply_gradient: scaler.step(opt); scaler.update()``): a call with the flag off unscales with no update after,
+    and the next call's ``unscale_`` raises. Whatever the caller's cadence, the flag exists to be off sometimes."""
+    function = root.node
+    if type(function) is not cst.FunctionDef:
+        return
+    own = [e for e in root.events if not e.call_chain and not any(type(f.node) in (cst.For, cst.While) for f in e.loops)]
+    for step in own:
+        if step.kind is not EventKind.STEP or step.via_scaler is None:
+            continue
+        flag = next((f for f in step.frames if _tests_parameter(f, function)), None)
+        if flag is None:
+            continue
+        scaler = step.via_scaler
+        updates = [e for e in own if e.kind is EventKind.SCALER_UPDATE and same_object(e.target, scaler)]
+        if any(not e.inside(flag) for e in updates):
+            continue  # an update runs on the calls that do not step
+        for unscale in own:
+            if unscale.kind is not EventKind.UNSCALE or not same_object(unscale.via_scaler, scaler):
+                continue
+            if unscale.inside(flag) or root.order(unscale) > root.order(step) or any(
+                f.kind is FrameKind.BRANCH and _mentions(f.node.test, flag.node.test.value) for f in unscale.frames if type(f.node) is cst.If
+            ):
+                continue
+            if not any(e.kind is EventKind.BACKWARD and e.scaled and root.order(e) < root.order(unscale) for e in root.events):
+                continue
+            name = flag.node.test.value
+            yield Report(
+                unscale.node,
+                f"`{model.code(unscale.node)}` runs on every call of `{function.name.value}` but "
+                f"`{scaler}.step({step.target})` only when `{name}` is true: a call that does not step unscales with "
+                f"no `update()` after, and the next call's `unscale_` raises `unscale_() has already been called on "
+                f"this optimizer since the last update()`; unscale under `if {name}:`, right before clipping and the step",
+                event=unscale, against=(step,),
+            )
+            break
+
+
+def _tests_parameter(frame: Frame, function: cst.FunctionDef) -> bool:
+    """An ``if`` branch whose test is a bare parameter of the function (``if apply_gradient:``)."""
+    return (
+        frame.kind is FrameKind.BRANCH and frame.branch == "if" and type(frame.node) is cst.If
+        and type(frame.node.test) is cst.Name and _is_parameter(frame.node.test.value, function)
+    )
 
 
 def _unscaling_clips(model: LoopModel, root) -> Iterator[Report]:
@@ -1062,3 +1173,181 @@ def _statistic_report(model: LoopModel, read: Event, at: cst.CSTNode, backward: 
         f"`{model.code(at)}`{inside} reads gradients still scaled by `{scaler}` (backward at line "
         f"{model.line(backward.node)}) {where}: the statistic is multiplied by the loss scale; {fix}",
     )
+
+
+class ScalerRebuiltEveryStep(Rule):
+    """A ``GradScaler`` is built anew on every iteration of the loop that steps through it.
+
+    **Why it matters.** The scaler's state is its loss scale and its count of
+    steps since the last overflow. ``update()`` halves the scale after an
+    overflow and doubles it after ``growth_interval`` clean steps, on the
+    scaler object. A scaler built inside the training loop (or inside the
+    per-batch method a loop calls) starts again from ``init_scale`` on every
+    step: the scale never adapts, ``update()`` works on an object thrown away
+    a moment later, and a scale that overflows skips every single step.
+
+    **Fix.** Build the scaler once, before the loop (``self.scaler =
+    GradScaler()`` in ``__init__``), and step and update that one.
+
+    **Stays quiet when**
+
+    - the scaler is built in an outer loop (once per epoch) and stepped in an
+      inner one: it adapts within the epoch;
+    - the constructor sits under a test of the scaler itself (``if scaler is
+      None: scaler = GradScaler()``: built once, lazily);
+    - the scaler is built with ``enabled=False``, or the function loads a
+      state into it (``scaler.load_state_dict(...)``) before it steps;
+    - a function that builds and steps a scaler is called by no loop of the
+      run (one step per call, from no loop).
+
+    **Bad**::
+
+        for batch in loader:
+            scaler = torch.amp.GradScaler("cuda")
+            scaler.scale(model(batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        scaler = torch.amp.GradScaler("cuda")
+        for batch in loader:
+            scaler.scale(model(batch)).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    """
+
+    code = "GL108"
+    name = "scaler-rebuilt-every-step"
+    summary = "a `GradScaler` built on every iteration of the loop that steps it: the loss scale never adapts"
+    severity = Severity.ERROR
+    fix = None
+    needs = ((STEP, SCALER), (call_of("update"), SCALER))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index, parents = model.index, model.parents
+        if index is None or parents is None:
+            return
+        for root in model.roots:
+            function = root.node
+            if type(function) is not cst.FunctionDef:
+                continue
+            for name, built in _scaler_constructions(index, function):
+                loop = _built_once_per(built, name, function, parents)
+                if loop is False:
+                    continue
+                used = _stepped_through(root, name, loop)
+                if used is None or _loads_state(model, function, name):
+                    continue
+                where = f"in the loop at line {model.line(loop)}" if loop is not None else _runs_per_batch(model, root, function)
+                if where is None:
+                    continue
+                yield Report(
+                    built,
+                    f"`{model.code(built)}` builds a new grad scaler {where}, and `{model.code(used.node)}` at line "
+                    f"{model.line(used.node)} steps through it: the loss scale starts again from its initial value on "
+                    f"every step and `update()` adapts a scaler that is thrown away; build `{name}` once, before the loop",
+                )
+
+
+def _scaler_constructions(index, function: cst.FunctionDef) -> Iterator[tuple[str, cst.Call]]:
+    """``(name, call)`` for each grad scaler constructor assigned to a name in ``function`` (not ``enabled=False``)."""
+    for name, values in index.assignments.get(function, {}).items():
+        for value in values:
+            if type(value) is not cst.Call or not any(
+                kind_of_constructor(q) is ObjKind.SCALER for q in index.qualified_names(value.func)
+            ):
+                continue
+            if any(a.keyword is not None and a.keyword.value == "enabled" and type(a.value) is cst.Name and a.value.value == "False" for a in value.args):
+                continue
+            yield name, value
+
+
+def _built_once_per(built: cst.Call, name: str, function: cst.FunctionDef, parents) -> cst.CSTNode | None | bool:
+    """The innermost loop of ``function`` around a constructor (None: none), or False when the constructor runs
+    only under a test of the scaler itself (built once, lazily) or sits in a nested function or class."""
+    node, loop = built, None
+    while node is not function:
+        node = parents.get(node)
+        if node is None or type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda) and node is not function:
+            return False
+        if loop is None and type(node) in (cst.For, cst.While):
+            loop = node
+        if type(node) in (cst.If, cst.While) and _mentions(node.test, name):
+            return False
+        if type(node) is cst.IfExp and _mentions(node.test, name):
+            return False
+    return loop
+
+
+def _mentions(test: cst.BaseExpression, name: str) -> bool:
+    target = last_name(name)
+    return any(
+        type(n) in (cst.Name, cst.Attribute) and (dotted := dotted_name(n)) is not None and last_name(dotted) == target
+        for n in walk(test, into_lambdas=True)
+    )
+
+
+def _own_loop(event: Event) -> cst.CSTNode | None:
+    """The innermost loop statement of the event's own function around it (not a whole function read as one)."""
+    for frame in reversed(event.loops):
+        if type(frame.node) in (cst.For, cst.While):
+            return frame.node
+    return None
+
+
+def _stepped_through(root, name: str, loop: cst.CSTNode | None) -> Event | None:
+    """The first ``scaler.step`` or ``scaler.update()`` of ``name`` written in the root's own function whose
+    innermost loop is ``loop``: the same iteration that built the scaler."""
+    for event in root.events:
+        if event.call_chain:
+            continue
+        scaler = event.via_scaler if event.kind is EventKind.STEP else event.target if event.kind is EventKind.SCALER_UPDATE else None
+        if scaler is not None and same_object(scaler, name) and last_name(scaler) == last_name(name) and _own_loop(event) is loop:
+            return event
+    return None
+
+
+def _loads_state(model: LoopModel, function: cst.FunctionDef, name: str) -> bool:
+    """Whether the function loads a saved state into the scaler (``scaler.load_state_dict(...)``)."""
+    return any(
+        type(node) is cst.Call and callee_name(node) == "load_state_dict" and (owner := receiver(node)) is not None
+        and dotted_name(owner) == name
+        for node in model.file.walk(function)
+    )
+
+
+def _runs_per_batch(model: LoopModel, root, function: cst.FunctionDef) -> str | None:
+    """How the function runs once per batch, for the message, or None: read so by the model, called from some loop
+    of the run, or a whole optimization step (a scaled backward, a step and an update through the scaler, no loop of
+    its own) that no code of this module calls outside a loop and that is no test. Training takes many steps: a
+    function that is one step runs once per batch wherever its caller is."""
+    name = function.name.value
+    if any(frame.called_by is not None and frame.node is function for frame in (f for e in root.events for f in e.loops)):
+        return f"on every call of `{name}`, which runs once per batch"
+    if name in model.called_in_loop:
+        return f"on every call of `{name}`, which a loop of the run calls"
+    if name.startswith("test") or any(e.loops for e in root.events):
+        return None
+    kinds = {e.kind for e in root.events if not e.call_chain}
+    scaled = any(e.kind is EventKind.BACKWARD and e.scaled for e in root.events)
+    if not scaled or EventKind.SCALER_UPDATE not in kinds or not any(e.kind is EventKind.STEP and e.via_scaler for e in root.events):
+        return None
+    if _called_outside_a_loop(model, name):
+        return None
+    return f"on every call of `{name}`, one whole optimization step (scaled backward, step, update), so once per batch"
+
+
+def _called_outside_a_loop(model: LoopModel, name: str) -> bool:
+    """Whether some call of ``name`` in the module runs outside every loop."""
+    parents = model.parents
+    for node in model.file.every_node(model.module):
+        if type(node) is cst.Call and callee_name(node) == name:
+            above = parents.get(node)
+            while above is not None and type(above) not in (cst.For, cst.While):
+                above = parents.get(above)
+            if above is None:
+                return True
+    return False

@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302–GL306)."""
+"""Rules about distributed data-parallel training (GL302–GL307)."""
 
 from __future__ import annotations
 
@@ -1130,9 +1130,17 @@ class NoSyncOnSteppingMicroBatch(Rule):
     window all-reduces while the stepping one does not: every rank steps on
     its own gradients, the replicas drift apart, and nothing raises.
 
+    The same when a batch is split into micro-steps by an inner loop and
+    the step follows that loop: ``no_sync()`` chosen for the last
+    micro-step (``model.no_sync() if i == len(chunks) - 1 else
+    nullcontext()``, also through a flag the inner loop assigns, ``last =
+    use_ddp and i == len(chunks) - 1``) keeps the gradients of the backward
+    right before the step local, while the earlier micro-steps all-reduce.
+
     **Fix.** Test the no_sync choice with the step's own test:
     ``model.no_sync if (batch_idx + 1) % accum != 0 else nullcontext``, or
-    compute the boundary once and use it for both.
+    compute the boundary once and use it for both (for micro-steps: no_sync
+    on every one but the last).
 
     **Stays quiet when**
 
@@ -1200,6 +1208,7 @@ class NoSyncOnSteppingMicroBatch(Rule):
                             f"the step's own test",
                         )
                         break
+        yield from _no_sync_on_last_micro_step(model)
 
 
 # ``(counter + a) % count == b`` read as (counter, count, b - a): the counter's residue the comparison picks.
@@ -1313,13 +1322,12 @@ def _mentions_no_sync(node: cst.CSTNode) -> bool:
 def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: Frame) -> bool:
     """Whether a backward of the loop runs inside the chosen context: in a ``with`` of the loop whose item is the
     no_sync choice itself, or calls the name the choice is assigned to (``with my_context():``)."""
-    assigned = None
-    if type(choice.node) is cst.Assign and len(choice.node.targets) == 1:
-        assigned = dotted_name(choice.node.targets[0].target)
+    assigned = _assigned_to(model, choice)
     blocks = [
         node for node in model.file.walk(loop.node) if type(node) is cst.With and any(
             lies_in(model, choice.node, item)
             or (assigned is not None and type(item.item) is cst.Call and dotted_name(item.item.func) == assigned)
+            or (assigned is not None and type(item.item) in (cst.Name, cst.Attribute) and dotted_name(item.item) == assigned)
             for item in node.items
         )
     ]
@@ -1329,6 +1337,160 @@ def _entered_around_backward(model: LoopModel, root: Root, choice: Event, loop: 
         for place in (*backward.call_chain, backward.node)
         for block in blocks
     )
+
+
+def _assigned_to(model: LoopModel, choice: Event) -> str | None:
+    """The name a no_sync choice is assigned to: ``ctx = model.no_sync`` (the event is the assignment), or
+    ``sync_context = model.no_sync() if test else nullcontext()`` (the event is the call inside the value)."""
+    node, parents = choice.node, model.parents or {}
+    while node is not None and type(node) is not cst.Assign:
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            return None
+        node = parents.get(node)
+    if node is None or len(node.targets) != 1:
+        return None
+    return dotted_name(node.targets[0].target)
+
+
+def _no_sync_on_last_micro_step(model: LoopModel) -> Iterator[Report]:
+    """A no_sync chosen only for the last iteration of an inner loop of micro-steps (``no_sync() if i ==
+    len(chunks) - 1 else nullcontext()``) whose step runs after that inner loop: the backward right before the step
+    keeps its gradients local. Read on ``for i, x in enumerate(seq)`` and ``for i in range(n)`` loops, a test
+    ``i == len(seq) - 1`` (or ``i + 1 == n``, ``i >= n - 1``), alone or one term of an ``and``, or a flag the
+    inner loop assigns once from one."""
+    reported: set[int] = set()
+    wrapped: dict[str, Wrap] | None = None
+    for root in model.roots:
+        for step, loop in steps_with_loops(root):
+            for choice in root.events_of(NO_SYNC, loop):
+                if id(choice.node) in reported or choice.call_chain:
+                    continue  # an inlined choice is reported from the function that makes it
+                inner = next((f for f in frames_inside(choice, loop) if f.kind is FrameKind.LOOP), None)
+                if inner is None or step.inside(inner) or not root.events_of(EventKind.BACKWARD, inner):
+                    continue
+                if any(root.order(e) > root.order(step) for e in root.events_in(inner)):
+                    continue  # the step does not follow the inner loop
+                if not _chosen_for_last_iteration(model, choice, inner):
+                    continue
+                if not _entered_around_backward(model, root, choice, inner):
+                    continue
+                if wrapped is None:
+                    wrapped = _wrapped_models(model)[0]
+                seen = {**wrapped, **_handed_in(model, root)}
+                if _after_forward(model, root, choice, seen, root.events_of(NO_SYNC)) is not None:
+                    continue  # the no_sync() changes nothing (GL306)
+                reported.add(id(choice.node))
+                yield Report(
+                    choice.node,
+                    f"`{model.code(choice.node)}` is chosen for the last micro-step of the loop at line "
+                    f"{model.line(inner.node)}, whose backward is the one right before the step at line "
+                    f"{model.line(_anchor(step))}: that backward does not all-reduce, so each rank steps on its own "
+                    f"gradients and the replicas drift apart, while every earlier micro-step all-reduces; choose "
+                    f"no_sync for every micro-step but the last",
+                )
+
+
+def _chosen_for_last_iteration(model: LoopModel, choice: Event, inner: Frame) -> bool:
+    """Whether the no_sync choice applies on the last iteration of ``inner`` only (the test picks it)."""
+    node, parents = choice.node, model.parents or {}
+    while node is not None and type(node) is not cst.IfExp:
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            return _branch_for_last_iteration(model, choice, inner)
+        node = parents.get(node)
+    if node is None:
+        return False
+    in_body = any(_mentions_no_sync(n) for n in walk(node.body))
+    in_else = any(_mentions_no_sync(n) for n in walk(node.orelse))
+    if in_body == in_else:
+        return False
+    read = _last_iteration_test(model, node.test, inner)
+    return read == "last" if in_body else read == "not_last" and not _is_chain(model, node.test, inner)
+
+
+def _branch_for_last_iteration(model: LoopModel, choice: Event, inner: Frame) -> bool:
+    """``if i == len(seq) - 1: with model.no_sync(): ...`` inside the inner loop."""
+    for frame in reversed(frames_inside(choice, inner)):
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and frame.branch in ("if", "else"):
+            read = _last_iteration_test(model, frame.node.test, inner)
+            if frame.branch == "if":
+                return read == "last"
+            return read == "not_last" and not _is_chain(model, frame.node.test, inner)
+    return False
+
+
+def _is_chain(model: LoopModel, test: cst.BaseExpression, inner: Frame) -> bool:
+    return type(_flag_value(model, test, inner)) is cst.BooleanOperation
+
+
+def _flag_value(model: LoopModel, test: cst.BaseExpression, inner: Frame) -> cst.BaseExpression:
+    """A flag the inner loop's body assigns once (``last = i == len(seq) - 1``) read as its value; else the test."""
+    name = dotted_name(test) if type(test) in (cst.Name, cst.Attribute) else None
+    if name is None or type(inner.node) not in (cst.For, cst.While):
+        return test
+    values = [
+        statement.value
+        for line in inner.node.body.body if type(line) is cst.SimpleStatementLine
+        for statement in line.body
+        if type(statement) is cst.Assign and len(statement.targets) == 1 and dotted_name(statement.targets[0].target) == name
+    ]
+    return values[0] if len(values) == 1 else test
+
+
+def _last_iteration_test(model: LoopModel, test: cst.BaseExpression, inner: Frame) -> str | None:
+    """``"last"`` when the test holds only on the inner loop's last iteration, ``"not_last"`` when it never holds
+    there, None when not read. An ``and`` with a term of either kind is of that kind."""
+    test = _flag_value(model, test, inner)
+    if type(test) is cst.BooleanOperation:
+        if type(test.operator) is not cst.And:
+            return None
+        reads = {_last_iteration_test(model, term, inner) for term in (test.left, test.right)}
+        return "last" if "last" in reads and "not_last" not in reads else "not_last" if "not_last" in reads and "last" not in reads else None
+    if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
+        inner_read = _last_iteration_term(model, test.expression, inner)
+        return {"last": "not_last", "not_last": "last"}.get(inner_read) if inner_read else None
+    return _last_iteration_term(model, test, inner)
+
+
+def _last_iteration_term(model: LoopModel, term: cst.BaseExpression, inner: Frame) -> str | None:
+    """``i == len(seq) - 1`` (``"last"``) or ``i != len(seq) - 1``, ``i < len(seq) - 1`` (``"not_last"``) on the
+    inner loop's counter and length."""
+    loop = inner.node
+    if type(loop) is not cst.For or type(term) is not cst.Comparison or len(term.comparisons) != 1:
+        return None
+    counter_and_length = _counter_and_length(model, loop)
+    if counter_and_length is None:
+        return None
+    counter, length = counter_and_length
+    operator, right = term.comparisons[0].operator, term.comparisons[0].comparator
+    left_name, left_offset = _counter_and_offset(term.left)
+    if left_name != counter:
+        return None
+    if type(right) is cst.BinaryOperation and type(right.operator) is cst.Subtract and type(right.right) is cst.Integer:
+        bound, right_offset = model.code(right.left), int(right.right.value)
+    else:
+        bound, right_offset = model.code(right), 0
+    if bound != length or left_offset + right_offset != 1:
+        return None
+    kind = type(operator)
+    if kind in (cst.Equal, cst.GreaterThanEqual):
+        return "last"
+    if kind in (cst.NotEqual, cst.LessThan):
+        return "not_last"
+    return None
+
+
+def _counter_and_length(model: LoopModel, loop: cst.For) -> tuple[str, str] | None:
+    """``for i, x in enumerate(seq)`` → (i, ``len(seq)``); ``for i in range(n)`` → (i, ``n``)."""
+    iterator = loop.iter
+    if type(iterator) is not cst.Call or not iterator.args:
+        return None
+    called = dotted_name(iterator.func)
+    if called == "enumerate" and len(iterator.args) == 1 and type(loop.target) is cst.Tuple and loop.target.elements:
+        counter = dotted_name(loop.target.elements[0].value)
+        return (counter, f"len({model.code(iterator.args[0].value)})") if counter else None
+    if called == "range" and len(iterator.args) == 1 and type(loop.target) is cst.Name:
+        return loop.target.value, model.code(iterator.args[0].value)
+    return None
 
 
 class NoSyncAfterForward(Rule):
@@ -1570,3 +1732,136 @@ def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
     """Whether the code calls the module the wrapper wraps (``model.module(x)``): its backward is no DDP's."""
     function = root.node if type(root.node) is cst.FunctionDef else None
     return f"{owner}.module" in _called_names(model, root.node, function)
+
+
+def _class_tokens(sharded) -> tuple[str, ...]:
+    """The prefilter tokens of a sharded wrapper: its class names (``FullyShardedDataParallel``)."""
+    return tuple(sorted({name.rsplit(".", 1)[-1] for name in sharded.constructors}))
+
+
+class NormClippedOnShards(Rule):
+    """A plain norm-clipping function is handed the parameters of a model whose ranks each hold a shard of every gradient.
+
+    **Why it matters.** FSDP (``FullyShardedDataParallel``) with a sharded
+    strategy (``FULL_SHARD``, its default, ``SHARD_GRAD_OP``, the hybrid
+    ones) leaves each rank only its own shard of every gradient after the
+    backward. ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)``
+    then measures the norm of this rank's shard alone and scales each shard
+    by its own factor: the update is no longer a clipped gradient, it
+    differs from rank to rank in scale, and the norm it returns (and logs)
+    is not the model's. FSDP's own ``model.clip_grad_norm_(max_norm)``
+    reduces the norm over the ranks first.
+
+    **Fix.** Call the wrapper's method: ``model.clip_grad_norm_(max_norm)``.
+
+    **Stays quiet when**
+
+    - the model was wrapped with ``sharding_strategy=ShardingStrategy.NO_SHARD``
+      (or a variable assigned nothing else): whole gradients on every rank;
+    - the model was sharded with FSDP2's ``fully_shard``: its gradients are
+      ``DTensor``s, whose norm ``clip_grad_norm_`` reduces over the ranks;
+    - the clip is the wrapper's own method, or clips by value (element by
+      element, the same on a shard as on the whole).
+
+    **Bad**::
+
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)
+        for batch in loader:
+            model(**batch).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD)
+        for batch in loader:
+            model(**batch).loss.backward()
+            model.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    code = "GL307"
+    name = "norm-clipped-on-shards"
+    summary = "a plain clip_grad_norm_ over a sharded model's parameters: each rank clips its shard by its own norm"
+    severity = Severity.ERROR
+    fix = None
+    needs = tuple(("clip_grad_norm", token) for sharded in frameworks.SHARDED_GRADS for token in _class_tokens(sharded))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index = model.index
+        if index is None:
+            return
+        reported: set[int] = set()
+        for root in model.roots:
+            for clip in root.events_of(EventKind.CLIP):
+                call = clip.node
+                if type(call) is not cst.Call or id(call) in reported:
+                    continue
+                qualified = index.qualified_names(call.func)
+                for sharded in frameworks.SHARDED_GRADS:
+                    if not qualified & sharded.norm_clips:
+                        continue
+                    owner = _parameters_owner(call)
+                    found = _sharded_wrap(model, call, owner, sharded) if owner is not None else None
+                    if found is None:
+                        continue
+                    reported.add(id(call))
+                    wrap, strategy = found
+                    yield Report(
+                        call,
+                        f"`{owner}` is wrapped by {sharded.short} at line {model.line(wrap)} ({strategy}), so each rank "
+                        f"holds only a shard of every gradient: `{model.code(call.func)}` takes this rank's norm and "
+                        f"clips each shard by its own factor; call `{owner}.{sharded.clip_method}(...)`, which reduces "
+                        f"the norm over the ranks",
+                        event=clip,
+                    )
+                    break
+
+
+def _parameters_owner(call: cst.Call) -> str | None:
+    """``model`` for a clip handed ``model.parameters()`` (first argument or ``parameters=``)."""
+    args = positional_args(call)
+    arg = args[0] if args else keyword_arg(call, "parameters")
+    value = arg.value if arg is not None else None
+    if type(value) is not cst.Call or method_name(value) != "parameters" or value.args:
+        return None
+    return dotted_name(value.func.value)
+
+
+def _sharded_wrap(model: LoopModel, clip: cst.Call, owner: str, sharded) -> tuple[cst.Call, str] | None:
+    """``(wrapping call, the strategy in words)`` for the wrap of ``owner`` that shards its gradients, or None when
+    no wrap of it by ``sharded`` is seen or every one keeps whole gradients."""
+    index = model.index
+    function = function_holding(model, clip)
+    if "." in owner:
+        values = index.assigned_anywhere(owner)
+    else:
+        values = [*index.assignments.get(function, {}).get(owner, ()), *index.assignments.get(None, {}).get(owner, ())]
+    for value in values:
+        if type(value) is not cst.Call or not index.qualified_names(value.func) & sharded.constructors:
+            continue
+        strategy = _strategy(model, value, sharded)
+        if strategy is not None:
+            return value, strategy
+    return None
+
+
+def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
+    """How the wrap's strategy shards, in words, or None when it keeps whole gradients for sure."""
+    arg = keyword_arg(wrap, sharded.strategy_keyword)
+    if arg is None:
+        return f"`{sharded.strategy_keyword}` not given: `{sharded.default}`"
+    named = dotted_name(arg.value)
+    if named is None:
+        return f"`{sharded.strategy_keyword}={model.code(arg.value)}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))
+    if last_name(named) in sharded.unsharded:
+        return None
+    if "." in named:
+        return f"`{sharded.strategy_keyword}={named}`"
+    values = model.index.assignments.get(function_holding(model, wrap), {}).get(named, []) or model.index.assigned_anywhere(named)
+    names = [dotted_name(v) if isinstance(v, cst.BaseExpression) else None for v in values]
+    if names and all(n is not None and last_name(n) in sharded.unsharded for n in names):
+        return None
+    return f"`{sharded.strategy_keyword}={named}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))

@@ -73,6 +73,13 @@ class SchedulerStepsPerMicroBatch(Rule):
       stepped once per micro-batch, such a schedule runs at the pace it was
       planned for.
 
+    Also flagged: a scheduler stepped under a remainder test of the step's
+    own counter by another count (``if count % scheduling_step == 0:``
+    beside a step under ``if count % grad_accum_step == 0:``, with a plain
+    backward), outside the step's test: it steps on micro-batches the
+    optimizer does not, unless one count is a multiple of the other
+    (``fixtures/realworld/gl301_scheduler_on_own_cadence__torchdistill.py``).
+
     **Bad**::
 
         for i, (x, y) in enumerate(loader):
@@ -118,6 +125,11 @@ class SchedulerStepsPerMicroBatch(Rule):
                     horizon_in_micro_batches = _horizon_in_micro_batches(model)
                 if horizon_in_micro_batches:
                     continue
+                if any(b.framework is None for b in acc.backwards):  # a plain backward: no framework holds the scheduler back
+                    for sched in scheds:
+                        cadence = None if sched.has_args or sched.node in settled else _other_cadence(model, sched, step, loop)
+                        if cadence is not None:
+                            yield settled.note(Report(sched.node, cadence, event=sched, against=(step,)))
                 if id(loop) not in framework_decides:
                     # a framework's prepared schedulers skip the micro-batches that do not step
                     events = root.events_in(loop)
@@ -186,3 +198,69 @@ def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]
             scheduler, optimizer = terminal(cst.parse_expression(sched.target)), terminal(cst.parse_expression(step.target))
             if scheduler and optimizer and model.index is not None and declared.certainly_unprepared(model.index, scheduler, optimizer, owner):
                 yield sched, declared
+
+
+def _other_cadence(model: LoopModel, sched: Event, step: Event, loop) -> str | None:
+    """The message when the scheduler steps under a remainder test of the step's own micro-batch counter by another
+    count (``count % scheduling_step == 0`` beside a step under ``count % grad_accum_step == 0``), outside the step's
+    guard: it then steps on micro-batches the optimizer does not, unless one count is a multiple of the other."""
+    step_terms = _remainder_terms(step, loop)
+    sched_terms = _remainder_terms(sched, loop)
+    if not step_terms or not sched_terms:
+        return None
+    step_counts = {count for _, count, _ in step_terms}
+    for counter, count, written in sched_terms:
+        if count in step_counts:
+            return None  # also tested against the step's count: it steps with the optimizer
+    for counter, count, written in sched_terms:
+        for step_counter, step_count, step_written in step_terms:
+            if counter == step_counter and count != step_count:
+                return (
+                    f"`{sched.target}.step()` runs when `{written}` but `{step.target}` steps when `{step_written}`: "
+                    f"the schedule advances on micro-batches the optimizer does not step (unless `{count}` is a "
+                    f"multiple of `{step_count}`), so it runs at another pace than the optimizer's steps; step it "
+                    f"under the optimizer's test as well"
+                )
+    return None
+
+
+def _remainder_terms(event: Event, loop) -> list[tuple[str, str, str]]:
+    """``(counter, count, code)`` for each ``counter % count == 0`` term (``not counter % count``) of the ``and``
+    chains of the ``if`` branches around ``event`` inside ``loop``; names compared by their last part."""
+    found = []
+    for frame in frames_inside(event, loop):
+        if frame.branch != "if" or type(frame.node) is not cst.If:
+            continue
+        for term in _and_terms(frame.node.test):
+            read = _remainder(term)
+            if read is not None:
+                found.append((*read, cst.Module([]).code_for_node(term)))
+    return found
+
+
+def _and_terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        return _and_terms(test.left) + _and_terms(test.right)
+    return [test]
+
+
+def _remainder(term: cst.BaseExpression) -> tuple[str, str] | None:
+    """``c % n == 0`` or ``not c % n`` → (last name of c, last name of n)."""
+    if type(term) is cst.UnaryOperation and type(term.operator) is cst.Not:
+        modulo = term.expression
+    elif (
+        type(term) is cst.Comparison and len(term.comparisons) == 1 and type(term.comparisons[0].operator) is cst.Equal
+        and type(term.comparisons[0].comparator) is cst.Integer and term.comparisons[0].comparator.value == "0"
+    ):
+        modulo = term.left
+    else:
+        return None
+    if type(modulo) is not cst.BinaryOperation or type(modulo.operator) is not cst.Modulo:
+        return None
+    left = modulo.left
+    if type(left) is cst.BinaryOperation and type(left.operator) in (cst.Add, cst.Subtract) and type(left.right) is cst.Integer:
+        left = left.left  # ``(step + 1) % n``: the same counter
+    counter, count = dotted_name(left), dotted_name(modulo.right)
+    if counter is None or count is None:
+        return None
+    return counter.rsplit(".", 1)[-1], count.rsplit(".", 1)[-1]

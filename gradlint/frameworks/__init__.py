@@ -42,6 +42,7 @@ from gradlint.frameworks.framework import (
     ReleaseCall,
     ReleaseStyle,
     ReturnedLoss,
+    ShardedGrads,
     SyncFlag,
     SyncSwitch,
     Wrap,
@@ -90,6 +91,10 @@ NAMED: dict[str, ObjKind] = _merged("named")
 RETURNS_GIVEN: frozenset[str] = frozenset(_joined("returns_given"))
 RETURNS_GIVEN_ALONE: frozenset[str] = frozenset(_joined("returns_given_alone"))
 RETURNS_BY_POSITION: dict[str, dict[int, ObjKind]] = _merged("returns_by_position")
+
+# -- sharded gradients: wrappers whose ranks each hold a shard of every gradient
+
+SHARDED_GRADS: tuple[ShardedGrads, ...] = _joined("sharded_grads")
 
 # -- backwards
 

@@ -106,6 +106,28 @@ class NoSyncContext:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardedGrads:
+    """A wrapper class after whose backward each rank holds only a shard of every gradient (FSDP1's flat shards).
+
+    A plain norm-clipping function handed the wrapper's ``parameters()``
+    measures the norm of this rank's shard alone and scales each shard by
+    its own factor; the wrapper's own method (``clip_method``) reduces the
+    norm over the ranks first. A wrapper built with ``strategy_keyword``
+    given a value whose last name is in ``unsharded`` keeps whole gradients,
+    and the plain function is right there; without the keyword the strategy
+    is ``default`` (sharded).
+    """
+
+    constructors: frozenset[str]
+    strategy_keyword: str
+    unsharded: frozenset[str]
+    default: str
+    clip_method: str
+    short: str  # how messages name the wrapper
+    norm_clips: frozenset[str]  # qualified names of the plain norm-clipping functions that read one rank's gradients
+
+
+@dataclasses.dataclass(frozen=True)
 class SyncSwitch:
     """A call that switches the all-reduce off until switched on again (``model.disable_allreduce()``)."""
 
@@ -340,6 +362,7 @@ class Framework:
     sync_flags: tuple[SyncFlag, ...] = ()
     accumulate: tuple[AccumulateContext, ...] = ()
     wraps: tuple[Wrap, ...] = ()
+    sharded_grads: tuple[ShardedGrads, ...] = ()  # wrappers whose ranks hold shards of each gradient
     # -- settings read by one walk of the module
     accumulation_settings: dict[str, AccumulationSetting] = dataclasses.field(default_factory=dict)
     config_settings: dict[str, ConfigSetting] = dataclasses.field(default_factory=dict)

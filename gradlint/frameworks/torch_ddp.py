@@ -21,6 +21,18 @@ FSDP2's ``fully_shard(module)`` reduce-scatters each backward's gradients;
 ``set_requires_gradient_sync(False)`` ("the equivalent of ``no_sync`` in
 FSDP1") keeps them unsharded and unreduced until switched back.
 ``ShardedGradScaler`` is FSDP's grad scaler.
+FSDP1's ``FullyShardedDataParallel`` with a sharded strategy (``FULL_SHARD``,
+the default when ``sharding_strategy`` is not given: ``_init_utils._init_core_state``,
+``sharding_strategy or ShardingStrategy.FULL_SHARD``; ``SHARD_GRAD_OP``,
+the hybrid ones) leaves each rank only its shard of every gradient, as
+plain tensors: ``torch.nn.utils.clip_grad_norm_(model.parameters(), ...)``
+then takes each rank's own norm and clips each shard by a different factor.
+``FullyShardedDataParallel.clip_grad_norm_`` reduces the norm over the
+ranks first; its docstring: "If every FSDP instance uses ``NO_SHARD`` ...
+you may directly use :func:`torch.nn.utils.clip_grad_norm_`. If at least
+some FSDP instance uses a sharded strategy ... you should use this method
+instead". FSDP2's gradients are ``DTensor``s, whose norm
+``torch.nn.utils.clip_grad_norm_`` reduces over the mesh: it is right there.
 
 Where it was read: torch 2.13.0 (the wheel this project pins),
 ``torch/nn/parallel/distributed.py``: ``DistributedDataParallel._ddp_init_helper``
@@ -29,7 +41,7 @@ Where it was read: torch 2.13.0 (the wheel this project pins),
 ``register_comm_hook``; ``torch/distributed/fsdp/_fully_shard/_fully_shard.py``:
 ``fully_shard``, ``FSDPModule.set_requires_gradient_sync``;
 ``torch/distributed/fsdp/sharded_grad_scaler.py``; ``torch/distributed/fsdp/fully_sharded_data_parallel.py``
-(``no_sync``) and ``_runtime_utils.py``, ``_fully_shard/_fsdp_param_group.py`` for where FSDP reads its flags. ``fully_shard`` is
+(``no_sync``, ``clip_grad_norm_``), ``_init_utils.py`` (``_init_core_state``) and ``_runtime_utils.py``, ``_fully_shard/_fsdp_param_group.py`` for where FSDP reads its flags. ``fully_shard`` is
 exported both as ``torch.distributed.fsdp.fully_shard`` and, where FSDP2
 first appeared, ``torch.distributed._composable.fsdp.fully_shard``: any
 ``fully_shard`` under ``torch.distributed`` is this one (other libraries
@@ -41,7 +53,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from gradlint.frameworks.framework import Framework, NoSyncContext, SyncFlag, SyncSwitch, Wrap
+from gradlint.frameworks.framework import Framework, NoSyncContext, ShardedGrads, SyncFlag, SyncSwitch, Wrap
 from gradlint.kinds import ObjKind
 from gradlint.syntax import bool_literal, keyword_arg, positional_args
 
@@ -96,4 +108,15 @@ FRAMEWORK = Framework(
         Wrap("fsdp2", _fsdp2_message, function="fully_shard", function_module="torch.distributed"),
     ),
     comm_hooks={"register_comm_hook": (1, "hook")},
+    sharded_grads=(
+        ShardedGrads(
+            constructors=frozenset({
+                "torch.distributed.fsdp.FullyShardedDataParallel",
+                "torch.distributed.fsdp.fully_sharded_data_parallel.FullyShardedDataParallel",
+            }),
+            strategy_keyword="sharding_strategy", unsharded=frozenset({"NO_SHARD"}), default="FULL_SHARD",
+            clip_method="clip_grad_norm_", short="FSDP",
+            norm_clips=frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_norm", "torch.nn.utils.clip_grad.clip_grad_norm_"}),
+        ),
+    ),
 )
