@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
 from gradlint.scaler_release_facts import scaler_release_facts
+from gradlint.summed_losses import may_sum, summing_forwards
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -81,6 +82,9 @@ class FileCalls:
     # they are handed on every call and step the optimizer they are handed only when a flag says so (:func:`_backward_helper`)
     backward_helpers: frozenset[str] = frozenset()
     top_level: frozenset[str] = frozenset()  # the names of the module-level functions the file defines
+    # ``Class:position`` for the classes defined here whose ``forward`` returns a loss summed over samples or tokens, at
+    # that place of the returned tuple (-1: the loss alone): what :func:`gradlint.summed_losses.summing_forwards` finds
+    sums_loss: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -91,6 +95,7 @@ class FileCalls:
             sorted(self.classes), sorted(self.wraps_optimizer),
             sorted(self.hands_scaler), sorted(self.releases), sorted(self.scaled_dispatch),
             sorted(self.returns_wrap), sorted(self.assigned), sorted(self.backward_helpers), sorted(self.top_level),
+            sorted(self.sums_loss),
         ]
 
     @classmethod
@@ -123,6 +128,10 @@ RETURNS_WRAP = "returns:"
 # ``backs:name:shape``: a name this file calls with an optimizer is, in the whole run, a helper that backpropagates the
 # loss it is handed on every call and steps the optimizer only when a flag argument is true (:class:`BackwardHelper`).
 BACKWARD_HELPER = "backs:"
+# ``sums:name:position``: every class construction this file assigns to ``name`` builds, apart from data-parallel
+# wrappers, a class of the run (or of a folder beside it that the file imports) whose ``forward`` returns a loss summed
+# over samples or tokens, at ``position`` of the returned tuple (:mod:`gradlint.summed_losses`).
+SUMS_LOSS = "sums:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +150,7 @@ class Context:
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs its callback while gradients are scaled
     returns_wrap: frozenset[str] = frozenset()  # ``function:wrapper``: functions of the run returning a wrapped model
     backward_helpers: frozenset[str] = frozenset()  # ``name:shape``: helpers of the run that backpropagate (BackwardHelper)
+    sums_loss: frozenset[str] = frozenset()  # ``name:position``: models built from classes whose forward sums the loss
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -148,7 +158,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER,
+            RETURNS_WRAP, BACKWARD_HELPER, SUMS_LOSS,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -186,6 +196,8 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     if facts:
         calls = dataclasses.replace(calls, **facts)
     calls = _with_handed_and_wrapped(calls, text, tree)
+    if may_sum(text):
+        calls = dataclasses.replace(calls, sums_loss=summing_forwards(tree))
     return _with_assigned_and_helpers(calls, text, tree)
 
 
@@ -1034,6 +1046,7 @@ class ProjectIndex:
         dispatched: dict[str, set[str]] = {}
         returning: dict[str, dict[str, set[str]]] = {}  # unit -> function -> what each definition returns ("" for no wrap)
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
+        summing: dict[str, dict[str, set[str]]] = {}  # unit -> class -> where its forward returns a summed loss ("" for no)
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
         for path, calls in files:
             unit = unit_of[path]
@@ -1054,6 +1067,7 @@ class ProjectIndex:
             dispatched.setdefault(unit, set()).update(calls.scaled_dispatch)
             _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
+            _join_definitions(summing.setdefault(unit, {}), calls.classes, calls.sums_loss)
             for fact in calls.assigned:
                 target, callee = fact.split(":", 1)
                 bound.setdefault(unit, {}).setdefault(target, set()).add(callee)
@@ -1070,6 +1084,7 @@ class ProjectIndex:
         self._scaled_dispatch = {unit: frozenset(names) for unit, names in dispatched.items()}
         self._returns_wrap = {unit: _agreed(found) for unit, found in returning.items()}
         self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
+        self._summing = {unit: _agreed(found) for unit, found in summing.items()}
         self._bound = bound
         self._units_in: dict[str, set[str]] = {}  # each folder's units: a package beside a script, or a folder of modules
         self._imported_folders: dict[str, set[str]] = {}  # each unit's folders beside its files that they import
@@ -1078,7 +1093,7 @@ class ProjectIndex:
             self._units_in.setdefault(folder, set()).add(unit_of[path])
             self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
         self._unit_of = unit_of
-        self._known: dict[str, tuple[dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
+        self._known: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
         """What a file's findings depend on beyond its own text, among its own functions' names.
@@ -1098,7 +1113,8 @@ class ProjectIndex:
         (:mod:`gradlint.scaler_release_facts`). Prefixed ``returns:``, ``function:wrapper`` for the functions
         of the unit or of a folder beside it that it imports whose result this file assigns and which return a
         wrapped model; prefixed ``backs:``, ``name:shape`` for the backward helpers it hands an optimizer to
-        (:meth:`_known_to`). :class:`Context` reads them all back.
+        (:meth:`_known_to`); prefixed ``sums:``, ``name:position`` for the names it binds only to models whose
+        ``forward`` returns a summed loss (:func:`_summing_models`). :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1114,7 +1130,7 @@ class ProjectIndex:
         releases = self._releases.get(unit, frozenset()) - calls.defines - calls.classes
         scaled = [fact for fact in self._scaled_dispatch.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
         callees = {fact.split(":", 1)[1] for fact in calls.assigned}
-        returned, helpers = self._known_to(unit)
+        returned, helpers, summing = self._known_to(unit)
         returns = sorted(f"{name}:{returned[name]}" for name in callees - calls.top_level if name in returned)
         backs = sorted(f"{name}:{helpers[name]}" for name in calls.hands if name in helpers)
         return (
@@ -1130,10 +1146,12 @@ class ProjectIndex:
             + tuple(SCALED_DISPATCH + name for name in sorted(scaled))
             + tuple(RETURNS_WRAP + fact for fact in returns)
             + tuple(BACKWARD_HELPER + fact for fact in backs)
+            + tuple(SUMS_LOSS + fact for fact in _summing_models(calls.assigned, summing))
         )
 
-    def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
-        """The functions returning a wrapped model and the backward helpers a unit's files can call: the unit's own,
+    def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """The functions returning a wrapped model, the backward helpers and the classes whose forward sums the loss
+        that a unit's files can call: the unit's own,
         and those of the folders beside its files that they import, a package or a folder of modules
         (``from utils.torch_utils import smart_DDP`` in a script beside ``utils/``, ``import util.misc as misc``); the
         unit decides a name both know. A helper class is reached through the names the unit binds to its instances.
@@ -1144,18 +1162,21 @@ class ProjectIndex:
             known = self._known[unit] = self._merge_known(unit)
         return known
 
-    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
+    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         units = [unit]
         for folder in sorted(self._imported_folders.get(unit, ())):
             units.extend(sorted(self._units_in.get(folder, set()) - set(units)))
         returned: dict[str, str] = {}
         shapes: dict[str, str] = {}
+        summing: dict[str, str] = {}
         for each in units:
             for name, key in self._returns_wrap.get(each, {}).items():
                 returned.setdefault(name, key)
             for name, shape in self._helper_shapes.get(each, {}).items():
                 shapes.setdefault(name, shape)
-        return returned, _helpers_by_name(shapes, self._bound.get(unit, {}))
+            for name, position in self._summing.get(each, {}).items():
+                summing.setdefault(name, position)
+        return returned, _helpers_by_name(shapes, self._bound.get(unit, {})), summing
 
 
 def _join_definitions(table: dict[str, set[str]], defined: Iterable[str], facts: Iterable[str]) -> None:
@@ -1182,6 +1203,25 @@ def _helpers_by_name(shapes: dict[str, str], bound: dict[str, set[str]]) -> dict
         known = {shapes.get(f"{callee}()", "") for callee in callees}
         if len(known) == 1 and "" not in known:
             found.setdefault(name, known.pop())
+    return found
+
+
+def _summing_models(assigned: frozenset[str], summing: dict[str, str]) -> list[str]:
+    """``name:position`` for each name the file binds to models of classes whose forward returns a summed loss: every
+    class construction assigned to it (``target:callee`` in ``assigned``) builds one of them, the same place of the
+    returned tuple each time, or wraps a model for data parallelism (``model = DDP(model)``)."""
+    built: dict[str, set[str]] = {}
+    for fact in assigned:
+        target, callee = fact.split(":", 1)
+        built.setdefault(target, set()).add(callee)
+    if not any(c in summing for callees in built.values() for c in callees):
+        return []  # the frameworks' wrapper names are loaded only when needed
+    wrappers = set(_names().wrap_classes)
+    found = []
+    for target, callees in sorted(built.items()):
+        positions = {summing[c] for c in callees if c in summing}
+        if len(positions) == 1 and all(c in summing or c in wrappers for c in callees):
+            found.append(f"{target}:{positions.pop()}")
     return found
 
 

@@ -13,6 +13,7 @@ from gradlint.fixes import clearing as fixes
 from gradlint import frameworks
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
+from gradlint.module_index import Unpacked
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.optimizer_updates import UpdateScale, too_large, update_scale
@@ -933,6 +934,13 @@ class UnscaledAccumulatedLoss(Rule):
       are already means (``per_quantile_losses.sum()``, ``torch.stack([...]).sum()``)
       is no sum over samples, nor is the sum of what an unseen criterion returns
       (``fixtures/realworld/gl004_per_quantile_sum_accumulated__DeepLearningExamples.py``);
+    - the loss is what a model returns whose ``forward``, in another file of the run,
+      sums it over tokens (``_, loss, metrics = model(...)``, also through a function
+      of the module returning it, with ``model = VALLE(...)`` and ``VALLE.forward(...,
+      reduction="sum")`` returning ``total_loss`` made only of criteria reducing by
+      ``reduction``; a forward that then divides by the token count is a mean:
+      ``fixtures/crossfile/loss_summed_in_model_forward__icefall``,
+      ``fixtures/crossfile/loss_averaged_in_model_forward__icefall``);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
       reports that loop, naming the undivided loss in its message;
     - the backward sits in the branch of ``if accumulation_steps > 1:`` that
@@ -1306,6 +1314,8 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         table = index.assignments.get(function, {})  # where the loss is made, even when inlined
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
+            if _from_summing_model(model, value, function, depth=0):
+                return True
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
@@ -1323,6 +1333,68 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
                 return True
     return False
+
+
+def _from_summing_model(model: LoopModel, value, function: cst.FunctionDef | None, depth: int) -> bool:
+    """Whether a loss is what a model returns whose ``forward`` sums it over samples or tokens, as another file of the
+    run says (``LoopModel.summing_models``: ``_, loss, metrics = model(x=..., y=...)`` with ``model = VALLE(...)`` and
+    ``VALLE.forward(..., reduction="sum")`` returning ``total_loss`` at that place), also through a function of the
+    module that returns it (``_, loss, info = compute_loss(model=model, ...)``). The call must leave ``reduction``
+    alone (or pass ``"sum"``), and every value the module binds the model's name to must be a class's construction
+    (checked by the run) or the model itself (``model.to(device)``, ``model.module``).
+    """
+    position = -1
+    if isinstance(value, Unpacked):
+        value, position = value.value, value.position
+    if type(value) is not cst.Call or depth > 2 or model.index is None:
+        return False
+    name = dotted_name(value.func)
+    if name is None:
+        return False
+    summing = dict(fact.rsplit(":", 1) for fact in model.summing_models)
+    if last_name(name) in summing:
+        return (
+            int(summing[last_name(name)]) == position
+            and _leaves_reduction_to_forward(value)
+            and _bound_only_to_models(model, last_name(name))
+        )
+    callee = model.index.module_functions.get(name)
+    returned = model.index.returned(callee) if callee is not None else []
+    if not returned:
+        return False
+    for each in returned:
+        if position >= 0:
+            elements = each.elements if type(each) is cst.Tuple else ()
+            each = elements[position].value if len(elements) > position else None
+        if type(each) is not cst.Name:
+            return False
+        values = model.index.assignments.get(callee, {}).get(each.value, [])
+        if not values or not all(_from_summing_model(model, v, callee, depth + 1) for v in values):
+            return False
+    return True
+
+
+def _leaves_reduction_to_forward(call: cst.Call) -> bool:
+    """No ``reduction=`` but ``"sum"``, and no ``**kwargs`` that could hold one."""
+    if any(arg.star == "**" for arg in call.args):
+        return False
+    given = keyword_arg(call, "reduction")
+    return given is None or _reduction(call) == "sum"
+
+
+def _bound_only_to_models(model: LoopModel, name: str) -> bool:
+    """Every value the module assigns to ``name`` is a class's construction or made from ``name`` itself."""
+    for value in model.index.assigned_anywhere(name):
+        if isinstance(value, Unpacked) or type(value) not in (cst.Call, cst.Attribute):
+            return False
+        if type(value) is cst.Call and (callee_name(value) or "")[:1].isupper():
+            continue
+        root = value
+        while type(root) in (cst.Call, cst.Attribute):
+            root = root.func if type(root) is cst.Call else root.value
+        if type(root) is not cst.Name or last_name(root.value) != name:
+            return False
+    return True
 
 
 # Losses that reduce by the mean unless given another ``reduction``: ``F.cross_entropy``, ``nn.MSELoss()``...
