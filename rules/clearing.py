@@ -40,7 +40,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, terminal, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, scales_down, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -832,10 +832,104 @@ def _undivided_too(model: LoopModel, root, acc: Accumulation, zero: Event) -> st
     return f"; once the clear moves, also divide the loss of the backward at line {model.line(undivided[0].node)} by {count}"
 
 
-def _divided_for_step(backward: Event) -> bool:
-    """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
+def _mean_of_own_micro_batch(model: LoopModel, backward: Event, acc: Accumulation, loop: Frame) -> cst.BaseExpression | None:
+    """The divisor, when a loss is divided only by a count of its own micro-batch: a mean over that micro-batch alone.
+
+    ``loss = torch.sum(nll) / (tokens + 1e-8) * dp_size`` with ``tokens = torch.sum(loss_mask)`` counted in the same
+    iteration (in the loop's body, or in a helper the loop calls) from a tensor of the function's own: every value
+    that scales the loss down has that shape, maybe times a rank factor (``dp_size``, the world size). A count made
+    before the loop over the whole batch, an attribute, a parameter, or any other factor (``loss * scale``) may
+    divide by the accumulated batch: then nothing is said.
+    """
+    if model.index is None or type(backward.loss) is not cst.Name:
+        return None
+    function = function_holding(model, backward.node)
+    table = model.index.assignments.get(function, {})
+    if function is None or any(dotted_name(n.target) == backward.loss.value for n in model.index.augmented.get(function, ())):
+        return None
+    divisor = None
+    for value in table.get(backward.loss.value, []):
+        if not isinstance(value, cst.BaseExpression) or not scales_down(value):
+            continue
+        while type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply and _rank_factor(model, value.right, table):
+            value = value.left
+        if type(value) is not cst.BinaryOperation or type(value.operator) is not cst.Divide:
+            return None
+        count = _without_epsilon(value.right)
+        if type(count) is not cst.Name or not _counted_in_iteration(model, count.value, function, table, acc, loop):
+            return None
+        divisor = value.right
+    return divisor
+
+
+def _without_epsilon(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``(tokens + 1e-8)`` read as ``tokens``."""
+    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Add:
+        epsilon = number(node.right)
+        if epsilon is not None and 0 < epsilon <= 1e-3:
+            return node.left
+    return node
+
+
+_RANK_COUNT = re.compile(r"world_size|get_world_size|num_processes|num_replicas")
+
+
+def _rank_factor(model: LoopModel, node: cst.BaseExpression, table: dict) -> bool:
+    """``dp_size`` assigned only the world size, a mesh's named dimension (``mesh.size("dp")``) or 1: a factor over ranks."""
+
+    def over_ranks(value: cst.BaseExpression) -> bool:
+        if type(value) is cst.IfExp:
+            return over_ranks(value.body) and over_ranks(value.orelse)
+        if number(value) == 1:
+            return True
+        if type(value) is cst.Call:
+            name = callee_name(value) or ""
+            if name == "size":
+                given = positional_args(value)
+                return len(value.args) == 1 and bool(given) and type(given[0].value) is cst.SimpleString
+            return bool(_RANK_COUNT.search(name)) and not value.args
+        name = dotted_name(value)
+        return name is not None and bool(_RANK_COUNT.search(last_name(name)))
+
+    if over_ranks(node):
+        return True
+    values = table.get(dotted_name(node), []) if type(node) is cst.Name else []
+    return bool(values) and all(isinstance(v, cst.BaseExpression) and over_ranks(v) for v in values)
+
+
+# Counts of a tensor's entries: ``torch.sum(mask)``, ``mask.sum()``, ``mask.numel()``, ``torch.count_nonzero(mask)``.
+_COUNTS = frozenset({"sum", "numel", "count_nonzero"})
+
+
+def _counted_in_iteration(
+    model: LoopModel, name: str, function: cst.FunctionDef, table: dict, acc: Accumulation, loop: Frame
+) -> bool:
+    """Whether every value of ``name`` counts the entries of a tensor the function itself made (not ``self.``'s, not a
+    parameter's), each counted once per micro-batch: in the accumulating loop's body, or in a helper it calls."""
+    values = table.get(name, [])
+    if not values:
+        return False
+    iteration = acc.frame.node if acc.style == "micro_loop" else loop.node  # what runs once per micro-batch
+    loop_function = function_holding(model, iteration)
+    for value in values:
+        if type(value) is not cst.Call or callee_name(value) not in _COUNTS:
+            return False
+        counted = positional_args(value)[0].value if dotted_name(value.func) in ("torch.sum", "torch.count_nonzero") and value.args else (
+            value.func.value if type(value.func) is cst.Attribute else None
+        )
+        if type(counted) is not cst.Name or counted.value not in table:
+            return False  # not a tensor the function made
+        made = [v.value if isinstance(v, Unpacked) else v for v in table[counted.value]]
+        if function is loop_function and not all(lies_in(model, v, iteration) for v in (value, *made)):
+            return False  # counted, or the tensor counted made, before the loop: the whole batch's
+    return True
+
+
+def _divided_for_step(backward: Event, division_counts: bool = True) -> bool:
+    """Whether a backward's loss needs no division for accumulation: divided (unless ``division_counts`` is False: a
+    mean over its own micro-batch), handed to a framework, or a given gradient."""
     return (
-        backward.normalised
+        (backward.normalised and division_counts)
         or backward.framework == "closure"  # the step's closure backpropagates: nothing accumulates
         or frameworks.divides_by_count(backward)
         or backward.with_context("accumulate")
@@ -889,7 +983,13 @@ class UnscaledAccumulatedLoss(Rule):
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
       ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
       a division by the world size alone does not count: DDP already
-      averages over ranks and the micro-batches are still summed; nor does
+      averages over ranks and the micro-batches are still summed; nor does a
+      division by a count of the micro-batch's own tokens, made in the same
+      iteration (``torch.sum(nll) / (torch.sum(loss_mask) + 1e-8)``, also in a
+      helper the loop calls): a mean over one micro-batch, reported with the
+      divisor named (``fixtures/realworld/gl004_micro_batch_token_mean__verl.py``;
+      a count of the whole batch's tokens made before the loop divides:
+      ``fixtures/accumulation/gl004_tokens_counted_over_whole_batch.py``); nor does
       a division by a running counter, ``n += 1`` per micro-batch and
       ``n = 0`` in the ``if n >= accum:`` branch that steps, which is 1, 2,
       ... rather than the count, and is reported on the division itself,
@@ -1000,7 +1100,8 @@ class UnscaledAccumulatedLoss(Rule):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if _divided_for_step(backward) or _thrown_away(model, root, backward, step, loop):
+                    own_mean = _mean_of_own_micro_batch(model, backward, acc, loop) if backward.normalised else None
+                    if _divided_for_step(backward, own_mean is None) or _thrown_away(model, root, backward, step, loop):
                         continue
                     if _another_optimizers_micro_batch(root, backward, step, loop):
                         continue
@@ -1014,10 +1115,14 @@ class UnscaledAccumulatedLoss(Rule):
                             f"weigh more than the last; divide by {count}",
                         )
                         continue
+                    divided = (
+                        f" (it is divided by `{model.code(own_mean)}`, counted from its own micro-batch: a mean over one "
+                        f"micro-batch, not over the accumulated batch)" if own_mean is not None else ""
+                    )
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
-                        f"but the loss is not divided by {count}: {too_large(*_update_scale(model, step))}",
+                        f"but the loss is not divided by {count}{divided}: {too_large(*_update_scale(model, step))}",
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,),
                     )
