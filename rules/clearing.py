@@ -963,7 +963,8 @@ class UnscaledAccumulatedLoss(Rule):
     of samples or tokens against a virtual batch size, also with an "or last
     batch" clause: ``if samples_seen >= virtual_batch_size or is_last:``
     whose branch sets the count back), or from an inner loop of micro-batches
-    (``for _ in range(accum)``, ``batch.chunk(k)``, or a ``while`` loop that
+    (``for _ in range(accum)``, ``batch.chunk(k)``, a loader over the batch's
+    sub-batches: ``fixtures/realworld/gl004_subbatch_means_summed__deepqmc.py``, or a ``while`` loop that
     runs until a counter it adds to reaches a threshold, also in a helper
     method whose caller steps).
 
@@ -1663,11 +1664,11 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
 
 
 # An inner loop whose header says it runs over micro-batches.
-_MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
+_MICRO_LOOP_WORDS = re.compile(r"accum|micro|sub_?batch|chunk|split|shard", re.IGNORECASE)
 
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
-    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..., or a ``while`` loop that
+    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ``subbatches``, ..., or a ``while`` loop that
     runs until a count of its own reaches a threshold (``_counted_while``)."""
     if type(loop_node) is cst.While:
         return _counted_while(loop_node)
