@@ -959,6 +959,12 @@ class UnscaledAccumulatedLoss(Rule):
     two different literals. A division by ``len(loader)`` or a batch size
     beside the guard's count is left alone.
 
+    And a loss term multiplied by the accumulation count that the other terms
+    of the same loss are divided by (``l_total += a / self.accum_iters`` beside
+    ``l_total += b * self.accum_iters``): the function's own division says what
+    the count is, so this is reported even when the guard is in a caller of
+    another file (``fixtures/realworld/gl004_loss_term_multiplied_by_count__traiNNer-redux.py``).
+
     Accumulation is read from a guard (``%``, a flag made from one, a count
     of samples or tokens against a virtual batch size, also with an "or last
     batch" clause: ``if samples_seen >= virtual_batch_size or is_last:``
@@ -1080,6 +1086,7 @@ class UnscaledAccumulatedLoss(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if any(e.framework == "comm_hook" for root in model.roots for e in root.events_of(GRAD_DIVIDE)):
             return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
+        yield from _multiplied_by_the_count(model)
         for root in model.roots:
             wiped: set[int] | None = None  # the steps whose micro-batches a clear on the stepping one wipes
             for step, loop in steps_with_loops(root):
@@ -1127,6 +1134,43 @@ class UnscaledAccumulatedLoss(Rule):
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,),
                     )
+
+
+def _multiplied_by_the_count(model: LoopModel) -> Iterator[Report]:
+    """Loss terms multiplied by the accumulation count that the other terms of the same loss are divided by.
+
+    ``l_total += term_a / self.accum_iters`` beside ``l_total += term_b * self.accum_iters``, both into the loss a
+    backward of the function backpropagates: the function's own division says the count is the number of
+    micro-batches, so the product makes that term ``accum_iters ** 2`` times what it should be. Reported at the
+    product whether or not the accumulation guard is visible (the flag may come from a caller in another file).
+    Only a name said to be an accumulation count (``accum`` in its last part) counts.
+    """
+    if model.index is None:
+        return
+    seen: set[int] = set()
+    for root in model.roots:
+        for backward in root.events_of(EventKind.BACKWARD):
+            function = function_holding(model, backward.node)
+            name = dotted_name(backward.loss) if backward.loss is not None else None
+            if function is None or name is None or (id(function), name) in seen:
+                continue
+            seen.add((id(function), name))
+            terms = [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+            terms += [n.value for n in model.index.augmented.get(function, ()) if type(n.operator) is cst.AddAssign and dotted_name(n.target) == name]
+            divisors = {dotted_name(n.right) for t in terms for n in walk(t) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide}
+            for term in terms:
+                for node in walk(term):
+                    if type(node) is not cst.BinaryOperation or type(node.operator) is not cst.Multiply:
+                        continue
+                    factor = next((side for side in (node.right, node.left) if dotted_name(side) in divisors), None)
+                    count = dotted_name(factor) if factor is not None else None
+                    if count is not None and _ACCUMULATION_COUNT.search(last_name(count)):
+                        yield Report(
+                            node,
+                            f"this loss term is multiplied by `{count}`, the accumulation count the other terms of "
+                            f"`{name}` are divided by: it weighs `{count}` squared times what it should in the "
+                            f"gradient `{model.code(backward.node)}` accumulates; divide it by `{count}` too",
+                        )
 
 
 def _wrong_divisors(model: LoopModel, acc: Accumulation, step: Event) -> Iterator[Report]:
