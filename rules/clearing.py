@@ -959,6 +959,12 @@ class UnscaledAccumulatedLoss(Rule):
     two different literals. A division by ``len(loader)`` or a batch size
     beside the guard's count is left alone.
 
+    A loss divided by the guard's count at its backward whose every term was
+    divided by the same count already (``weighted = loss * w / acc`` summed into
+    ``total``, then ``(total / acc).backward()``) is divided by the count squared:
+    reported at the outer division
+    (``fixtures/realworld/gl004_loss_divided_twice_by_count__modalities.py``).
+
     And a loss term multiplied by the accumulation count that the other terms
     of the same loss are divided by (``l_total += a / self.accum_iters`` beside
     ``l_total += b * self.accum_iters``): the function's own division says what
@@ -1104,6 +1110,7 @@ class UnscaledAccumulatedLoss(Rule):
                 if id(step) in wiped:
                     continue  # nothing accumulates either: GL003 reports the clear before the stepping backward
                 yield from _wrong_divisors(model, acc, step)
+                yield from _divided_twice(model, acc, step)
                 if _deliberate_sum(model, root, acc):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
@@ -1201,6 +1208,60 @@ def _wrong_divisors(model: LoopModel, acc: Accumulation, step: Event) -> Iterato
                     f"`{model.code(acc.count)} / {model.code(divisor)}` times the accumulated batch's mean; divide by "
                     f"`{model.code(acc.count)}`",
                 )
+
+
+def _divided_twice(model: LoopModel, acc: Accumulation, step: Event) -> Iterator[Report]:
+    """A loss divided by the guard's count at its backward whose every term was divided by the same count already.
+
+    ``weighted = loss * w / self.gradient_acc_steps`` summed into ``total_loss``, then
+    ``(total_loss / self.gradient_acc_steps).backward()``: divided by the count squared. Reported at the outer
+    division, the one to remove. Only divisions written in the backward's function, followed through names whose
+    every value (``=`` and ``+=``) is such a division.
+    """
+    if acc.count is None or model.index is None:
+        return
+    for backward in acc.backwards:
+        if backward.framework is not None or backward.call_chain or backward.loss is None:
+            continue
+        outer = backward.loss
+        if type(outer) is not cst.BinaryOperation or type(outer.operator) is not cst.Divide or not _same_count(model, outer.right, acc.count):
+            continue
+        function = function_holding(model, backward.node)
+        if _every_term_divided_by(model, outer.left, acc.count, function, depth=0):
+            yield Report(
+                outer,
+                f"the loss is divided by `{model.code(acc.count)}` here, and every term of `{model.code(outer.left)}` "
+                f"already was: divided by `{model.code(acc.count)}` squared, so `{step.target}`, which steps "
+                f"{accumulation_place(model, acc)}, gets a gradient `{model.code(acc.count)}` times too small; divide once",
+            )
+
+
+def _every_term_divided_by(
+    model: LoopModel, value: cst.BaseExpression, count: cst.BaseExpression, function: cst.FunctionDef | None, depth: int
+) -> bool:
+    """Whether ``value`` is a division by ``count``, or a sum of such, or a name whose every value (``=``, ``+=``) is."""
+    while type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply and number(value.right) is not None:
+        value = value.left
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Divide:
+        return _same_count(model, value.right, count)
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Add:
+        return all(_every_term_divided_by(model, side, count, function, depth) for side in (value.left, value.right))
+    if type(value) is not cst.Name or depth >= 3:
+        return False
+    values = [v for v in model.index.assignments.get(function, {}).get(value.value, [])]
+    values += [n.value for n in model.index.augmented.get(function, ()) if dotted_name(n.target) == value.value]
+    if any(type(n.operator) is not cst.AddAssign for n in model.index.augmented.get(function, ()) if dotted_name(n.target) == value.value):
+        return False
+    terms = [v for v in values if not _neutral(v)]  # ``total = None`` or ``total = 0.0`` before the sum
+    return bool(terms) and all(
+        isinstance(v, cst.BaseExpression) and _every_term_divided_by(model, v, count, function, depth + 1) for v in terms
+    )
+
+
+def _neutral(value) -> bool:
+    if not isinstance(value, cst.BaseExpression):
+        return False
+    return (type(value) is cst.Name and value.value == "None") or number(value) == 0
 
 
 def _loss_divisions(model: LoopModel, backward: Event) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
