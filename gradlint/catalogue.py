@@ -135,6 +135,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((STEP, _TOKEN_6),),
     ),
     RuleInfo(
+        code='GL015',
+        name='clip-only-under-accumulation-guard',
+        summary='clipping sits under an accumulation guard but the optimizer steps and clears on every micro-batch',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP, 'clip', 'accum'),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',
