@@ -78,7 +78,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, 'clip_grad'), (BACKWARD, STEP, '.grad')),
+        needs=((BACKWARD, STEP, 'clip_grad'), (BACKWARD, STEP, '.grad'), (BACKWARD, STEP, 'clipper')),
     ),
     RuleInfo(
         code='GL007',

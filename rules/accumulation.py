@@ -64,7 +64,10 @@ class ClipPerMicroBatch(Rule):
     Clipping written out in the module counts whatever it is called
     (``clipper.step(params)``): a function or method of the module that
     reads ``.grad``, computes ``max_norm / (total_norm + eps)``, caps it at 1
-    and scales the gradients by it, as ``clip_grad_norm_`` does.
+    and scales the gradients by it, as ``clip_grad_norm_`` does. So does a
+    clipper built elsewhere and held under a name that says so
+    (``self.gradient_clipper(model)``, a configured ``clip_grad_norm_``:
+    ``fixtures/realworld/gl006_configured_clipper_every_micro_batch__modalities.py``).
 
     **Bad**::
 
@@ -102,7 +105,7 @@ class ClipPerMicroBatch(Rule):
     severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
     # clip_grad_norm_, clip_grad_value_, clip_gradients; clipping written out in the module reads ``.grad``
-    needs = ((BACKWARD, STEP, "clip_grad"), (BACKWARD, STEP, ".grad"))
+    needs = ((BACKWARD, STEP, "clip_grad"), (BACKWARD, STEP, ".grad"), (BACKWARD, STEP, "clipper"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
