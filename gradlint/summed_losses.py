@@ -116,13 +116,16 @@ def _sums(value: ast.expr, name: str, summing: set[str]) -> bool | None:
     literal, the name itself scaled by a literal), None when it is not certainly a sum (another call, a mean, the sum
     divided by something not a literal)."""
     evidence = False
-    for node in ast.walk(value):
+    stack: list[ast.AST] = [value]
+    while stack:
+        node = stack.pop()
         if isinstance(node, ast.Call):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if not _CRITERION.search(callee) or not _reduces_by_sum(node, summing):
                 return None
             evidence = True
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            continue  # what the criterion is handed (``logits.view(-1, V)``) does not change how it reduces
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
             holds_sum = any(
                 isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id == name) for n in ast.walk(node.left)
             )
@@ -130,6 +133,7 @@ def _sums(value: ast.expr, name: str, summing: set[str]) -> bool | None:
                 return None
         elif isinstance(node, ast.Attribute) and node.attr in _MEANS:
             return None
+        stack.extend(ast.iter_child_nodes(node))
     return evidence
 
 
