@@ -57,3 +57,13 @@ def test_a_literal_sum_returned_alone():
 def test_not_certainly_a_sum(body):
     source = "import torch.nn.functional as F\nclass Model:\n" + textwrap.indent(body, "    ") + "\n"
     assert _found(source) == frozenset()
+
+
+def test_a_name_counts_only_when_every_class_built_into_it_sums_or_wraps_for_data_parallelism():
+    from gradlint.project_index import _summing_models
+
+    summing = {"VALLE": "1", "Other": "-1"}
+    assert _summing_models(frozenset({"model:VALLE", "model:DistributedDataParallel"}), summing) == ["model:1"]
+    assert _summing_models(frozenset({"model:VALLE", "model:Transformer"}), summing) == []  # built from an unread class too
+    assert _summing_models(frozenset({"model:VALLE", "model:Other"}), summing) == []  # the loss at two places
+    assert _summing_models(frozenset({"net:Transformer"}), summing) == []
