@@ -60,6 +60,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         unscaled_by_caller=known.unscaled_by_caller,
         wrapped_by_caller=known.wrapped_by_caller,
         returned_wraps=known.returns_wrap,
+        summing_models=known.sums_loss,
         keeps_handed=known.keeps_handed,
         handed_scaler=known.handed_scaler,
         clamp_hooks=known.clamp_hooks,

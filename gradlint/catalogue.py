@@ -78,7 +78,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, 'clip_grad'), (BACKWARD, STEP, '.grad')),
+        needs=((BACKWARD, STEP, 'clip_grad'), (BACKWARD, STEP, '.grad'), (BACKWARD, STEP, 'clipper')),
     ),
     RuleInfo(
         code='GL007',
@@ -133,6 +133,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         fix=None,
         enabled_by_default=True,
         needs=((STEP, _TOKEN_6),),
+    ),
+    RuleInfo(
+        code='GL015',
+        name='clip-only-under-accumulation-guard',
+        summary='clipping sits under an accumulation guard but the optimizer steps and clears on every micro-batch',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP, 'clip', 'accum'),),
     ),
     RuleInfo(
         code='GL101',

@@ -596,6 +596,9 @@ class EventBuilder:
         if helper is not None:
             self._inline(helper, call, scope, out)
             return
+        if _configured_clipper(call):
+            emit(EventKind.CLIP, framework=None)  # ``self.gradient_clipper(model)``: a clipping function built elsewhere
+            return
         if name and _CLEAR_HELPER.search(name):
             emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
             return
@@ -1283,6 +1286,21 @@ def _of_grad(node: cst.BaseExpression | None) -> bool:
             node = receiver(node)
         else:
             return False
+
+
+# A callable held under a name that says it clips gradients: ``self.gradient_clipper(model)``, ``grad_clipper(params)``.
+_CLIPPER = re.compile(r"^_?(grad|gradient)s?_?clipper$")
+
+
+def _configured_clipper(call: cst.Call) -> bool:
+    """``self.gradient_clipper(model)``: a call of a name or ``self.`` attribute that holds a gradient clipper built
+    elsewhere (a configured ``clip_grad_norm_`` partial or lambda); the module cannot see into it, and the name says
+    what it does."""
+    func = call.func
+    if type(func) is cst.Attribute and not (type(func.value) is cst.Name and func.value.value == "self"):
+        return False
+    name = dotted_name(func)
+    return name is not None and _CLIPPER.search(name.rsplit(".", 1)[-1]) is not None
 
 
 def _scales_gradients(call: cst.Call, method: str | None) -> bool:

@@ -184,6 +184,7 @@ class LoopModel:
     unscaled_by_caller: frozenset[str] = frozenset()  # functions some caller in the run unscales gradients around
     wrapped_by_caller: frozenset[str] = frozenset()  # ``function:argument:wrapper``: a caller hands it a data-parallel model
     returned_wraps: frozenset[str] = frozenset()  # ``function:wrapper``: functions of other files that return a wrapped model
+    summing_models: frozenset[str] = frozenset()  # ``name:position``: names bound only to models whose forward sums the loss
     keeps_handed: frozenset[str] = frozenset()  # functions of the run handed an optimizer here that never clear gradients
     handed_scaler: frozenset[str] = frozenset()  # functions some call of the run hands a grad scaler
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled

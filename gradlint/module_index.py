@@ -264,6 +264,10 @@ class ModuleIndex:
                 if name not in divided and all(_made_of_divided(v, divided, self.file.children) for v in values):
                     divided.add(name)
 
+    def returned(self, function: cst.FunctionDef) -> list[cst.BaseExpression]:
+        """The values a function's own ``return`` statements hand back."""
+        return self._returned.get(function, [])
+
     def assigned_anywhere(self, name: str | None) -> list[cst.BaseExpression]:
         """Every value the module assigns to ``name``, in any function, in the order of ``assignments`` (its functions,
         then each one's values). One table for all names: a rule asking this for each call no longer walks every

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
 from gradlint.scaler_release_facts import scaler_release_facts
+from gradlint.summed_losses import may_sum, summing_forwards
 
 # A called name that says the call does gradient work itself.
 _GRADIENT_WORK = re.compile(r"zero|grad|step|backward|update|optimi[sz]|unscale|clip|sync|accum", re.IGNORECASE)
@@ -83,6 +84,9 @@ class FileCalls:
     top_level: frozenset[str] = frozenset()  # the names of the module-level functions the file defines
     # Its functions that clip gradients by hooks on a model's parameters (:mod:`gradlint.scaler_release_facts`)
     clamp_hooks: frozenset[str] = frozenset()
+    # ``Class:position`` for the classes defined here whose ``forward`` returns a loss summed over samples or tokens, at
+    # that place of the returned tuple (-1: the loss alone): what :func:`gradlint.summed_losses.summing_forwards` finds
+    sums_loss: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -94,6 +98,7 @@ class FileCalls:
             sorted(self.hands_scaler), sorted(self.releases), sorted(self.scaled_dispatch),
             sorted(self.returns_wrap), sorted(self.assigned), sorted(self.backward_helpers), sorted(self.top_level),
             sorted(self.clamp_hooks),
+            sorted(self.sums_loss),
         ]
 
     @classmethod
@@ -129,6 +134,10 @@ BACKWARD_HELPER = "backs:"
 # ``clamps:name``: a function of the run (every definition of the name agreeing) that clips gradients by hooks on the
 # parameters of a model, inside the backward (:mod:`gradlint.scaler_release_facts`).
 CLAMP_HOOKS = "clamps:"
+# ``sums:name:position``: every class construction this file assigns to ``name`` builds, apart from data-parallel
+# wrappers, a class of the run (or of a folder beside it that the file imports) whose ``forward`` returns a loss summed
+# over samples or tokens, at ``position`` of the returned tuple (:mod:`gradlint.summed_losses`).
+SUMS_LOSS = "sums:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +157,7 @@ class Context:
     returns_wrap: frozenset[str] = frozenset()  # ``function:wrapper``: functions of the run returning a wrapped model
     backward_helpers: frozenset[str] = frozenset()  # ``name:shape``: helpers of the run that backpropagate (BackwardHelper)
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
+    sums_loss: frozenset[str] = frozenset()  # ``name:position``: models built from classes whose forward sums the loss
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -155,7 +165,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS,
+            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -193,6 +203,8 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     if facts:
         calls = dataclasses.replace(calls, **facts)
     calls = _with_handed_and_wrapped(calls, text, tree)
+    if may_sum(text):
+        calls = dataclasses.replace(calls, sums_loss=summing_forwards(tree))
     return _with_assigned_and_helpers(calls, text, tree)
 
 
@@ -1043,6 +1055,7 @@ class ProjectIndex:
         not_clamping: dict[str, set[str]] = {}
         returning: dict[str, dict[str, set[str]]] = {}  # unit -> function -> what each definition returns ("" for no wrap)
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
+        summing: dict[str, dict[str, set[str]]] = {}  # unit -> class -> where its forward returns a summed loss ("" for no)
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
         for path, calls in files:
             unit = unit_of[path]
@@ -1065,6 +1078,7 @@ class ProjectIndex:
             not_clamping.setdefault(unit, set()).update(calls.defines - calls.clamp_hooks)
             _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
+            _join_definitions(summing.setdefault(unit, {}), calls.classes, calls.sums_loss)
             for fact in calls.assigned:
                 target, callee = fact.split(":", 1)
                 bound.setdefault(unit, {}).setdefault(target, set()).add(callee)
@@ -1082,6 +1096,7 @@ class ProjectIndex:
         self._clamp_hooks = {unit: frozenset(clamping[unit] - not_clamping[unit]) for unit in clamping}
         self._returns_wrap = {unit: _agreed(found) for unit, found in returning.items()}
         self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
+        self._summing = {unit: _agreed(found) for unit, found in summing.items()}
         self._bound = bound
         self._units_in: dict[str, set[str]] = {}  # each folder's units: a package beside a script, or a folder of modules
         self._imported_folders: dict[str, set[str]] = {}  # each unit's folders beside its files that they import
@@ -1090,7 +1105,7 @@ class ProjectIndex:
             self._units_in.setdefault(folder, set()).add(unit_of[path])
             self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
         self._unit_of = unit_of
-        self._known: dict[str, tuple[dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
+        self._known: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
         """What a file's findings depend on beyond its own text, among its own functions' names.
@@ -1111,7 +1126,9 @@ class ProjectIndex:
         of the unit or of a folder beside it that it imports whose result this file assigns and which return a
         wrapped model; prefixed ``backs:``, ``name:shape`` for the backward helpers it hands an optimizer to
         (:meth:`_known_to`); prefixed ``clamps:``, the functions of the unit that clip gradients by hooks on a
-        model's parameters (every definition agreeing), its own among them. :class:`Context` reads them all back.
+        model's parameters (every definition agreeing), its own among them;
+        prefixed ``sums:``, ``name:position`` for the names it binds only to models whose
+        ``forward`` returns a summed loss (:func:`_summing_models`). :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1127,7 +1144,7 @@ class ProjectIndex:
         releases = self._releases.get(unit, frozenset()) - calls.defines - calls.classes
         scaled = [fact for fact in self._scaled_dispatch.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
         callees = {fact.split(":", 1)[1] for fact in calls.assigned}
-        returned, helpers = self._known_to(unit)
+        returned, helpers, summing = self._known_to(unit)
         returns = sorted(f"{name}:{returned[name]}" for name in callees - calls.top_level if name in returned)
         backs = sorted(f"{name}:{helpers[name]}" for name in calls.hands if name in helpers)
         return (
@@ -1144,10 +1161,12 @@ class ProjectIndex:
             + tuple(RETURNS_WRAP + fact for fact in returns)
             + tuple(BACKWARD_HELPER + fact for fact in backs)
             + tuple(CLAMP_HOOKS + name for name in sorted(self._clamp_hooks.get(unit, frozenset())))
+            + tuple(SUMS_LOSS + fact for fact in _summing_models(calls.assigned, summing))
         )
 
-    def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
-        """The functions returning a wrapped model and the backward helpers a unit's files can call: the unit's own,
+    def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        """The functions returning a wrapped model, the backward helpers and the classes whose forward sums the loss
+        that a unit's files can call: the unit's own,
         and those of the folders beside its files that they import, a package or a folder of modules
         (``from utils.torch_utils import smart_DDP`` in a script beside ``utils/``, ``import util.misc as misc``); the
         unit decides a name both know. A helper class is reached through the names the unit binds to its instances.
@@ -1158,18 +1177,21 @@ class ProjectIndex:
             known = self._known[unit] = self._merge_known(unit)
         return known
 
-    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str]]:
+    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
         units = [unit]
         for folder in sorted(self._imported_folders.get(unit, ())):
             units.extend(sorted(self._units_in.get(folder, set()) - set(units)))
         returned: dict[str, str] = {}
         shapes: dict[str, str] = {}
+        summing: dict[str, str] = {}
         for each in units:
             for name, key in self._returns_wrap.get(each, {}).items():
                 returned.setdefault(name, key)
             for name, shape in self._helper_shapes.get(each, {}).items():
                 shapes.setdefault(name, shape)
-        return returned, _helpers_by_name(shapes, self._bound.get(unit, {}))
+            for name, position in self._summing.get(each, {}).items():
+                summing.setdefault(name, position)
+        return returned, _helpers_by_name(shapes, self._bound.get(unit, {})), summing
 
 
 def _join_definitions(table: dict[str, set[str]], defined: Iterable[str], facts: Iterable[str]) -> None:
@@ -1196,6 +1218,25 @@ def _helpers_by_name(shapes: dict[str, str], bound: dict[str, set[str]]) -> dict
         known = {shapes.get(f"{callee}()", "") for callee in callees}
         if len(known) == 1 and "" not in known:
             found.setdefault(name, known.pop())
+    return found
+
+
+def _summing_models(assigned: frozenset[str], summing: dict[str, str]) -> list[str]:
+    """``name:position`` for each name the file binds to models of classes whose forward returns a summed loss: every
+    class construction assigned to it (``target:callee`` in ``assigned``) builds one of them, the same place of the
+    returned tuple each time, or wraps a model for data parallelism (``model = DDP(model)``)."""
+    built: dict[str, set[str]] = {}
+    for fact in assigned:
+        target, callee = fact.split(":", 1)
+        built.setdefault(target, set()).add(callee)
+    if not any(c in summing for callees in built.values() for c in callees):
+        return []  # the frameworks' wrapper names are loaded only when needed
+    wrappers = set(_names().wrap_classes)
+    found = []
+    for target, callees in sorted(built.items()):
+        positions = {summing[c] for c in callees if c in summing}
+        if len(positions) == 1 and all(c in summing or c in wrappers for c in callees):
+            found.append(f"{target}:{positions.pop()}")
     return found
 
 

@@ -1,7 +1,7 @@
 """The rule catalogue: every rule, one module per family.
 
 - ``clearing``: when gradients are cleared (GL001–GL005)
-- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011)
+- ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from gradlint.rule import Rule
 from gradlint.rules.accumulation import (
+    ClipOnlyUnderAccumulationGuard,
     ClipPerMicroBatch,
     LossDividedTwice,
     LossDividedWithoutAccumulation,
@@ -66,6 +67,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     LossDividedWithoutAccumulation,
     StepOutsideAccumulationGuard,
     OptimizerSteppedOnOneSettingBranch,
+    ClipOnlyUnderAccumulationGuard,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

@@ -1,4 +1,4 @@
-"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011).
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011, GL015).
 
 When clipping runs, who divides the loss by the number of micro-batches (the
 loop itself or the framework it hands the loss to), and whether the step waits
@@ -17,7 +17,7 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint import frameworks
 from gradlint.frameworks.framework import Backward, LossHook, ReturnedLoss
 from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings, subscript_key
-from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
 from gradlint.queries import (
@@ -64,7 +64,10 @@ class ClipPerMicroBatch(Rule):
     Clipping written out in the module counts whatever it is called
     (``clipper.step(params)``): a function or method of the module that
     reads ``.grad``, computes ``max_norm / (total_norm + eps)``, caps it at 1
-    and scales the gradients by it, as ``clip_grad_norm_`` does.
+    and scales the gradients by it, as ``clip_grad_norm_`` does. So does a
+    clipper built elsewhere and held under a name that says so
+    (``self.gradient_clipper(model)``, a configured ``clip_grad_norm_``:
+    ``fixtures/realworld/gl006_configured_clipper_every_micro_batch__modalities.py``).
 
     **Bad**::
 
@@ -102,7 +105,7 @@ class ClipPerMicroBatch(Rule):
     severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
     # clip_grad_norm_, clip_grad_value_, clip_gradients; clipping written out in the module reads ``.grad``
-    needs = ((BACKWARD, STEP, "clip_grad"), (BACKWARD, STEP, ".grad"))
+    needs = ((BACKWARD, STEP, "clip_grad"), (BACKWARD, STEP, ".grad"), (BACKWARD, STEP, "clipper"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -1032,3 +1035,118 @@ def _steps_every_micro_batch(other: Event, step: Event, loop: Frame, acc) -> boo
     if exclusive(other, step) or split_by_setting(other, step) or other.with_context("accumulate"):
         return False
     return not any(f.branch == "except" for f in other.frames)
+
+
+class ClipOnlyUnderAccumulationGuard(Rule):
+    """Clipping sits under an accumulation guard, but the optimizer steps and clears on every micro-batch outside it.
+
+    **Why it matters.** The guard (``if step % gradient_accumulation_steps == 0:``)
+    says the gradients of N micro-batches should be summed and stepped once,
+    clipped first. When the ``step()`` and the clear stay outside the guard,
+    nothing accumulates: every micro-batch is its own step, so the setting
+    changes nothing about the update, and only one step in N is clipped; the
+    other N - 1 apply their gradients unclipped, which is exactly what clipping
+    was there to prevent (a loss spike passes straight into the weights).
+
+    **Fix.** Move the optimizer's ``step()`` and ``zero_grad()`` (and a
+    per-step scheduler) under the guard, after the clip; or, when accumulation
+    is not wanted, take the clip out of the guard so that every step is clipped.
+
+    **Bad**::
+
+        for i, batch in enumerate(loader):
+            model(batch).backward()
+            if (i + 1) % gradient_accumulation_steps == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        for i, batch in enumerate(loader):
+            (model(batch) / gradient_accumulation_steps).backward()
+            if (i + 1) % gradient_accumulation_steps == 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Stays quiet when** the guard's test names no accumulation count
+    (``accum`` in a name it tests: ``if step % log_every == 0:`` is another
+    matter); an optimizer steps, or is handed to a call the module cannot see
+    into, inside the guard; a step after the clip runs under any condition but
+    a setting fixed for the whole run or a test that the optimizer exists
+    (``if optimizer1 is not None:``), or is a framework's, or is not cleared on
+    every micro-batch as well; no step follows the clip in the iteration
+    (``fixtures/accumulation/gl015_clip_only_under_guard_correct.py``).
+    """
+
+    code = "GL015"
+    name = "clip-only-under-accumulation-guard"
+    summary = "clipping sits under an accumulation guard but the optimizer steps and clears on every micro-batch"
+    severity = Severity.ERROR
+    fix = None  # move the step under the guard, or the clip out of it: which one was meant is the author's call
+    needs = ((BACKWARD, STEP, "clip", "accum"),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            for clip in root.events_of(EventKind.CLIP):
+                guard = _accumulation_guard(clip)
+                if guard is None or not clip.loops:
+                    continue
+                loop = next((f for f in reversed(clip.frames[: clip.frames.index(guard)]) if f.kind is FrameKind.LOOP), None)
+                if loop is None:
+                    continue
+                guarded = [e for e in root.events_in(loop) if guard in e.frames and e.kind in (EventKind.STEP, HANDOFF)]
+                if guarded:
+                    continue  # something steps, or may step, under the guard: the accumulation may be real
+                at = root.order(clip)
+                after = [e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at]
+                if not after or not all(_steps_and_clears_every_micro_batch(model, root, step, loop) for step in after):
+                    continue
+                others = "".join(f", `{s.target}` at line {model.line(s.node)}" for s in after[1:] if s.target != after[0].target)
+                yield Report(
+                    after[0].node,
+                    f"`{after[0].target}` steps and is cleared on every micro-batch{others} too, but the clip at line "
+                    f"{model.line(clip.node)} runs only under `if {model.code(guard.node.test)}:`: nothing accumulates, and "
+                    f"the steps in between apply unclipped gradients; move the steps and the clears under that guard, "
+                    f"after the clip (or take the clip out of it)",
+                    event=after[0], against=(clip,),
+                )
+
+
+def _accumulation_guard(event: Event) -> Frame | None:
+    """The innermost accumulation guard around ``event`` whose test names an accumulation count."""
+    for frame in reversed(event.frames):
+        if frame.kind is FrameKind.BRANCH and frame.accumulation and type(frame.node) is cst.If and frame.branch == "if":
+            if any(_names_accumulation(n) for n in walk(frame.node.test) if type(n) in (cst.Name, cst.Attribute)):
+                return frame
+            return None
+    return None
+
+
+def _steps_and_clears_every_micro_batch(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
+    """Whether an optimizer's own step runs, and its clear too, on every iteration of ``loop``: no condition around
+    either but a fixed setting or ``if <the optimizer> is not None:``."""
+    if step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
+        return False
+
+    def unconditional(event: Event) -> bool:
+        for frame in frames_inside(event, loop):
+            if frame.kind is FrameKind.WITH or (frame.kind is FrameKind.BRANCH and frame.fixed and frame.branch in ("if", "else")):
+                continue
+            if frame.kind is FrameKind.BRANCH and frame.branch == "if" and type(frame.node) is cst.If and _exists(frame.node.test, step.target):
+                continue
+            return False
+        return True
+
+    if not unconditional(step):
+        return False
+    return any(clears(model, z, step.target) and unconditional(z) for z in root.events_of(EventKind.ZERO, loop))
+
+
+def _exists(test: cst.BaseExpression, target: str | None) -> bool:
+    """``optimizer1 is not None``: a test that the optimizer was built, the same on every batch."""
+    return (
+        type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.IsNot
+        and dotted_name(test.comparisons[0].comparator) == "None" and target is not None and dotted_name(test.left) == target
+    )

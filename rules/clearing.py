@@ -13,6 +13,7 @@ from gradlint.fixes import clearing as fixes
 from gradlint import frameworks
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
+from gradlint.module_index import Unpacked
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
 from gradlint.optimizer_updates import stepped_update_scale, too_large
@@ -39,7 +40,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, terminal, walk
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, scales_down, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -831,10 +832,104 @@ def _undivided_too(model: LoopModel, root, acc: Accumulation, zero: Event) -> st
     return f"; once the clear moves, also divide the loss of the backward at line {model.line(undivided[0].node)} by {count}"
 
 
-def _divided_for_step(backward: Event) -> bool:
-    """Whether a backward's loss needs no division for accumulation: divided, handed to a framework, or a given gradient."""
+def _mean_of_own_micro_batch(model: LoopModel, backward: Event, acc: Accumulation, loop: Frame) -> cst.BaseExpression | None:
+    """The divisor, when a loss is divided only by a count of its own micro-batch: a mean over that micro-batch alone.
+
+    ``loss = torch.sum(nll) / (tokens + 1e-8) * dp_size`` with ``tokens = torch.sum(loss_mask)`` counted in the same
+    iteration (in the loop's body, or in a helper the loop calls) from a tensor of the function's own: every value
+    that scales the loss down has that shape, maybe times a rank factor (``dp_size``, the world size). A count made
+    before the loop over the whole batch, an attribute, a parameter, or any other factor (``loss * scale``) may
+    divide by the accumulated batch: then nothing is said.
+    """
+    if model.index is None or type(backward.loss) is not cst.Name:
+        return None
+    function = function_holding(model, backward.node)
+    table = model.index.assignments.get(function, {})
+    if function is None or any(dotted_name(n.target) == backward.loss.value for n in model.index.augmented.get(function, ())):
+        return None
+    divisor = None
+    for value in table.get(backward.loss.value, []):
+        if not isinstance(value, cst.BaseExpression) or not scales_down(value):
+            continue
+        while type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply and _rank_factor(model, value.right, table):
+            value = value.left
+        if type(value) is not cst.BinaryOperation or type(value.operator) is not cst.Divide:
+            return None
+        count = _without_epsilon(value.right)
+        if type(count) is not cst.Name or not _counted_in_iteration(model, count.value, function, table, acc, loop):
+            return None
+        divisor = value.right
+    return divisor
+
+
+def _without_epsilon(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``(tokens + 1e-8)`` read as ``tokens``."""
+    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Add:
+        epsilon = number(node.right)
+        if epsilon is not None and 0 < epsilon <= 1e-3:
+            return node.left
+    return node
+
+
+_RANK_COUNT = re.compile(r"world_size|get_world_size|num_processes|num_replicas")
+
+
+def _rank_factor(model: LoopModel, node: cst.BaseExpression, table: dict) -> bool:
+    """``dp_size`` assigned only the world size, a mesh's named dimension (``mesh.size("dp")``) or 1: a factor over ranks."""
+
+    def over_ranks(value: cst.BaseExpression) -> bool:
+        if type(value) is cst.IfExp:
+            return over_ranks(value.body) and over_ranks(value.orelse)
+        if number(value) == 1:
+            return True
+        if type(value) is cst.Call:
+            name = callee_name(value) or ""
+            if name == "size":
+                given = positional_args(value)
+                return len(value.args) == 1 and bool(given) and type(given[0].value) is cst.SimpleString
+            return bool(_RANK_COUNT.search(name)) and not value.args
+        name = dotted_name(value)
+        return name is not None and bool(_RANK_COUNT.search(last_name(name)))
+
+    if over_ranks(node):
+        return True
+    values = table.get(dotted_name(node), []) if type(node) is cst.Name else []
+    return bool(values) and all(isinstance(v, cst.BaseExpression) and over_ranks(v) for v in values)
+
+
+# Counts of a tensor's entries: ``torch.sum(mask)``, ``mask.sum()``, ``mask.numel()``, ``torch.count_nonzero(mask)``.
+_COUNTS = frozenset({"sum", "numel", "count_nonzero"})
+
+
+def _counted_in_iteration(
+    model: LoopModel, name: str, function: cst.FunctionDef, table: dict, acc: Accumulation, loop: Frame
+) -> bool:
+    """Whether every value of ``name`` counts the entries of a tensor the function itself made (not ``self.``'s, not a
+    parameter's), each counted once per micro-batch: in the accumulating loop's body, or in a helper it calls."""
+    values = table.get(name, [])
+    if not values:
+        return False
+    iteration = acc.frame.node if acc.style == "micro_loop" else loop.node  # what runs once per micro-batch
+    loop_function = function_holding(model, iteration)
+    for value in values:
+        if type(value) is not cst.Call or callee_name(value) not in _COUNTS:
+            return False
+        counted = positional_args(value)[0].value if dotted_name(value.func) in ("torch.sum", "torch.count_nonzero") and value.args else (
+            value.func.value if type(value.func) is cst.Attribute else None
+        )
+        if type(counted) is not cst.Name or counted.value not in table:
+            return False  # not a tensor the function made
+        made = [v.value if isinstance(v, Unpacked) else v for v in table[counted.value]]
+        if function is loop_function and not all(lies_in(model, v, iteration) for v in (value, *made)):
+            return False  # counted, or the tensor counted made, before the loop: the whole batch's
+    return True
+
+
+def _divided_for_step(backward: Event, division_counts: bool = True) -> bool:
+    """Whether a backward's loss needs no division for accumulation: divided (unless ``division_counts`` is False: a
+    mean over its own micro-batch), handed to a framework, or a given gradient."""
     return (
-        backward.normalised
+        (backward.normalised and division_counts)
         or backward.framework == "closure"  # the step's closure backpropagates: nothing accumulates
         or frameworks.divides_by_count(backward)
         or backward.with_context("accumulate")
@@ -864,11 +959,24 @@ class UnscaledAccumulatedLoss(Rule):
     two different literals. A division by ``len(loader)`` or a batch size
     beside the guard's count is left alone.
 
+    A loss divided by the guard's count at its backward whose every term was
+    divided by the same count already (``weighted = loss * w / acc`` summed into
+    ``total``, then ``(total / acc).backward()``) is divided by the count squared:
+    reported at the outer division
+    (``fixtures/realworld/gl004_loss_divided_twice_by_count__modalities.py``).
+
+    And a loss term multiplied by the accumulation count that the other terms
+    of the same loss are divided by (``l_total += a / self.accum_iters`` beside
+    ``l_total += b * self.accum_iters``): the function's own division says what
+    the count is, so this is reported even when the guard is in a caller of
+    another file (``fixtures/realworld/gl004_loss_term_multiplied_by_count__traiNNer-redux.py``).
+
     Accumulation is read from a guard (``%``, a flag made from one, a count
     of samples or tokens against a virtual batch size, also with an "or last
     batch" clause: ``if samples_seen >= virtual_batch_size or is_last:``
     whose branch sets the count back), or from an inner loop of micro-batches
-    (``for _ in range(accum)``, ``batch.chunk(k)``, or a ``while`` loop that
+    (``for _ in range(accum)``, ``batch.chunk(k)``, a loader over the batch's
+    sub-batches: ``fixtures/realworld/gl004_subbatch_means_summed__deepqmc.py``, or a ``while`` loop that
     runs until a counter it adds to reaches a threshold, also in a helper
     method whose caller steps).
 
@@ -888,7 +996,13 @@ class UnscaledAccumulatedLoss(Rule):
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
       ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
       a division by the world size alone does not count: DDP already
-      averages over ranks and the micro-batches are still summed; nor does
+      averages over ranks and the micro-batches are still summed; nor does a
+      division by a count of the micro-batch's own tokens, made in the same
+      iteration (``torch.sum(nll) / (torch.sum(loss_mask) + 1e-8)``, also in a
+      helper the loop calls): a mean over one micro-batch, reported with the
+      divisor named (``fixtures/realworld/gl004_micro_batch_token_mean__verl.py``;
+      a count of the whole batch's tokens made before the loop divides:
+      ``fixtures/accumulation/gl004_tokens_counted_over_whole_batch.py``); nor does
       a division by a running counter, ``n += 1`` per micro-batch and
       ``n = 0`` in the ``if n >= accum:`` branch that steps, which is 1, 2,
       ... rather than the count, and is reported on the division itself,
@@ -933,6 +1047,13 @@ class UnscaledAccumulatedLoss(Rule):
       are already means (``per_quantile_losses.sum()``, ``torch.stack([...]).sum()``)
       is no sum over samples, nor is the sum of what an unseen criterion returns
       (``fixtures/realworld/gl004_per_quantile_sum_accumulated__DeepLearningExamples.py``);
+    - the loss is what a model returns whose ``forward``, in another file of the run,
+      sums it over tokens (``_, loss, metrics = model(...)``, also through a function
+      of the module returning it, with ``model = VALLE(...)`` and ``VALLE.forward(...,
+      reduction="sum")`` returning ``total_loss`` made only of criteria reducing by
+      ``reduction``; a forward that then divides by the token count is a mean:
+      ``fixtures/crossfile/loss_summed_in_model_forward__icefall``,
+      ``fixtures/crossfile/loss_averaged_in_model_forward__icefall``);
     - the clear runs on every micro-batch: nothing accumulates yet, and GL003
       reports that loop, naming the undivided loss in its message;
     - the backward sits in the branch of ``if accumulation_steps > 1:`` that
@@ -971,6 +1092,7 @@ class UnscaledAccumulatedLoss(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if any(e.framework == "comm_hook" for root in model.roots for e in root.events_of(GRAD_DIVIDE)):
             return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
+        yield from _multiplied_by_the_count(model)
         for root in model.roots:
             wiped: set[int] | None = None  # the steps whose micro-batches a clear on the stepping one wipes
             for step, loop in steps_with_loops(root):
@@ -988,11 +1110,13 @@ class UnscaledAccumulatedLoss(Rule):
                 if id(step) in wiped:
                     continue  # nothing accumulates either: GL003 reports the clear before the stepping backward
                 yield from _wrong_divisors(model, acc, step)
+                yield from _divided_twice(model, acc, step)
                 if _deliberate_sum(model, root, acc):
                     continue
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
-                    if _divided_for_step(backward) or _thrown_away(model, root, backward, step, loop):
+                    own_mean = _mean_of_own_micro_batch(model, backward, acc, loop) if backward.normalised else None
+                    if _divided_for_step(backward, own_mean is None) or _thrown_away(model, root, backward, step, loop):
                         continue
                     if _another_optimizers_micro_batch(root, backward, step, loop):
                         continue
@@ -1006,13 +1130,54 @@ class UnscaledAccumulatedLoss(Rule):
                             f"weigh more than the last; divide by {count}",
                         )
                         continue
+                    divided = (
+                        f" (it is divided by `{model.code(own_mean)}`, counted from its own micro-batch: a mean over one "
+                        f"micro-batch, not over the accumulated batch)" if own_mean is not None else ""
+                    )
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
-                        f"but the loss is not divided by {count}: {too_large(*stepped_update_scale(model, step))}",
+                        f"but the loss is not divided by {count}{divided}: {too_large(*stepped_update_scale(model, step))}",
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,),
                     )
+
+
+def _multiplied_by_the_count(model: LoopModel) -> Iterator[Report]:
+    """Loss terms multiplied by the accumulation count that the other terms of the same loss are divided by.
+
+    ``l_total += term_a / self.accum_iters`` beside ``l_total += term_b * self.accum_iters``, both into the loss a
+    backward of the function backpropagates: the function's own division says the count is the number of
+    micro-batches, so the product makes that term ``accum_iters ** 2`` times what it should be. Reported at the
+    product whether or not the accumulation guard is visible (the flag may come from a caller in another file).
+    Only a name said to be an accumulation count (``accum`` in its last part) counts.
+    """
+    if model.index is None:
+        return
+    seen: set[int] = set()
+    for root in model.roots:
+        for backward in root.events_of(EventKind.BACKWARD):
+            function = function_holding(model, backward.node)
+            name = dotted_name(backward.loss) if backward.loss is not None else None
+            if function is None or name is None or (id(function), name) in seen:
+                continue
+            seen.add((id(function), name))
+            terms = [v for v in model.index.assignments.get(function, {}).get(name, []) if isinstance(v, cst.BaseExpression)]
+            terms += [n.value for n in model.index.augmented.get(function, ()) if type(n.operator) is cst.AddAssign and dotted_name(n.target) == name]
+            divisors = {dotted_name(n.right) for t in terms for n in walk(t) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide}
+            for term in terms:
+                for node in walk(term):
+                    if type(node) is not cst.BinaryOperation or type(node.operator) is not cst.Multiply:
+                        continue
+                    factor = next((side for side in (node.right, node.left) if dotted_name(side) in divisors), None)
+                    count = dotted_name(factor) if factor is not None else None
+                    if count is not None and _ACCUMULATION_COUNT.search(last_name(count)):
+                        yield Report(
+                            node,
+                            f"this loss term is multiplied by `{count}`, the accumulation count the other terms of "
+                            f"`{name}` are divided by: it weighs `{count}` squared times what it should in the "
+                            f"gradient `{model.code(backward.node)}` accumulates; divide it by `{count}` too",
+                        )
 
 
 def _wrong_divisors(model: LoopModel, acc: Accumulation, step: Event) -> Iterator[Report]:
@@ -1043,6 +1208,60 @@ def _wrong_divisors(model: LoopModel, acc: Accumulation, step: Event) -> Iterato
                     f"`{model.code(acc.count)} / {model.code(divisor)}` times the accumulated batch's mean; divide by "
                     f"`{model.code(acc.count)}`",
                 )
+
+
+def _divided_twice(model: LoopModel, acc: Accumulation, step: Event) -> Iterator[Report]:
+    """A loss divided by the guard's count at its backward whose every term was divided by the same count already.
+
+    ``weighted = loss * w / self.gradient_acc_steps`` summed into ``total_loss``, then
+    ``(total_loss / self.gradient_acc_steps).backward()``: divided by the count squared. Reported at the outer
+    division, the one to remove. Only divisions written in the backward's function, followed through names whose
+    every value (``=`` and ``+=``) is such a division.
+    """
+    if acc.count is None or model.index is None:
+        return
+    for backward in acc.backwards:
+        if backward.framework is not None or backward.call_chain or backward.loss is None:
+            continue
+        outer = backward.loss
+        if type(outer) is not cst.BinaryOperation or type(outer.operator) is not cst.Divide or not _same_count(model, outer.right, acc.count):
+            continue
+        function = function_holding(model, backward.node)
+        if _every_term_divided_by(model, outer.left, acc.count, function, depth=0):
+            yield Report(
+                outer,
+                f"the loss is divided by `{model.code(acc.count)}` here, and every term of `{model.code(outer.left)}` "
+                f"already was: divided by `{model.code(acc.count)}` squared, so `{step.target}`, which steps "
+                f"{accumulation_place(model, acc)}, gets a gradient `{model.code(acc.count)}` times too small; divide once",
+            )
+
+
+def _every_term_divided_by(
+    model: LoopModel, value: cst.BaseExpression, count: cst.BaseExpression, function: cst.FunctionDef | None, depth: int
+) -> bool:
+    """Whether ``value`` is a division by ``count``, or a sum of such, or a name whose every value (``=``, ``+=``) is."""
+    while type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply and number(value.right) is not None:
+        value = value.left
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Divide:
+        return _same_count(model, value.right, count)
+    if type(value) is cst.BinaryOperation and type(value.operator) is cst.Add:
+        return all(_every_term_divided_by(model, side, count, function, depth) for side in (value.left, value.right))
+    if type(value) is not cst.Name or depth >= 3:
+        return False
+    values = [v for v in model.index.assignments.get(function, {}).get(value.value, [])]
+    values += [n.value for n in model.index.augmented.get(function, ()) if dotted_name(n.target) == value.value]
+    if any(type(n.operator) is not cst.AddAssign for n in model.index.augmented.get(function, ()) if dotted_name(n.target) == value.value):
+        return False
+    terms = [v for v in values if not _neutral(v)]  # ``total = None`` or ``total = 0.0`` before the sum
+    return bool(terms) and all(
+        isinstance(v, cst.BaseExpression) and _every_term_divided_by(model, v, count, function, depth + 1) for v in terms
+    )
+
+
+def _neutral(value) -> bool:
+    if not isinstance(value, cst.BaseExpression):
+        return False
+    return (type(value) is cst.Name and value.value == "None") or number(value) == 0
 
 
 def _loss_divisions(model: LoopModel, backward: Event) -> list[tuple[cst.CSTNode, cst.BaseExpression]]:
@@ -1280,6 +1499,8 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
         table = index.assignments.get(function, {})  # where the loss is made, even when inlined
         name = dotted_name(backward.loss) if backward.loss is not None else None
         for value in table.get(name, []) if name else []:
+            if _from_summing_model(model, value, function, depth=0):
+                return True
             value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value  # an unpacked element
             if _SUM_COMMENT.search(_comment_of(model, value)):
                 return True
@@ -1297,6 +1518,68 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
             if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
                 return True
     return False
+
+
+def _from_summing_model(model: LoopModel, value, function: cst.FunctionDef | None, depth: int) -> bool:
+    """Whether a loss is what a model returns whose ``forward`` sums it over samples or tokens, as another file of the
+    run says (``LoopModel.summing_models``: ``_, loss, metrics = model(x=..., y=...)`` with ``model = VALLE(...)`` and
+    ``VALLE.forward(..., reduction="sum")`` returning ``total_loss`` at that place), also through a function of the
+    module that returns it (``_, loss, info = compute_loss(model=model, ...)``). The call must leave ``reduction``
+    alone (or pass ``"sum"``), and every value the module binds the model's name to must be a class's construction
+    (checked by the run) or the model itself (``model.to(device)``, ``model.module``).
+    """
+    position = -1
+    if isinstance(value, Unpacked):
+        value, position = value.value, value.position
+    if type(value) is not cst.Call or depth > 2 or model.index is None:
+        return False
+    name = dotted_name(value.func)
+    if name is None:
+        return False
+    summing = dict(fact.rsplit(":", 1) for fact in model.summing_models)
+    if last_name(name) in summing:
+        return (
+            int(summing[last_name(name)]) == position
+            and _leaves_reduction_to_forward(value)
+            and _bound_only_to_models(model, last_name(name))
+        )
+    callee = model.index.module_functions.get(name)
+    returned = model.index.returned(callee) if callee is not None else []
+    if not returned:
+        return False
+    for each in returned:
+        if position >= 0:
+            elements = each.elements if type(each) is cst.Tuple else ()
+            each = elements[position].value if len(elements) > position else None
+        if type(each) is not cst.Name:
+            return False
+        values = model.index.assignments.get(callee, {}).get(each.value, [])
+        if not values or not all(_from_summing_model(model, v, callee, depth + 1) for v in values):
+            return False
+    return True
+
+
+def _leaves_reduction_to_forward(call: cst.Call) -> bool:
+    """No ``reduction=`` but ``"sum"``, and no ``**kwargs`` that could hold one."""
+    if any(arg.star == "**" for arg in call.args):
+        return False
+    given = keyword_arg(call, "reduction")
+    return given is None or _reduction(call) == "sum"
+
+
+def _bound_only_to_models(model: LoopModel, name: str) -> bool:
+    """Every value the module assigns to ``name`` is a class's construction or made from ``name`` itself."""
+    for value in model.index.assigned_anywhere(name):
+        if isinstance(value, Unpacked) or type(value) not in (cst.Call, cst.Attribute):
+            return False
+        if type(value) is cst.Call and (callee_name(value) or "")[:1].isupper():
+            continue
+        root = value
+        while type(root) in (cst.Call, cst.Attribute):
+            root = root.func if type(root) is cst.Call else root.value
+        if type(root) is not cst.Name or last_name(root.value) != name:
+            return False
+    return True
 
 
 # Losses that reduce by the mean unless given another ``reduction``: ``F.cross_entropy``, ``nn.MSELoss()``...
@@ -1460,11 +1743,11 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
 
 
 # An inner loop whose header says it runs over micro-batches.
-_MICRO_LOOP_WORDS = re.compile(r"accum|micro|chunk|split|shard", re.IGNORECASE)
+_MICRO_LOOP_WORDS = re.compile(r"accum|micro|sub_?batch|chunk|split|shard", re.IGNORECASE)
 
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
-    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ..., or a ``while`` loop that
+    """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ``subbatches``, ..., or a ``while`` loop that
     runs until a count of its own reaches a threshold (``_counted_while``)."""
     if type(loop_node) is cst.While:
         return _counted_while(loop_node)
