@@ -1234,7 +1234,8 @@ def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.Ba
     return bindings
 
 
-_WORLD_SIZE = re.compile(r"world_size|get_world_size|group_size|\.size\(\)")
+# In a communication hook's divisor, as written: the number of ranks (``process_group.size()``, ``world_size``).
+_RANK_COUNT_TEXT = re.compile(r"world_size|get_world_size|group_size|\.size\(\)")
 
 
 def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
@@ -1246,7 +1247,7 @@ def _divides_beyond_world_size(function: cst.FunctionDef) -> bool:
             divisor = node.right
         elif type(node) is cst.Call and callee_name(node) in ("div", "div_") and positional_args(node):
             divisor = positional_args(node)[-1].value
-        if divisor is not None and not _WORLD_SIZE.search(module.code_for_node(divisor)):
+        if divisor is not None and not _RANK_COUNT_TEXT.search(module.code_for_node(divisor)):
             return True
     return False
 
