@@ -645,24 +645,49 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
         acc = accumulation(root, step, loop)
         if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If:
             continue
-        test = model.code(acc.frame.node.test)
+        selects = _micro_batches_selected(model, acc.frame)
         at = root.order(step)
         for zero in root.events_of(EventKind.ZERO, loop):
-            if not clears(model, zero, step.target) or leaves_before(zero, step) or zero.call_chain != step.call_chain:
+            if not clears(model, zero, step.target) or leaves_before(zero, step) or not _in_one_run_of(model, loop, zero, step):
                 continue  # (a helper inlined at two call sites shares its loop: each copy is judged alone)
             same_test = any(
-                f.kind is FrameKind.BRANCH and f.accumulation and f.branch == acc.frame.branch
-                and type(f.node) is cst.If and model.code(f.node.test) == test
+                f.kind is FrameKind.BRANCH and f.accumulation and type(f.node) is cst.If
+                and _micro_batches_selected(model, f) == selects
                 for f in frames_inside(zero, loop)
             )
             if not same_test:
                 continue
             later = [
                 b for b in acc.backwards
-                if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and b.call_chain == zero.call_chain
+                if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and _in_one_run_of(model, loop, zero, b)
             ]
             if later:
                 yield zero, later[0], step, acc.frame
+
+
+def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool | None]:
+    """Which micro-batches a branch of an ``if`` runs on: the remainder it tests and whether the branch runs where that
+    remainder is zero (for a test that is no remainder, compared with 0 or bare: the whole test, and whether this is
+    its ``if`` branch).
+
+    ``if (i + 1) % k == 0:``, the ``else`` of ``if (i + 1) % k:`` and the rest of the block after ``if (i + 1) %
+    k: continue`` all run where ``(i + 1) % k`` is zero: one guard spelled three ways.
+    """
+    test = branch.node.test
+    negated = False
+    while type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
+        test, negated = test.expression, not negated
+    true_when_zero = False  # a bare remainder is true where it is not zero
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and number(test.comparisons[0].comparator) == 0:
+        if type(test.comparisons[0].operator) in (cst.Equal, cst.NotEqual):
+            true_when_zero = type(test.comparisons[0].operator) is cst.Equal
+            test = test.left
+    if type(test) is not cst.BinaryOperation or type(test.operator) is not cst.Modulo:
+        return model.code(branch.node.test), branch.branch == "if"
+    runs_when_zero = true_when_zero != negated
+    if branch.branch != "if":  # ``else``, or the rest of the block after an ``if`` that leaves
+        runs_when_zero = not runs_when_zero
+    return model.code(test), runs_when_zero
 
 
 def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
