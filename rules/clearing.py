@@ -178,6 +178,107 @@ class MissingZeroGrad(Rule):
                 yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
             yield from _backward_before_loop(model, root)
+            yield from _uncleared_in_step_method(model, root)
+
+
+def _uncleared_in_step_method(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A function with no loop that clears one network's gradients on every call, but not another's that it steps.
+
+    ``def step(self, data)`` of a GAN: both backwards, ``self.discriminator.optimizer.step()``,
+    ``self.generator.zero_grad()``, the generator's backward and ``self.generator.optimizer.step()``.
+    The function is one batch's update (it clears per call); the discriminator, whose optimizer
+    holds only its own parameters, is never cleared, so each of its steps applies every earlier
+    batch's gradients too. Only where each network is built from a class of the module whose
+    optimizer is built over ``self.parameters()`` (so the clear of one cannot reach the other),
+    every clear of the function names such a network or its optimizer, nothing the function cannot
+    see is handed the stepped network or its optimizer, and no loop of the run calls the function
+    (that loop may clear beside the call).
+    """
+    function = root.node
+    if type(function) is not cst.FunctionDef or model.index is None or function.name.value in model.called_in_loop:
+        return
+    if any(e.loops for e in root.events):
+        return  # a loop of its own, or read as one iteration of its callers' loop: the loop checks judge it
+    zeros = [e for e in root.events if e.kind is EventKind.ZERO and not any(f.branch == "except" for f in e.frames)]
+    cleared_networks = [_own_network(model, z.target, z.target_kind) for z in zeros]
+    if not zeros or None in cleared_networks:
+        return  # nothing cleared here (the caller clears), or a clear whose reach is not known
+    stepped = [e for e in root.events if e.kind is EventKind.STEP and e.framework is None and e.target is not None]
+    stepped_networks = {id(step): _own_network(model, step.target, ObjKind.OPTIMIZER) for step in stepped}
+    if not any(stepped_networks[id(step)] in cleared_networks for step in stepped):
+        return  # the function clears no network it steps: its clears are not the per-batch clears
+    for step in stepped:
+        network = stepped_networks[id(step)]
+        if network is None or network in cleared_networks:
+            continue
+        if not any(e.kind is EventKind.BACKWARD and root.order(e) < root.order(step) for e in root.events):
+            continue
+        if any(
+            e.kind == HANDOFF and e.target is not None and _names_network(e.target, network) and handoff_may_clear(e, model.keeps_handed)
+            for e in root.events
+        ):
+            continue
+        if _released(model, step.target):
+            continue
+        cleared = next(z for z, n in zip(zeros, cleared_networks) if n is not None)
+        yield Report(
+            step.node,
+            f"`{step.target}` is stepped at line {model.line(step.node)} but `{function.name.value}`, which clears "
+            f"`{cleared.target}` on every call (line {model.line(cleared.node)}), never clears `{network}`: each step "
+            f"also applies every earlier call's gradients",
+            fix=fixes.add_zero_grad(model, step), event=step,
+        )
+
+
+def _names_network(target: str, network: str) -> bool:
+    """Whether ``target`` is ``network`` or something it holds (``self.netD.optimizer`` for ``self.netD``)."""
+    return target == network or target.startswith(network + ".") or network.startswith(target + ".")
+
+
+def _own_network(model: LoopModel, target: str | None, kind: ObjKind) -> str | None:
+    """The network whose gradients a clear or a step reaches, where it is certain: an instance of a class of the
+    module (``self.discriminator = Discriminator(...)``), cleared itself (``self.discriminator.zero_grad()``) or
+    through the optimizer its class builds over its own parameters (``self.discriminator.optimizer``, with
+    ``self.optimizer = optim.Adam(self.parameters())`` in every class that assigns ``self.optimizer``)."""
+    if target is None or model.index is None or "." not in target:
+        return None
+    if kind is ObjKind.MODEL:
+        return target if _built_from_module_class(model, target) else None
+    if kind is not ObjKind.OPTIMIZER:
+        return None
+    holder, _, attribute = target.rpartition(".")
+    if holder in ("self", "cls") or not _built_from_module_class(model, holder):
+        return None
+    values = [v for table in model.index.assignments.values() for v in table.get(f"self.{attribute}", [])]
+    if not values or not all(_over_own_parameters(v) for v in values):
+        return None
+    return holder
+
+
+def _built_from_module_class(model: LoopModel, name: str) -> bool:
+    """Whether every assignment of ``name`` in the module calls a class the module defines (``Generator(...)``)."""
+    classes = {function_class for function_class in model.index.class_of.values() if function_class}
+    values = [_unmoved(v) for table in model.index.assignments.values() for v in table.get(name, [])]
+    return bool(values) and all(type(v) is cst.Call and callee_name(v) in classes for v in values)
+
+
+# Methods that return the module they are called on (moved or cast): ``Generator(...).to(device)`` is a Generator.
+_RETURNS_ITSELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_"})
+
+
+def _unmoved(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Generator(...)`` for ``Generator(...).to(device)``."""
+    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in _RETURNS_ITSELF:
+        value = value.func.value
+    return value
+
+
+def _over_own_parameters(value: cst.BaseExpression) -> bool:
+    """Whether an assignment builds an object over ``self.parameters()`` alone (``optim.Adam(self.parameters(), lr=lr)``)."""
+    if type(value) is not cst.Call or not value.args:
+        return False
+    first = value.args[0].value
+    return type(first) is cst.Call and dotted_name(first.func) == "self.parameters" and not first.args
 
 
 def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, periodic: bool = True) -> str | None:
