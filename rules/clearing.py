@@ -14,7 +14,7 @@ from gradlint import frameworks
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
-from gradlint.objects import ObjKind, last_name
+from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.optimizer_updates import UpdateScale, too_large, update_scale
 from gradlint.queries import (
     Accumulation,
@@ -39,7 +39,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, terminal, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -162,6 +162,18 @@ class MissingZeroGrad(Rule):
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
+                scheduled = next((z for z in off_path if _scheduler_branch(model, z, step, loop) is not None), None)
+                if scheduled is not None:
+                    # The clear the user moves: report it there (``if self.scheduler: ...; self.zero_grad()``).
+                    yield Report(
+                        scheduled.node,
+                        f"`{model.code(scheduled.node)}` runs {_off_the_path(model, scheduled, step, loop, periodic)}: "
+                        f"without a scheduler nothing clears `{step.target}`'s gradients on the path to its step at "
+                        f"line {model.line(step.node)} {loop_phrase(model, loop)}, and each step also applies every "
+                        f"earlier step's gradients; clear outside the scheduler's branch",
+                        fix=fixes.add_zero_grad(model, step), event=scheduled, against=(step,),
+                    )
+                    continue
                 if off_path:
                     zero = off_path[0]
                     message = (
@@ -304,12 +316,69 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
             return f"only in the other branch of the `if` at line {model.line(frame.node)}"
     if leaves_before(clear, step):
         return "only on the iterations that leave before the step"
+    scheduled = _scheduler_branch(model, clear, step, loop)
+    if scheduled is not None:
+        return f"only when a scheduler is set (`if {model.code(scheduled.node.test)}:` at line {model.line(scheduled.node)}), while the step runs without one"
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or step.inside(frame) or frame.branch != "if":
+            continue
+        first = _first_iteration_test(model, frame.node.test, loop)
+        if first is not None:
+            return f"only when `{model.code(first)}` (line {model.line(frame.node)}), on the loop's first iteration"
     if periodic and step.framework is None and not step.with_context("accumulate") and not any(
         f.kind is FrameKind.BRANCH and f.accumulation for f in frames_inside(step, loop)
     ):
         for frame in frames_inside(clear, loop):
             if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
                 return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+    return None
+
+
+def _scheduler_branch(model: LoopModel, clear: Event, step: Event, loop: Frame) -> Frame | None:
+    """The branch around a clear that runs only when a scheduler is set (``if self.scheduler:``) and does not hold the
+    step: without a scheduler the clear never runs while the step does."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        if _scheduler_presence(model, frame.node.test) is not None:
+            return frame
+    return None
+
+
+def _scheduler_presence(model: LoopModel, test: cst.BaseExpression) -> str | None:
+    """The scheduler whose presence a test asks for (``if self.scheduler:``, ``if scheduler is not None:``), else None:
+    a branch that runs only when the run was given a scheduler."""
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.IsNot:
+        if type(test.comparisons[0].comparator) is cst.Name and test.comparisons[0].comparator.value == "None":
+            test = test.left
+    name = dotted_name(test) if type(test) in (cst.Name, cst.Attribute) else None
+    if name is None:
+        return None
+    info = model.objects.get(name)
+    kind = info.kind if info is not None else kind_from_name(name)
+    return name if kind is ObjKind.SCHEDULER else None
+
+
+def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Frame) -> cst.BaseExpression | None:
+    """A conjunct of ``test`` that holds only on the loop's first iteration: its ``enumerate`` index (or an attribute
+    assigned only from it, ``self.batch_index = b_idx``) compared equal to 0."""
+    if type(loop.node) is not cst.For or type(loop.node.iter) is not cst.Call or callee_name(loop.node.iter) != "enumerate":
+        return None
+    if len(loop.node.iter.args) != 1 or type(loop.node.target) is not cst.Tuple or not loop.node.target.elements:
+        return None  # ``enumerate(loader, 1)`` counts from elsewhere
+    index = loop.node.target.elements[0].value
+    if type(index) is not cst.Name:
+        return None
+    names = {index.value}
+    if model.index is not None:
+        for table in model.index.assignments.values():
+            for name, values in table.items():
+                if "." in name and values and all(type(v) is cst.Name and v.value == index.value for v in values):
+                    names.add(name)
+    for conjunct in boolean_terms(test, cst.And):
+        if type(conjunct) is cst.Comparison and len(conjunct.comparisons) == 1 and type(conjunct.comparisons[0].operator) is cst.Equal:
+            if number(conjunct.comparisons[0].comparator) == 0 and dotted_name(conjunct.left) in names:
+                return conjunct
     return None
 
 
