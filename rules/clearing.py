@@ -1734,6 +1734,90 @@ def _breaks(block: cst.BaseSuite) -> bool:
     return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
 
 
+class InvertedAccumulationGuard(Rule):
+    """The optimizer steps where the accumulation counter's remainder is *not* zero: the guard is inverted.
+
+    **Why it matters.** ``if batches_done % accum:`` is true on every
+    micro-batch except each ``accum``-th one. The step (and the clear after
+    it) then runs on every micro-batch but one in ``accum``: nothing
+    accumulates, every ``accum``-th micro-batch's gradients are added to
+    the next one's, and with ``accum = 1`` (no accumulation) the remainder is
+    always 0 and the optimizer never steps at all. Nothing fails.
+
+    **Fix.** Test for a zero remainder: ``if batches_done % accum == 0:``
+    (``(i + 1) % accum == 0`` to step at the end of each window).
+
+    **Stays quiet when**
+
+    - the branch holding the step leaves the iteration (``if (i + 1) % k:
+      continue``, then the step): that is the right guard spelled the other
+      way round;
+    - the ``if`` has an ``else`` branch (``if i % n_critic: ... else:
+      ...``): two updates alternating on purpose;
+    - no backward outside the branch feeds the step: the branch does its own
+      gradient work on the iterations it picks, which is no accumulation
+      (``fixtures/clearing/ok_step_where_remainder_is_not_zero.py``).
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            loss_fn(model(x), y).backward()
+            if i % accum:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            loss_fn(model(x), y).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL013"
+    name = "inverted-accumulation-guard"
+    summary = "the step runs where the counter's remainder is not zero: on every micro-batch but the N-th"
+    severity = Severity.ERROR
+    fix = None  # which micro-batch closes a window (``i % k == 0`` or ``(i + 1) % k == 0``) is the author's call
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
+                    continue
+                guard = acc.frame
+                if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
+                    continue
+                remainder = _remainder_when_true(guard.node.test)
+                if remainder is None or not any(root.order(b) < root.order(step) for b in acc.backwards):
+                    continue
+                reported.add(id(guard))
+                yield Report(
+                    guard.node.test,
+                    f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(remainder)}` is not "
+                    f"zero: on every micro-batch but each N-th, so nothing accumulates, and with a count of 1 it never "
+                    f"steps; the guard is inverted, test `{model.code(remainder)} == 0`",
+                    event=step,
+                )
+
+
+def _remainder_when_true(test: cst.BaseExpression) -> cst.BinaryOperation | None:
+    """The remainder a test holds true where it is not zero: a bare ``i % k``, ``i % k != 0`` or ``i % k > 0``."""
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and number(test.comparisons[0].comparator) == 0:
+        if type(test.comparisons[0].operator) not in (cst.NotEqual, cst.GreaterThan):
+            return None
+        test = test.left
+    if type(test) is cst.BinaryOperation and type(test.operator) is cst.Modulo:
+        return test
+    return None
+
+
 # GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data``, with any
 # blanks, ``)``, line continuations or comments between the parts (a comment is read to the line's end,
 # so the search stays linear), then either ``.zero_``, ``.fill_`` or ``.mul_`` (GRAD_ZEROED_BY_METHOD), or
