@@ -61,6 +61,20 @@ class MissingZeroGrad(Rule):
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
 
+    Also flagged: a loop whose only clears run on its first iteration
+    (``if i == 0:`` of its ``enumerate`` index), only when a scheduler is
+    set (``if self.scheduler: ...; self.zero_grad()``, reported at that
+    clear), or only where ``it % n == 1`` with ``n`` a count of the run
+    (never true when ``n`` is 1: reported at that clear)
+    (``fixtures/realworld/gl001_clear_only_with_scheduler__tez.py``,
+    ``gl001_clear_when_remainder_is_one__simple-nmt.py``). And a function with
+    no loop that clears one network on every call but never another that
+    it steps (a GAN's ``step(data)``), when each network is built from a
+    class of the module whose optimizer is built over its own
+    ``self.parameters()``, every clear of the function names such a
+    network, and no loop of the run calls the function
+    (``fixtures/realworld/gl001_step_method_clears_one_network__code-soup.py``).
+
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
     logging wrapper) is read as that optimizer.
@@ -162,16 +176,16 @@ class MissingZeroGrad(Rule):
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
-                scheduled = next((z for z in off_path if _scheduler_branch(model, z, step, loop) is not None), None)
-                if scheduled is not None:
-                    # The clear the user moves: report it there (``if self.scheduler: ...; self.zero_grad()``).
+                misplaced = next((z for z in off_path if _misplaced_clear(model, z, step, loop) is not None), None)
+                if misplaced is not None:
+                    # The clear the user moves or re-tests: report it there (``if self.scheduler: ...; self.zero_grad()``).
                     yield Report(
-                        scheduled.node,
-                        f"`{model.code(scheduled.node)}` runs {_off_the_path(model, scheduled, step, loop, periodic)}: "
-                        f"without a scheduler nothing clears `{step.target}`'s gradients on the path to its step at "
-                        f"line {model.line(step.node)} {loop_phrase(model, loop)}, and each step also applies every "
-                        f"earlier step's gradients; clear outside the scheduler's branch",
-                        fix=fixes.add_zero_grad(model, step), event=scheduled, against=(step,),
+                        misplaced.node,
+                        f"`{model.code(misplaced.node)}` runs {_off_the_path(model, misplaced, step, loop, periodic)}: "
+                        f"then nothing clears `{step.target}`'s gradients on the path to its step at line "
+                        f"{model.line(step.node)} {loop_phrase(model, loop)}, and each step also applies every earlier "
+                        f"step's gradients; {_misplaced_clear(model, misplaced, step, loop)}",
+                        fix=fixes.add_zero_grad(model, step), event=misplaced, against=(step,),
                     )
                     continue
                 if off_path:
@@ -319,6 +333,10 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
     scheduled = _scheduler_branch(model, clear, step, loop)
     if scheduled is not None:
         return f"only when a scheduler is set (`if {model.code(scheduled.node.test)}:` at line {model.line(scheduled.node)}), while the step runs without one"
+    never = _never_with_count_one(model, clear, step, loop)
+    if never is not None:
+        remainder, count = never
+        return f"only when `{model.code(remainder)}`, which never holds when `{model.code(count)}` is 1"
     for frame in frames_inside(clear, loop):
         if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or step.inside(frame) or frame.branch != "if":
             continue
@@ -331,6 +349,38 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
         for frame in frames_inside(clear, loop):
             if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
                 return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+    return None
+
+
+def _misplaced_clear(model: LoopModel, clear: Event, step: Event, loop: Frame) -> str | None:
+    """How to fix a clear off the step's path that is itself the mistake (the one the user changes), else None."""
+    if _scheduler_branch(model, clear, step, loop) is not None:
+        return "clear outside the scheduler's branch"
+    never = _never_with_count_one(model, clear, step, loop)
+    if never is not None:
+        remainder = never[0].left
+        shifted = f"({model.code(remainder.left)} - {model.code(never[0].comparisons[0].comparator)})"
+        return f"test `{shifted} % {model.code(never[1])} == 0`, which holds for a count of 1 too"
+    return None
+
+
+def _never_with_count_one(model: LoopModel, clear: Event, step: Event, loop: Frame) -> tuple[cst.Comparison, cst.BaseExpression] | None:
+    """A test around a clear, not around the step, that compares a remainder by a count of the run with a literal 1 or
+    more (``if it % iteration_per_update == 1:``), and the count: a remainder by 1 is always 0, so without
+    accumulation the clear never runs. A count spelled as a literal (``% 4``) says it is never 1."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        for conjunct in boolean_terms(frame.node.test, cst.And):
+            if type(conjunct) is not cst.Comparison or len(conjunct.comparisons) != 1:
+                continue
+            target = conjunct.comparisons[0]
+            remainder = conjunct.left
+            if type(target.operator) is not cst.Equal or (number(target.comparator) or 0) < 1:
+                continue
+            if type(remainder) is cst.BinaryOperation and type(remainder.operator) is cst.Modulo and number(remainder.right) is None:
+                if type(remainder.right) in (cst.Name, cst.Attribute):
+                    return conjunct, remainder.right
     return None
 
 
@@ -475,7 +525,10 @@ def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> 
     """
     if param_sources(model, step.target or ""):
         return False
-    return any(z.target_kind is ObjKind.OPTIMIZER and not param_sources(model, z.target or "") for z in zeros)
+    return any(
+        z.target_kind is ObjKind.OPTIMIZER and not same_object(z.target, step.target) and not param_sources(model, z.target or "")
+        for z in zeros
+    )
 
 
 def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
