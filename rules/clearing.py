@@ -74,6 +74,11 @@ class MissingZeroGrad(Rule):
     ``self.parameters()``, every clear of the function names such a
     network, and no loop of the run calls the function
     (``fixtures/realworld/gl001_step_method_clears_one_network__code-soup.py``).
+    And a clear after the step that skips the first iteration (``if
+    batch_index > 0: opt.zero_grad()``) while the step may run there (no
+    guard, or a guard whose count is a setting) and every other clear runs
+    on the first iteration alone: the second step applies the first batch's
+    gradients again (``fixtures/realworld/gl001_clear_after_step_skips_first_batch__tez.py``).
 
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
@@ -205,6 +210,69 @@ class MissingZeroGrad(Rule):
             yield from _steps_reapplying_gradients(model, root)
             yield from _backward_before_loop(model, root)
             yield from _uncleared_in_step_method(model, root)
+            yield from _clear_skipping_first_step(model, root)
+
+
+def _clear_skipping_first_step(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A clear after the step that skips the loop's first iteration, while the step may run on it.
+
+    ``loss.backward(); opt.step(); if batch_index > 0: opt.zero_grad()``: the
+    first step's gradients are not cleared, so the second step applies them
+    again. Only where every other clear of the optimizer in the loop runs on
+    the first iteration alone (``if batch_index == 0:``), and the step runs on
+    every iteration or under a guard whose count is a setting (with a count
+    of 1 it steps on the first iteration too; a literal count of 2 or more
+    never does).
+    """
+    for step, loop in steps_with_loops(root):
+        if step.framework is not None or step.target is None:
+            continue
+        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target)]
+        skipping = [z for z in zeros if root.order(z) > root.order(step) and _skips_first_iteration(model, z, step, loop) is not None]
+        if not skipping or any(
+            z not in skipping and _first_iteration_only(model, z, step, loop) is None for z in zeros
+        ):
+            continue
+        if any(e.kind == HANDOFF and same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
+            continue
+        guards = [f for f in frames_inside(step, loop) if f.kind is FrameKind.BRANCH and f.accumulation]
+        if any(f.count is None or number(f.count) is not None for f in guards):
+            continue  # a guard whose count is not a setting: it may never step on the first iteration
+        clear = skipping[0]
+        test = _skips_first_iteration(model, clear, step, loop)
+        yield Report(
+            clear.node,
+            f"`{model.code(clear.node)}` runs only when `{model.code(test)}`: after the step at line "
+            f"{model.line(step.node)} on the loop's first iteration nothing clears `{step.target}`, so the next step "
+            f"applies the first batch's gradients again; clear after every step",
+            event=clear, against=(step,),
+        )
+
+
+def _skips_first_iteration(model: LoopModel, clear: Event, step: Event, loop: Frame) -> cst.BaseExpression | None:
+    """The conjunct of a test around ``clear`` (not around the step) that is false on the loop's first iteration only:
+    its enumerate index (or an attribute set from it) ``> 0``, ``!= 0`` or ``>= 1``."""
+    names = _index_names(model, loop)
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        for conjunct in boolean_terms(frame.node.test, cst.And):
+            if type(conjunct) is not cst.Comparison or len(conjunct.comparisons) != 1 or dotted_name(conjunct.left) not in names:
+                continue
+            operator, bound = type(conjunct.comparisons[0].operator), number(conjunct.comparisons[0].comparator)
+            if (operator in (cst.GreaterThan, cst.NotEqual) and bound == 0) or (operator is cst.GreaterThanEqual and bound == 1):
+                return conjunct
+    return None
+
+
+def _first_iteration_only(model: LoopModel, clear: Event, step: Event, loop: Frame) -> cst.BaseExpression | None:
+    """The test that lets a clear (not the step) run on the loop's first iteration alone (``if i == 0:``)."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and frame.branch == "if" and not step.inside(frame):
+            first = _first_iteration_test(model, frame.node.test, loop)
+            if first is not None:
+                return first
+    return None
 
 
 def _uncleared_in_step_method(model: LoopModel, root: Root) -> Iterator[Report]:
@@ -409,22 +477,29 @@ def _scheduler_presence(model: LoopModel, test: cst.BaseExpression) -> str | Non
     return name if kind is ObjKind.SCHEDULER else None
 
 
-def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Frame) -> cst.BaseExpression | None:
-    """A conjunct of ``test`` that holds only on the loop's first iteration: its ``enumerate`` index (or an attribute
-    assigned only from it, ``self.batch_index = b_idx``) compared equal to 0."""
+def _index_names(model: LoopModel, loop: Frame) -> set[str]:
+    """The names of the loop's ``enumerate`` index from 0: the loop variable and attributes assigned only from it
+    (``self.batch_index = b_idx``). Empty for other loops (``enumerate(loader, 1)`` counts from elsewhere)."""
     if type(loop.node) is not cst.For or type(loop.node.iter) is not cst.Call or callee_name(loop.node.iter) != "enumerate":
-        return None
+        return set()
     if len(loop.node.iter.args) != 1 or type(loop.node.target) is not cst.Tuple or not loop.node.target.elements:
-        return None  # ``enumerate(loader, 1)`` counts from elsewhere
+        return set()
     index = loop.node.target.elements[0].value
     if type(index) is not cst.Name:
-        return None
+        return set()
     names = {index.value}
     if model.index is not None:
         for table in model.index.assignments.values():
             for name, values in table.items():
                 if "." in name and values and all(type(v) is cst.Name and v.value == index.value for v in values):
                     names.add(name)
+    return names
+
+
+def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Frame) -> cst.BaseExpression | None:
+    """A conjunct of ``test`` that holds only on the loop's first iteration: its ``enumerate`` index (or an attribute
+    assigned only from it, ``self.batch_index = b_idx``) compared equal to 0."""
+    names = _index_names(model, loop)
     for conjunct in boolean_terms(test, cst.And):
         if type(conjunct) is cst.Comparison and len(conjunct.comparisons) == 1 and type(conjunct.comparisons[0].operator) is cst.Equal:
             if number(conjunct.comparisons[0].comparator) == 0 and dotted_name(conjunct.left) in names:
