@@ -787,7 +787,11 @@ class ZeroGradInAccumulation(Rule):
     too: it runs on the micro-batch that steps and wipes the ``k - 1``
     micro-batches before it (``fixtures/realworld/gl003_clear_under_step_test_before_backward__dlrm.py``;
     a clear on the window's first micro-batch, ``if j % k == 0:``, tests
-    something else and is right).
+    something else and is right). The two tests may be spelled apart: the
+    step after ``if (j + 1) % k: continue`` or in the ``else`` of ``if (j +
+    1) % k:`` runs where ``(j + 1) % k == 0`` holds, and the clear and the
+    step may sit in two helpers the iteration calls
+    (``fixtures/realworld/gl003_clear_under_continue_guard_test_before_backward__mmf.py``).
 
     A clear at the start of each epoch is flagged when the step's guard counts
     micro-batches across epochs (``self.global_step % k``, counted up in the
