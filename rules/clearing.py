@@ -755,7 +755,10 @@ class ZeroGradInAccumulation(Rule):
     **Stays quiet when**
 
     - the clear is under the same guard as the step, or in the window-start
-      branch of the guard;
+      branch of the guard, or under a window-start flag (``if start:
+      opt.zero_grad(); start = False``, with ``start = True`` right after the
+      loop's stepping statement:
+      ``fixtures/realworld/gl003_clear_at_window_start_continue_guard__mmf.py``);
     - the clear sits in a branch that leaves before the step (the micro-batches
       that never step), or in an ``except`` handler;
     - the clear follows a step of its optimizer in the same branch, with no
@@ -880,6 +883,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     if _follows_own_step(root, zero, loop):
                         continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
+                    if _under_window_start_flag(model, zero, step, loop):
+                        continue  # ``if start: clear; start = False`` ... ``step; start = True``: once per window
                     yield settled.note(
                         Report(
                             zero.node,
@@ -933,6 +938,44 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
             yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
+
+
+def _under_window_start_flag(model: LoopModel, zero: Event, step: Event, loop: Frame) -> bool:
+    """Whether a clear runs under a flag that marks a window's start: ``if should_start_update:`` whose branch sets it
+    to False, while the statement of the loop that steps is followed, in its own block, by setting it to True.
+
+    ``if start: opt.zero_grad(); start = False`` ... ``if (i + 1) % k: continue`` / ``finish_update(); start =
+    True``: the clear runs on the first micro-batch after each step, as a clear at the window's start does.
+    """
+    parents = model.parents or {}
+    for frame in frames_inside(zero, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        flag = dotted_name(frame.node.test) if type(frame.node.test) in (cst.Name, cst.Attribute) else None
+        if flag is None or not _sets_flag(frame.node.body, flag, "False"):
+            continue
+        stepping = next((call for call in step.call_chain if lies_in(model, call, loop.node)), step.node)
+        while stepping is not None and type(parents.get(stepping)) is not cst.IndentedBlock:
+            stepping = parents.get(stepping)
+        block = parents.get(stepping) if stepping is not None else None
+        if block is None or not lies_in(model, block, loop.node):
+            continue
+        later = block.body[block.body.index(stepping) + 1:]
+        if any(type(s) is cst.SimpleStatementLine and _sets_flag(s, flag, "True") for s in later):
+            return True
+    return False
+
+
+def _sets_flag(node: cst.CSTNode, flag: str, value: str) -> bool:
+    """Whether ``node`` holds, at its own level (not in a nested block), ``flag = value``."""
+    statements = node.body if type(node) in (cst.IndentedBlock, cst.SimpleStatementSuite) else [node]
+    for statement in statements:
+        smalls = statement.body if type(statement) is cst.SimpleStatementLine else [statement]
+        for small in smalls:
+            if type(small) is cst.Assign and len(small.targets) == 1 and dotted_name(small.targets[0].target) == flag:
+                if type(small.value) is cst.Name and small.value.value == value:
+                    return True
+    return False
 
 
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
