@@ -135,6 +135,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((STEP, _TOKEN_6),),
     ),
     RuleInfo(
+        code='GL013',
+        name='inverted-accumulation-guard',
+        summary="the step runs where the counter's remainder is not zero: on every micro-batch but the N-th",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP),),
+    ),
+    RuleInfo(
         code='GL015',
         name='clip-only-under-accumulation-guard',
         summary='clipping sits under an accumulation guard but the optimizer steps and clears on every micro-batch',

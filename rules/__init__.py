@@ -1,6 +1,6 @@
 """The rule catalogue: every rule, one module per family.
 
-- ``clearing``: when gradients are cleared (GL001–GL005)
+- ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
@@ -32,6 +32,7 @@ from gradlint.rules.amp import (
 )
 from gradlint.rules.clearing import (
     GradsKeptAllocated,
+    InvertedAccumulationGuard,
     MissingZeroGrad,
     UnscaledAccumulatedLoss,
     ZeroGradBetweenBackwardAndStep,
@@ -67,6 +68,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     LossDividedWithoutAccumulation,
     StepOutsideAccumulationGuard,
     OptimizerSteppedOnOneSettingBranch,
+    InvertedAccumulationGuard,
     ClipOnlyUnderAccumulationGuard,
     BackwardWithoutScaler,
     StepBypassesScaler,

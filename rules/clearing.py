@@ -15,7 +15,7 @@ from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.module_index import Unpacked
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
-from gradlint.objects import ObjKind, last_name
+from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.optimizer_updates import stepped_update_scale, too_large
 from gradlint.queries import (
     Accumulation,
@@ -40,7 +40,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, method_name, number, positional_args, scales_down, terminal, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, scales_down, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -61,6 +61,25 @@ class MissingZeroGrad(Rule):
     backward's gradients again. And a backward before the training loop (a
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
+
+    Also flagged: a loop whose only clears run on its first iteration
+    (``if i == 0:`` of its ``enumerate`` index), only when a scheduler is
+    set (``if self.scheduler: ...; self.zero_grad()``, reported at that
+    clear), or only where ``it % n == 1`` with ``n`` a count of the run
+    (never true when ``n`` is 1: reported at that clear)
+    (``fixtures/realworld/gl001_clear_only_with_scheduler__tez.py``,
+    ``gl001_clear_when_remainder_is_one__simple-nmt.py``). And a function with
+    no loop that clears one network on every call but never another that
+    it steps (a GAN's ``step(data)``), when each network is built from a
+    class of the module whose optimizer is built over its own
+    ``self.parameters()``, every clear of the function names such a
+    network, and no loop of the run calls the function
+    (``fixtures/realworld/gl001_step_method_clears_one_network__code-soup.py``).
+    And a clear after the step that skips the first iteration (``if
+    batch_index > 0: opt.zero_grad()``) while the step may run there (no
+    guard, or a guard whose count is a setting) and every other clear runs
+    on the first iteration alone: the second step applies the first batch's
+    gradients again (``fixtures/realworld/gl001_clear_after_step_skips_first_batch__tez.py``).
 
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
@@ -163,6 +182,18 @@ class MissingZeroGrad(Rule):
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
+                misplaced = next((z for z in off_path if _misplaced_clear(model, z, step, loop) is not None), None)
+                if misplaced is not None:
+                    # The clear the user moves or re-tests: report it there (``if self.scheduler: ...; self.zero_grad()``).
+                    yield Report(
+                        misplaced.node,
+                        f"`{model.code(misplaced.node)}` runs {_off_the_path(model, misplaced, step, loop, periodic)}: "
+                        f"then nothing clears `{step.target}`'s gradients on the path to its step at line "
+                        f"{model.line(step.node)} {loop_phrase(model, loop)}, and each step also applies every earlier "
+                        f"step's gradients; {_misplaced_clear(model, misplaced, step, loop)}",
+                        fix=fixes.add_zero_grad(model, step), event=misplaced, against=(step,),
+                    )
+                    continue
                 if off_path:
                     zero = off_path[0]
                     message = (
@@ -179,6 +210,170 @@ class MissingZeroGrad(Rule):
                 yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
             yield from _backward_before_loop(model, root)
+            yield from _uncleared_in_step_method(model, root)
+            yield from _clear_skipping_first_step(model, root)
+
+
+def _clear_skipping_first_step(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A clear after the step that skips the loop's first iteration, while the step may run on it.
+
+    ``loss.backward(); opt.step(); if batch_index > 0: opt.zero_grad()``: the
+    first step's gradients are not cleared, so the second step applies them
+    again. Only where every other clear of the optimizer in the loop runs on
+    the first iteration alone (``if batch_index == 0:``), and the step runs on
+    every iteration or under a guard whose count is a setting (with a count
+    of 1 it steps on the first iteration too; a literal count of 2 or more
+    never does).
+    """
+    for step, loop in steps_with_loops(root):
+        if step.framework is not None or step.target is None:
+            continue
+        zeros = [z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target)]
+        skipping = [z for z in zeros if root.order(z) > root.order(step) and _skips_first_iteration(model, z, step, loop) is not None]
+        if not skipping or any(
+            z not in skipping and _first_iteration_only(model, z, step, loop) is None for z in zeros
+        ):
+            continue
+        if any(e.kind == HANDOFF and same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) for e in root.events_of(HANDOFF, loop)):
+            continue
+        guards = [f for f in frames_inside(step, loop) if f.kind is FrameKind.BRANCH and f.accumulation]
+        if any(f.count is None or number(f.count) is not None for f in guards):
+            continue  # a guard whose count is not a setting: it may never step on the first iteration
+        clear = skipping[0]
+        test = _skips_first_iteration(model, clear, step, loop)
+        yield Report(
+            clear.node,
+            f"`{model.code(clear.node)}` runs only when `{model.code(test)}`: after the step at line "
+            f"{model.line(step.node)} on the loop's first iteration nothing clears `{step.target}`, so the next step "
+            f"applies the first batch's gradients again; clear after every step",
+            event=clear, against=(step,),
+        )
+
+
+def _skips_first_iteration(model: LoopModel, clear: Event, step: Event, loop: Frame) -> cst.BaseExpression | None:
+    """The conjunct of a test around ``clear`` (not around the step) that is false on the loop's first iteration only:
+    its enumerate index (or an attribute set from it) ``> 0``, ``!= 0`` or ``>= 1``."""
+    names = _index_names(model, loop)
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        for conjunct in boolean_terms(frame.node.test, cst.And):
+            if type(conjunct) is not cst.Comparison or len(conjunct.comparisons) != 1 or dotted_name(conjunct.left) not in names:
+                continue
+            operator, bound = type(conjunct.comparisons[0].operator), number(conjunct.comparisons[0].comparator)
+            if (operator in (cst.GreaterThan, cst.NotEqual) and bound == 0) or (operator is cst.GreaterThanEqual and bound == 1):
+                return conjunct
+    return None
+
+
+def _first_iteration_only(model: LoopModel, clear: Event, step: Event, loop: Frame) -> cst.BaseExpression | None:
+    """The test that lets a clear (not the step) run on the loop's first iteration alone (``if i == 0:``)."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and frame.branch == "if" and not step.inside(frame):
+            first = _first_iteration_test(model, frame.node.test, loop)
+            if first is not None:
+                return first
+    return None
+
+
+def _uncleared_in_step_method(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A function with no loop that clears one network's gradients on every call, but not another's that it steps.
+
+    ``def step(self, data)`` of a GAN: both backwards, ``self.discriminator.optimizer.step()``,
+    ``self.generator.zero_grad()``, the generator's backward and ``self.generator.optimizer.step()``.
+    The function is one batch's update (it clears per call); the discriminator, whose optimizer
+    holds only its own parameters, is never cleared, so each of its steps applies every earlier
+    batch's gradients too. Only where each network is built from a class of the module whose
+    optimizer is built over ``self.parameters()`` (so the clear of one cannot reach the other),
+    every clear of the function names such a network or its optimizer, nothing the function cannot
+    see is handed the stepped network or its optimizer, and no loop of the run calls the function
+    (that loop may clear beside the call).
+    """
+    function = root.node
+    if type(function) is not cst.FunctionDef or model.index is None or function.name.value in model.called_in_loop:
+        return
+    if any(e.loops for e in root.events):
+        return  # a loop of its own, or read as one iteration of its callers' loop: the loop checks judge it
+    zeros = [e for e in root.events if e.kind is EventKind.ZERO and not any(f.branch == "except" for f in e.frames)]
+    cleared_networks = [_own_network(model, z.target, z.target_kind) for z in zeros]
+    if not zeros or None in cleared_networks:
+        return  # nothing cleared here (the caller clears), or a clear whose reach is not known
+    stepped = [e for e in root.events if e.kind is EventKind.STEP and e.framework is None and e.target is not None]
+    stepped_networks = {id(step): _own_network(model, step.target, ObjKind.OPTIMIZER) for step in stepped}
+    if not any(stepped_networks[id(step)] in cleared_networks for step in stepped):
+        return  # the function clears no network it steps: its clears are not the per-batch clears
+    for step in stepped:
+        network = stepped_networks[id(step)]
+        if network is None or network in cleared_networks:
+            continue
+        if not any(e.kind is EventKind.BACKWARD and root.order(e) < root.order(step) for e in root.events):
+            continue
+        if any(
+            e.kind == HANDOFF and e.target is not None and _names_network(e.target, network) and handoff_may_clear(e, model.keeps_handed)
+            for e in root.events
+        ):
+            continue
+        if _released(model, step.target):
+            continue
+        cleared = next(z for z, n in zip(zeros, cleared_networks) if n is not None)
+        yield Report(
+            step.node,
+            f"`{step.target}` is stepped at line {model.line(step.node)} but `{function.name.value}`, which clears "
+            f"`{cleared.target}` on every call (line {model.line(cleared.node)}), never clears `{network}`: each step "
+            f"also applies every earlier call's gradients",
+            fix=fixes.add_zero_grad(model, step), event=step,
+        )
+
+
+def _names_network(target: str, network: str) -> bool:
+    """Whether ``target`` is ``network`` or something it holds (``self.netD.optimizer`` for ``self.netD``)."""
+    return target == network or target.startswith(network + ".") or network.startswith(target + ".")
+
+
+def _own_network(model: LoopModel, target: str | None, kind: ObjKind) -> str | None:
+    """The network whose gradients a clear or a step reaches, where it is certain: an instance of a class of the
+    module (``self.discriminator = Discriminator(...)``), cleared itself (``self.discriminator.zero_grad()``) or
+    through the optimizer its class builds over its own parameters (``self.discriminator.optimizer``, with
+    ``self.optimizer = optim.Adam(self.parameters())`` in every class that assigns ``self.optimizer``)."""
+    if target is None or model.index is None or "." not in target:
+        return None
+    if kind is ObjKind.MODEL:
+        return target if _built_from_module_class(model, target) else None
+    if kind is not ObjKind.OPTIMIZER:
+        return None
+    holder, _, attribute = target.rpartition(".")
+    if holder in ("self", "cls") or not _built_from_module_class(model, holder):
+        return None
+    values = [v for table in model.index.assignments.values() for v in table.get(f"self.{attribute}", [])]
+    if not values or not all(_over_own_parameters(v) for v in values):
+        return None
+    return holder
+
+
+def _built_from_module_class(model: LoopModel, name: str) -> bool:
+    """Whether every assignment of ``name`` in the module calls a class the module defines (``Generator(...)``)."""
+    classes = {function_class for function_class in model.index.class_of.values() if function_class}
+    values = [_unmoved(v) for table in model.index.assignments.values() for v in table.get(name, [])]
+    return bool(values) and all(type(v) is cst.Call and callee_name(v) in classes for v in values)
+
+
+# Methods that return the module they are called on (moved or cast): ``Generator(...).to(device)`` is a Generator.
+_RETURNS_ITSELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_"})
+
+
+def _unmoved(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``Generator(...)`` for ``Generator(...).to(device)``."""
+    while type(value) is cst.Call and type(value.func) is cst.Attribute and value.func.attr.value in _RETURNS_ITSELF:
+        value = value.func.value
+    return value
+
+
+def _over_own_parameters(value: cst.BaseExpression) -> bool:
+    """Whether an assignment builds an object over ``self.parameters()`` alone (``optim.Adam(self.parameters(), lr=lr)``)."""
+    if type(value) is not cst.Call or not value.args:
+        return False
+    first = value.args[0].value
+    return type(first) is cst.Call and dotted_name(first.func) == "self.parameters" and not first.args
 
 
 def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, periodic: bool = True) -> str | None:
@@ -204,12 +399,112 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
             return f"only in the other branch of the `if` at line {model.line(frame.node)}"
     if leaves_before(clear, step):
         return "only on the iterations that leave before the step"
+    scheduled = _scheduler_branch(model, clear, step, loop)
+    if scheduled is not None:
+        return f"only when a scheduler is set (`if {model.code(scheduled.node.test)}:` at line {model.line(scheduled.node)}), while the step runs without one"
+    never = _never_with_count_one(model, clear, step, loop)
+    if never is not None:
+        remainder, count = never
+        return f"only when `{model.code(remainder)}`, which never holds when `{model.code(count)}` is 1"
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or step.inside(frame) or frame.branch != "if":
+            continue
+        first = _first_iteration_test(model, frame.node.test, loop)
+        if first is not None:
+            return f"only when `{model.code(first)}` (line {model.line(frame.node)}), on the loop's first iteration"
     if periodic and step.framework is None and not step.with_context("accumulate") and not any(
         f.kind is FrameKind.BRANCH and f.accumulation for f in frames_inside(step, loop)
     ):
         for frame in frames_inside(clear, loop):
             if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
                 return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+    return None
+
+
+def _misplaced_clear(model: LoopModel, clear: Event, step: Event, loop: Frame) -> str | None:
+    """How to fix a clear off the step's path that is itself the mistake (the one the user changes), else None."""
+    if _scheduler_branch(model, clear, step, loop) is not None:
+        return "clear outside the scheduler's branch"
+    never = _never_with_count_one(model, clear, step, loop)
+    if never is not None:
+        remainder = never[0].left
+        shifted = f"({model.code(remainder.left)} - {model.code(never[0].comparisons[0].comparator)})"
+        return f"test `{shifted} % {model.code(never[1])} == 0`, which holds for a count of 1 too"
+    return None
+
+
+def _never_with_count_one(model: LoopModel, clear: Event, step: Event, loop: Frame) -> tuple[cst.Comparison, cst.BaseExpression] | None:
+    """A test around a clear, not around the step, that compares a remainder by a count of the run with a literal 1 or
+    more (``if it % iteration_per_update == 1:``), and the count: a remainder by 1 is always 0, so without
+    accumulation the clear never runs. A count spelled as a literal (``% 4``) says it is never 1."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        for conjunct in boolean_terms(frame.node.test, cst.And):
+            if type(conjunct) is not cst.Comparison or len(conjunct.comparisons) != 1:
+                continue
+            target = conjunct.comparisons[0]
+            remainder = conjunct.left
+            if type(target.operator) is not cst.Equal or (number(target.comparator) or 0) < 1:
+                continue
+            if type(remainder) is cst.BinaryOperation and type(remainder.operator) is cst.Modulo and number(remainder.right) is None:
+                if type(remainder.right) in (cst.Name, cst.Attribute):
+                    return conjunct, remainder.right
+    return None
+
+
+def _scheduler_branch(model: LoopModel, clear: Event, step: Event, loop: Frame) -> Frame | None:
+    """The branch around a clear that runs only when a scheduler is set (``if self.scheduler:``) and does not hold the
+    step: without a scheduler the clear never runs while the step does."""
+    for frame in frames_inside(clear, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        if _scheduler_presence(model, frame.node.test) is not None:
+            return frame
+    return None
+
+
+def _scheduler_presence(model: LoopModel, test: cst.BaseExpression) -> str | None:
+    """The scheduler whose presence a test asks for (``if self.scheduler:``, ``if scheduler is not None:``), else None:
+    a branch that runs only when the run was given a scheduler."""
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.IsNot:
+        if type(test.comparisons[0].comparator) is cst.Name and test.comparisons[0].comparator.value == "None":
+            test = test.left
+    name = dotted_name(test) if type(test) in (cst.Name, cst.Attribute) else None
+    if name is None:
+        return None
+    info = model.objects.get(name)
+    kind = info.kind if info is not None else kind_from_name(name)
+    return name if kind is ObjKind.SCHEDULER else None
+
+
+def _index_names(model: LoopModel, loop: Frame) -> set[str]:
+    """The names of the loop's ``enumerate`` index from 0: the loop variable and attributes assigned only from it
+    (``self.batch_index = b_idx``). Empty for other loops (``enumerate(loader, 1)`` counts from elsewhere)."""
+    if type(loop.node) is not cst.For or type(loop.node.iter) is not cst.Call or callee_name(loop.node.iter) != "enumerate":
+        return set()
+    if len(loop.node.iter.args) != 1 or type(loop.node.target) is not cst.Tuple or not loop.node.target.elements:
+        return set()
+    index = loop.node.target.elements[0].value
+    if type(index) is not cst.Name:
+        return set()
+    names = {index.value}
+    if model.index is not None:
+        for table in model.index.assignments.values():
+            for name, values in table.items():
+                if "." in name and values and all(type(v) is cst.Name and v.value == index.value for v in values):
+                    names.add(name)
+    return names
+
+
+def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Frame) -> cst.BaseExpression | None:
+    """A conjunct of ``test`` that holds only on the loop's first iteration: its ``enumerate`` index (or an attribute
+    assigned only from it, ``self.batch_index = b_idx``) compared equal to 0."""
+    names = _index_names(model, loop)
+    for conjunct in boolean_terms(test, cst.And):
+        if type(conjunct) is cst.Comparison and len(conjunct.comparisons) == 1 and type(conjunct.comparisons[0].operator) is cst.Equal:
+            if number(conjunct.comparisons[0].comparator) == 0 and dotted_name(conjunct.left) in names:
+                return conjunct
     return None
 
 
@@ -306,7 +601,10 @@ def _may_share_parameters(model: LoopModel, step: Event, zeros: list[Event]) -> 
     """
     if param_sources(model, step.target or ""):
         return False
-    return any(z.target_kind is ObjKind.OPTIMIZER and not param_sources(model, z.target or "") for z in zeros)
+    return any(
+        z.target_kind is ObjKind.OPTIMIZER and not same_object(z.target, step.target) and not param_sources(model, z.target or "")
+        for z in zeros
+    )
 
 
 def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
@@ -458,7 +756,10 @@ class ZeroGradInAccumulation(Rule):
     **Stays quiet when**
 
     - the clear is under the same guard as the step, or in the window-start
-      branch of the guard;
+      branch of the guard, or under a window-start flag (``if start:
+      opt.zero_grad(); start = False``, with ``start = True`` right after the
+      loop's stepping statement:
+      ``fixtures/realworld/gl003_clear_at_window_start_continue_guard__mmf.py``);
     - the clear sits in a branch that leaves before the step (the micro-batches
       that never step), or in an ``except`` handler;
     - the clear follows a step of its optimizer in the same branch, with no
@@ -490,7 +791,11 @@ class ZeroGradInAccumulation(Rule):
     too: it runs on the micro-batch that steps and wipes the ``k - 1``
     micro-batches before it (``fixtures/realworld/gl003_clear_under_step_test_before_backward__dlrm.py``;
     a clear on the window's first micro-batch, ``if j % k == 0:``, tests
-    something else and is right).
+    something else and is right). The two tests may be spelled apart: the
+    step after ``if (j + 1) % k: continue`` or in the ``else`` of ``if (j +
+    1) % k:`` runs where ``(j + 1) % k == 0`` holds, and the clear and the
+    step may sit in two helpers the iteration calls
+    (``fixtures/realworld/gl003_clear_under_continue_guard_test_before_backward__mmf.py``).
 
     A clear at the start of each epoch is flagged when the step's guard counts
     micro-batches across epochs (``self.global_step % k``, counted up in the
@@ -579,6 +884,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     if _follows_own_step(root, zero, loop):
                         continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
+                    if _under_window_start_flag(model, zero, step, loop):
+                        continue  # ``if start: clear; start = False`` ... ``step; start = True``: once per window
                     yield settled.note(
                         Report(
                             zero.node,
@@ -634,6 +941,44 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
 
 
+def _under_window_start_flag(model: LoopModel, zero: Event, step: Event, loop: Frame) -> bool:
+    """Whether a clear runs under a flag that marks a window's start: ``if should_start_update:`` whose branch sets it
+    to False, while the statement of the loop that steps is followed, in its own block, by setting it to True.
+
+    ``if start: opt.zero_grad(); start = False`` ... ``if (i + 1) % k: continue`` / ``finish_update(); start =
+    True``: the clear runs on the first micro-batch after each step, as a clear at the window's start does.
+    """
+    parents = model.parents or {}
+    for frame in frames_inside(zero, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if" or step.inside(frame):
+            continue
+        flag = dotted_name(frame.node.test) if type(frame.node.test) in (cst.Name, cst.Attribute) else None
+        if flag is None or not _sets_flag(frame.node.body, flag, "False"):
+            continue
+        stepping = next((call for call in step.call_chain if lies_in(model, call, loop.node)), step.node)
+        while stepping is not None and type(parents.get(stepping)) is not cst.IndentedBlock:
+            stepping = parents.get(stepping)
+        block = parents.get(stepping) if stepping is not None else None
+        if block is None or not lies_in(model, block, loop.node):
+            continue
+        later = block.body[block.body.index(stepping) + 1:]
+        if any(type(s) is cst.SimpleStatementLine and _sets_flag(s, flag, "True") for s in later):
+            return True
+    return False
+
+
+def _sets_flag(node: cst.CSTNode, flag: str, value: str) -> bool:
+    """Whether ``node`` holds, at its own level (not in a nested block), ``flag = value``."""
+    statements = node.body if type(node) in (cst.IndentedBlock, cst.SimpleStatementSuite) else [node]
+    for statement in statements:
+        smalls = statement.body if type(statement) is cst.SimpleStatementLine else [statement]
+        for small in smalls:
+            if type(small) is cst.Assign and len(small.targets) == 1 and dotted_name(small.targets[0].target) == flag:
+                if type(small.value) is cst.Name and small.value.value == value:
+                    return True
+    return False
+
+
 def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[tuple[Event, Event, Event, Frame]]:
     """Clears under a test identical to the accumulating step's guard, before the backward of the same micro-batch.
 
@@ -646,24 +991,49 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
         acc = accumulation(root, step, loop)
         if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If:
             continue
-        test = model.code(acc.frame.node.test)
+        selects = _micro_batches_selected(model, acc.frame)
         at = root.order(step)
         for zero in root.events_of(EventKind.ZERO, loop):
-            if not clears(model, zero, step.target) or leaves_before(zero, step) or zero.call_chain != step.call_chain:
+            if not clears(model, zero, step.target) or leaves_before(zero, step) or not _in_one_run_of(model, loop, zero, step):
                 continue  # (a helper inlined at two call sites shares its loop: each copy is judged alone)
             same_test = any(
-                f.kind is FrameKind.BRANCH and f.accumulation and f.branch == acc.frame.branch
-                and type(f.node) is cst.If and model.code(f.node.test) == test
+                f.kind is FrameKind.BRANCH and f.accumulation and type(f.node) is cst.If
+                and _micro_batches_selected(model, f) == selects
                 for f in frames_inside(zero, loop)
             )
             if not same_test:
                 continue
             later = [
                 b for b in acc.backwards
-                if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and b.call_chain == zero.call_chain
+                if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and _in_one_run_of(model, loop, zero, b)
             ]
             if later:
                 yield zero, later[0], step, acc.frame
+
+
+def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool | None]:
+    """Which micro-batches a branch of an ``if`` runs on: the remainder it tests and whether the branch runs where that
+    remainder is zero (for a test that is no remainder, compared with 0 or bare: the whole test, and whether this is
+    its ``if`` branch).
+
+    ``if (i + 1) % k == 0:``, the ``else`` of ``if (i + 1) % k:`` and the rest of the block after ``if (i + 1) %
+    k: continue`` all run where ``(i + 1) % k`` is zero: one guard spelled three ways.
+    """
+    test = branch.node.test
+    negated = False
+    while type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
+        test, negated = test.expression, not negated
+    true_when_zero = False  # a bare remainder is true where it is not zero
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and number(test.comparisons[0].comparator) == 0:
+        if type(test.comparisons[0].operator) in (cst.Equal, cst.NotEqual):
+            true_when_zero = type(test.comparisons[0].operator) is cst.Equal
+            test = test.left
+    if type(test) is not cst.BinaryOperation or type(test.operator) is not cst.Modulo:
+        return model.code(branch.node.test), branch.branch == "if"
+    runs_when_zero = true_when_zero != negated
+    if branch.branch != "if":  # ``else``, or the rest of the block after an ``if`` that leaves
+        runs_when_zero = not runs_when_zero
+    return model.code(test), runs_when_zero
 
 
 def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
@@ -1794,6 +2164,90 @@ def _breaks(block: cst.BaseSuite) -> bool:
     if type(block) is cst.SimpleStatementSuite:
         return type(last) is cst.Break
     return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
+
+
+class InvertedAccumulationGuard(Rule):
+    """The optimizer steps where the accumulation counter's remainder is *not* zero: the guard is inverted.
+
+    **Why it matters.** ``if batches_done % accum:`` is true on every
+    micro-batch except each ``accum``-th one. The step (and the clear after
+    it) then runs on every micro-batch but one in ``accum``: nothing
+    accumulates, every ``accum``-th micro-batch's gradients are added to
+    the next one's, and with ``accum = 1`` (no accumulation) the remainder is
+    always 0 and the optimizer never steps at all. Nothing fails.
+
+    **Fix.** Test for a zero remainder: ``if batches_done % accum == 0:``
+    (``(i + 1) % accum == 0`` to step at the end of each window).
+
+    **Stays quiet when**
+
+    - the branch holding the step leaves the iteration (``if (i + 1) % k:
+      continue``, then the step): that is the right guard spelled the other
+      way round;
+    - the ``if`` has an ``else`` branch (``if i % n_critic: ... else:
+      ...``): two updates alternating on purpose;
+    - no backward outside the branch feeds the step: the branch does its own
+      gradient work on the iterations it picks, which is no accumulation
+      (``fixtures/clearing/ok_step_where_remainder_is_not_zero.py``).
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            loss_fn(model(x), y).backward()
+            if i % accum:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            loss_fn(model(x), y).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL013"
+    name = "inverted-accumulation-guard"
+    summary = "the step runs where the counter's remainder is not zero: on every micro-batch but the N-th"
+    severity = Severity.ERROR
+    fix = None  # which micro-batch closes a window (``i % k == 0`` or ``(i + 1) % k == 0``) is the author's call
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
+                    continue
+                guard = acc.frame
+                if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
+                    continue
+                remainder = _remainder_when_true(guard.node.test)
+                if remainder is None or not any(root.order(b) < root.order(step) for b in acc.backwards):
+                    continue
+                reported.add(id(guard))
+                yield Report(
+                    guard.node.test,
+                    f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(remainder)}` is not "
+                    f"zero: on every micro-batch but each N-th, so nothing accumulates, and with a count of 1 it never "
+                    f"steps; the guard is inverted, test `{model.code(remainder)} == 0`",
+                    event=step,
+                )
+
+
+def _remainder_when_true(test: cst.BaseExpression) -> cst.BinaryOperation | None:
+    """The remainder a test holds true where it is not zero: a bare ``i % k``, ``i % k != 0`` or ``i % k > 0``."""
+    if type(test) is cst.Comparison and len(test.comparisons) == 1 and number(test.comparisons[0].comparator) == 0:
+        if type(test.comparisons[0].operator) not in (cst.NotEqual, cst.GreaterThan):
+            return None
+        test = test.left
+    if type(test) is cst.BinaryOperation and type(test.operator) is cst.Modulo:
+        return test
+    return None
 
 
 # GL005's prefilter: the attribute ``p.grad`` (never a bare name ``grad``) or ``p.grad.data``, with any
