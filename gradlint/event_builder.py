@@ -735,6 +735,9 @@ class EventBuilder:
                     scaled = True
         # ``y.backward(dy)``: a given upstream gradient, not a mean loss to divide.
         upstream = bool(args) and method == "backward"
+        gradient = args[0].value if args else (given.value if (given := keyword_arg(call, "gradient")) is not None else None)
+        if method == "backward" and gradient is not None and self._scales(_unreduced(_uncast(gradient))):
+            scaled = True  # ``features.backward(scaler.scale(grad))``: the upstream gradient carries the loss scale
         return {"scaled": scaled, "loss": loss, "upstream": upstream, "normalised": loss is not None and self._normalised(loss, scope)}
 
     def _normalised(self, loss: cst.BaseExpression, scope: _Scope, through: frozenset[str] = frozenset()) -> bool:

@@ -185,6 +185,9 @@ class StepBypassesScaler(Rule):
       args.amp == "pytorch":`` in a helper, the step in the ``else`` of ``if
       args.fp16 and args.amp == "pytorch":``);
     - the optimizer is also stepped through the scaler, or steps a closure;
+    - the scaled backward feeds a given gradient
+      (``features.backward(scaler.scale(f_grad))``): it reaches only that
+      graph, and which optimizers own it is unknown;
     - the scale is a constant kept on purpose and the optimizer divides it
       away: the scaler is built with an explicit scale
       (``GradScaler(1024)``), nothing but ``scale(loss)`` ever uses it (no
@@ -218,8 +221,8 @@ class StepBypassesScaler(Rule):
             reaching: dict[int, list[Event]] = {}
             bypassing: dict[int, list[Event]] = {}  # per stepping loop: its direct steps of optimizers no scaler steps
             for backward in root.events_of(EventKind.BACKWARD):
-                if not backward.scaled:
-                    continue
+                if not backward.scaled or backward.upstream:
+                    continue  # ``features.backward(scaler.scale(grad))`` reaches only that graph: which optimizers, unknown
                 loop = stepping_loop(root, backward)
                 if id(loop) not in bypassing:
                     steps = root.events_of(EventKind.STEP, loop)
@@ -278,11 +281,9 @@ def _explicit_scale(call: cst.Call) -> bool:
 
 
 def _scaler_of(backward: Event, model: LoopModel) -> str:
-    """The scaler in ``scaler.scale(loss).backward()``."""
-    scale_call = receiver(backward.node) if type(backward.node) is cst.Call else None
-    if type(scale_call) is cst.Call:
-        return dotted_name(receiver(scale_call)) or "scaler"
-    return "scaler"
+    """The scaler in ``scaler.scale(loss).backward()`` or ``features.backward(scaler.scale(grad))``."""
+    scale = fixes.scale_call(backward.node)
+    return (dotted_name(receiver(scale)) or "scaler") if scale is not None else "scaler"
 
 
 class ClipBeforeUnscale(Rule):

@@ -1397,6 +1397,9 @@ class UnscaledAccumulatedLoss(Rule):
       a wrapper factory makes: ``register_comm_hook(None, wrap(allreduce_hook))``);
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - the backward is a helper the loop hands the count the step waits for
+      (``self.student.backward(loss, ctx, grad_accum_rounds=accum)``, a model
+      plugin's method): it may divide by it;
     - a clear of the stepping optimizer throws the backward's gradients away
       before any step, on every path the backward runs (a probe or warm-up
       backward followed by ``optimizer.zero_grad()``), or runs on every
@@ -1488,7 +1491,7 @@ class UnscaledAccumulatedLoss(Rule):
                     own_mean = _mean_of_own_micro_batch(model, backward, acc, loop) if backward.normalised else None
                     if _divided_for_step(backward, own_mean is None) or _thrown_away(model, root, backward, step, loop):
                         continue
-                    if _another_optimizers_micro_batch(root, backward, step, loop):
+                    if _another_optimizers_micro_batch(root, backward, step, loop) or _handed_the_count(model, backward, acc):
                         continue
                     division = _by_running_counter(model, backward)
                     if division is not None:  # the line to change is the division, and every backward of it is one finding
@@ -1727,6 +1730,20 @@ def _literal(model: LoopModel, node: cst.BaseExpression) -> float | None:
 
 # Backwards left alone: frameworks that divide the loss by their own accumulation count, and
 # closures (run by the step itself). Lightning's manual_backward and Fabric's backward divide by nothing.
+
+
+def _handed_the_count(model: LoopModel, backward: Event, acc: Accumulation) -> bool:
+    """``self.student.backward(loss, ctx, grad_accum_rounds=accum)``: a backward helper handed the count may divide by it.
+
+    Only a call the loop does not define itself (a model plugin's ``backward``
+    in another file, an abstract method) gets here; it is handed the very
+    count the step waits for, so the division is unknown, not absent.
+    """
+    if acc.count is None or type(backward.node) is not cst.Call:
+        return False
+    count = model.code(acc.count)
+    handed = [arg for position, arg in enumerate(backward.node.args) if position > 0 or arg.keyword is not None]
+    return any(model.code(arg.value) == count for arg in handed)
 
 
 def _by_running_counter(model: LoopModel, backward: Event) -> cst.BinaryOperation | None:

@@ -1761,7 +1761,11 @@ class NormClippedOnShards(Rule):
     - the model was sharded with FSDP2's ``fully_shard``: its gradients are
       ``DTensor``s, whose norm ``clip_grad_norm_`` reduces over the ranks;
     - the clip is the wrapper's own method, or clips by value (element by
-      element, the same on a shard as on the whole).
+      element, the same on a shard as on the whole);
+    - the model is wrapped in a subclass that overrides the method holding
+      the clip (``FSDPTrainer(BasicTrainer)`` wraps ``self.policy`` and
+      clips with ``self.policy.clip_grad_norm_``): the base class's clip
+      never runs on the shards.
 
     **Bad**::
 
@@ -1842,10 +1846,43 @@ def _sharded_wrap(model: LoopModel, clip: cst.Call, owner: str, sharded) -> tupl
     for value in values:
         if type(value) is not cst.Call or not index.qualified_names(value.func) & sharded.constructors:
             continue
+        if owner.startswith("self.") and not _same_instance_runs(model, function_holding(model, value), function):
+            continue
         strategy = _strategy(model, value, sharded)
         if strategy is not None:
             return value, strategy
     return None
+
+
+def _same_instance_runs(model: LoopModel, wrapping: cst.FunctionDef | None, clipping: cst.FunctionDef | None) -> bool:
+    """Whether an instance whose ``self.x`` is wrapped in ``wrapping`` runs the clip in ``clipping``.
+
+    A trainer class wraps its model with FSDP and overrides the base class's
+    ``clip_gradient`` with the wrapper's own method (``class FSDPTrainer(BasicTrainer)``): the base's
+    ``torch.nn.utils.clip_grad_norm_`` never runs on the wrapped model. Where a class is unknown, it may.
+    """
+    index = model.index
+    wrap_method, clip_method = _method_of_class(index, wrapping), _method_of_class(index, clipping)
+    wrap_class = index.class_of.get(wrap_method) if wrap_method is not None else None
+    clip_class = index.class_of.get(clip_method) if clip_method is not None else None
+    if wrap_class is None or clip_class is None or wrap_class == clip_class or _inherits(index, clip_class, wrap_class, set()):
+        return True
+    return index.method_of(wrap_class, clip_method.name.value) is clip_method
+
+
+def _method_of_class(index, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+    """The method of a class that holds ``function`` (itself, or the method a nested function is defined in)."""
+    while function is not None and index.class_of.get(function) is None:
+        function = index.parent_function.get(function)
+    return function
+
+
+def _inherits(index, class_name: str, ancestor: str, seen: set[str]) -> bool:
+    if class_name in seen:
+        return False
+    seen.add(class_name)
+    bases = index.class_bases.get(class_name, [])
+    return ancestor in bases or any(_inherits(index, base, ancestor, seen) for base in bases)
 
 
 def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:

@@ -101,11 +101,22 @@ def move_update_after_step(model: LoopModel, update: Event, step: Event) -> Fix:
 
 
 def scaler_of_backward(module: cst.Module, backward: Event) -> str | None:
-    """The scaler as written in ``scaler.scale(loss).backward()``."""
-    call = backward.node
-    scale = receiver(call) if type(call) is cst.Call else None
-    if type(scale) is cst.Call and method_name(scale) == "scale" and receiver(scale) is not None:
-        return code(module, receiver(scale))
+    """The scaler as written in ``scaler.scale(loss).backward()`` or ``features.backward(scaler.scale(grad))``."""
+    scale = scale_call(backward.node)
+    return code(module, receiver(scale)) if scale is not None else None
+
+
+def scale_call(backward: cst.CSTNode) -> cst.Call | None:
+    """The ``scaler.scale(...)`` of a scaled backward: its receiver, or the upstream gradient it is handed."""
+    if type(backward) is not cst.Call:
+        return None
+    candidates = [receiver(backward)]
+    if method_name(backward) == "backward":
+        gradient = positional_args(backward)[:1] or [a for a in backward.args if a.keyword is not None and a.keyword.value == "gradient"]
+        candidates += [arg.value for arg in gradient]
+    for scale in candidates:
+        if type(scale) is cst.Call and method_name(scale) == "scale" and receiver(scale) is not None:
+            return scale
     return None
 
 
