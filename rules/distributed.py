@@ -1301,9 +1301,8 @@ def _no_sync_residues(model: LoopModel, choice: Event, loop: Frame) -> tuple[boo
         read = _modular(node.test)
         if read is None:
             return None
-        in_body = any(_mentions_no_sync(n) for n in walk(node.body))
-        in_else = any(_mentions_no_sync(n) for n in walk(node.orelse))
-        if in_body == in_else:
+        in_body = _no_sync_in_body(node)
+        if in_body is None:
             return None
         return (read[0], read[1]) if in_body else (not read[0], read[1])
     for frame in reversed(frames_inside(choice, loop)):
@@ -1390,6 +1389,13 @@ def _no_sync_on_last_micro_step(model: LoopModel) -> Iterator[Report]:
                 )
 
 
+def _no_sync_in_body(choice: cst.IfExp) -> bool | None:
+    """``no_sync() if test else nullcontext()``: True when the body picks no_sync, False the ``else``, None both or neither."""
+    in_body = any(_mentions_no_sync(n) for n in walk(choice.body))
+    in_else = any(_mentions_no_sync(n) for n in walk(choice.orelse))
+    return None if in_body == in_else else in_body
+
+
 def _chosen_for_last_iteration(model: LoopModel, choice: Event, inner: Frame) -> bool:
     """Whether the no_sync choice applies on the last iteration of ``inner`` only (the test picks it)."""
     node, parents = choice.node, model.parents or {}
@@ -1399,9 +1405,8 @@ def _chosen_for_last_iteration(model: LoopModel, choice: Event, inner: Frame) ->
         node = parents.get(node)
     if node is None:
         return False
-    in_body = any(_mentions_no_sync(n) for n in walk(node.body))
-    in_else = any(_mentions_no_sync(n) for n in walk(node.orelse))
-    if in_body == in_else:
+    in_body = _no_sync_in_body(node)
+    if in_body is None:
         return False
     read = _last_iteration_test(model, node.test, inner)
     return read == "last" if in_body else read == "not_last" and not _is_chain(model, node.test, inner)
