@@ -58,6 +58,8 @@ class ModuleIndex:
         # Per function (None: module level): name -> every expression assigned to it.
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
         self._anywhere: dict[str, list[cst.BaseExpression]] | None = None  # assigned_anywhere's table, once built
+        self._only_from: dict[str, set[str]] | None = None  # names_assigned_only_from's table, once built
+        self._outside_loops: frozenset[str] | None = None  # called_outside_loops, once built
         self.divided_names: dict[cst.FunctionDef | None, set[str]] = {}
         # Per function (None: module level): the augmented assignments of its own code, not of nested defs or class bodies.
         self.augmented: dict[cst.FunctionDef | None, list[cst.AugAssign]] = {}
@@ -279,8 +281,38 @@ class ModuleIndex:
                     self._anywhere.setdefault(each, []).extend(values)
         return self._anywhere.get(name, []) if name is not None else []
 
+    def names_assigned_only_from(self, source: str) -> set[str]:
+        """The attributes some function assigns only the bare name ``source`` (``self.batch_index = b_idx``).
+
+        One table for all sources, built once: a rule asking this per loop no
+        longer walks every function's assignments each time.
+        """
+        if self._only_from is None:
+            self._only_from = {}
+            for table in self.assignments.values():
+                for name, values in table.items():
+                    first = values[0] if values else None
+                    if "." in name and type(first) is cst.Name and all(type(v) is cst.Name and v.value == first.value for v in values):
+                        self._only_from.setdefault(first.value, set()).add(name)
+        return self._only_from.get(source, set())
+
+    def called_outside_loops(self) -> frozenset[str]:
+        """The callee names of the module's calls that run outside every ``for`` and ``while``, found in one walk."""
+        if self._outside_loops is None:
+            found: set[str] = set()
+            for node in self.file.every_node(self.module):
+                if type(node) is cst.Call and (name := callee_name(node)) is not None:
+                    above = self.parents.get(node)
+                    while above is not None and type(above) not in (cst.For, cst.While):
+                        above = self.parents.get(above)
+                    if above is None:
+                        found.add(name)
+            self._outside_loops = frozenset(found)
+        return self._outside_loops
+
     def _assign(self, target: cst.BaseExpression, value: cst.BaseExpression, function: cst.FunctionDef | None) -> None:
         self._anywhere = None
+        self._only_from = None
         table = self.assignments.setdefault(function, {})
         if type(target) in (cst.Tuple, cst.List) and type(value) in (cst.Tuple, cst.List) and len(target.elements) == len(value.elements):
             for t, v in zip(target.elements, value.elements):

@@ -1343,12 +1343,4 @@ def _runs_per_batch(model: LoopModel, root, function: cst.FunctionDef) -> str | 
 
 def _called_outside_a_loop(model: LoopModel, name: str) -> bool:
     """Whether some call of ``name`` in the module runs outside every loop."""
-    parents = model.parents
-    for node in model.file.every_node(model.module):
-        if type(node) is cst.Call and callee_name(node) == name:
-            above = parents.get(node)
-            while above is not None and type(above) not in (cst.For, cst.While):
-                above = parents.get(above)
-            if above is None:
-                return True
-    return False
+    return model.index is None or name in model.index.called_outside_loops()

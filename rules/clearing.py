@@ -490,10 +490,7 @@ def _index_names(model: LoopModel, loop: Frame) -> set[str]:
         return set()
     names = {index.value}
     if model.index is not None:
-        for table in model.index.assignments.values():
-            for name, values in table.items():
-                if "." in name and values and all(type(v) is cst.Name and v.value == index.value for v in values):
-                    names.add(name)
+        names |= model.index.names_assigned_only_from(index.value)
     return names
 
 
