@@ -104,12 +104,31 @@ class ModuleIndex:
                     return None
                 scope = self.parent_function.get(scope)
         if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value in ("self", "cls"):
-            owner = self.class_of.get(function) if function is not None else None
-            while function is not None and owner is None:
-                function = self.parent_function.get(function)
-                owner = self.class_of.get(function) if function is not None else None
+            method = self.method_holding(function)
+            owner = self.class_of.get(method) if method is not None else None
             return self._method(owner, func.attr.value, set()) if owner else None
         return None
+
+    def method_holding(self, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """The method of a class that holds ``function``: itself, or the method a nested function is defined in."""
+        while function is not None and self.class_of.get(function) is None:
+            function = self.parent_function.get(function)
+        return function
+
+    def inherits(self, class_name: str, ancestor: str) -> bool:
+        """Whether a class of this module derives from ``ancestor``, directly or through classes of the module."""
+        seen: set[str] = set()
+        pending = [class_name]
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            bases = self.class_bases.get(current, [])
+            if ancestor in bases:
+                return True
+            pending.extend(bases)
+        return False
 
     def method_of(self, class_name: str, name: str) -> cst.FunctionDef | None:
         """A method of one of this module's classes, found on the class or its bases of this module."""

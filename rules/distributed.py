@@ -444,11 +444,7 @@ def _handed_in(model: LoopModel, root: Root) -> dict[str, Wrap]:
 
 
 def _in_class(index, function: cst.FunctionDef) -> bool:
-    while function is not None:
-        if index.class_of.get(function):
-            return True
-        function = index.parent_function.get(function)
-    return False
+    return index.method_holding(function) is not None
 
 
 def _model_of(model: LoopModel, region: Frame, seen: dict[str, Wrap], scope: cst.CSTNode) -> tuple[str, Wrap] | None:
@@ -1867,27 +1863,12 @@ def _same_instance_runs(model: LoopModel, wrapping: cst.FunctionDef | None, clip
     ``torch.nn.utils.clip_grad_norm_`` never runs on the wrapped model. Where a class is unknown, it may.
     """
     index = model.index
-    wrap_method, clip_method = _method_of_class(index, wrapping), _method_of_class(index, clipping)
+    wrap_method, clip_method = index.method_holding(wrapping), index.method_holding(clipping)
     wrap_class = index.class_of.get(wrap_method) if wrap_method is not None else None
     clip_class = index.class_of.get(clip_method) if clip_method is not None else None
-    if wrap_class is None or clip_class is None or wrap_class == clip_class or _inherits(index, clip_class, wrap_class, set()):
+    if wrap_class is None or clip_class is None or wrap_class == clip_class or index.inherits(clip_class, wrap_class):
         return True
     return index.method_of(wrap_class, clip_method.name.value) is clip_method
-
-
-def _method_of_class(index, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
-    """The method of a class that holds ``function`` (itself, or the method a nested function is defined in)."""
-    while function is not None and index.class_of.get(function) is None:
-        function = index.parent_function.get(function)
-    return function
-
-
-def _inherits(index, class_name: str, ancestor: str, seen: set[str]) -> bool:
-    if class_name in seen:
-        return False
-    seen.add(class_name)
-    bases = index.class_bases.get(class_name, [])
-    return ancestor in bases or any(_inherits(index, base, ancestor, seen) for base in bases)
 
 
 def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
