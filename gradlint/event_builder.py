@@ -724,14 +724,14 @@ class EventBuilder:
         recv = _uncast(recv)
         loss = recv
         unreduced = _unreduced(recv)  # ``scaler.scale(loss).mean()`` is as scaled as ``scaler.scale(loss)``
-        if type(unreduced) is cst.Call and method_name(unreduced) == "scale" and self._kind(dotted_name(receiver(unreduced))) is ObjKind.SCALER:
+        if self._scales(unreduced):
             scaled = True
             inner = positional_args(unreduced)
             loss = inner[0].value if inner else recv
         elif (unreduced_name := dotted_name(unreduced)) is not None:
             for value in self._assigned(unreduced_name, scope.function):
                 value = _uncast(value)
-                if type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER:
+                if self._scales(value):
                     scaled = True
         # ``y.backward(dy)``: a given upstream gradient, not a mean loss to divide.
         upstream = bool(args) and method == "backward"

@@ -458,15 +458,12 @@ def _setting_sides(model: LoopModel, event: Event) -> tuple[set[str], list[froze
         terms = boolean_terms(frame.node.test, cst.And)
         if not all(_is_setting(term) for term in terms) or _assigned_where_tested(model, frame.node, terms):
             continue
-        written = frozenset(_EMPTY_MODULE.code_for_node(term) for term in terms)
+        written = frozenset(model.code(term) for term in terms)
         if frame.branch == "if":
             holds |= written
         elif frame.branch == "else":
             fails.append(written)
     return holds, fails
-
-
-_EMPTY_MODULE = cst.Module(body=[])
 
 
 def _is_setting(term: cst.BaseExpression) -> bool:
