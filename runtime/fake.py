@@ -21,7 +21,8 @@ Every fake tensor follows one device story, chosen once per run:
 
 In both, a module converted with ``to``, ``cuda``, ``half`` or ``bfloat16``
 moves each parameter object itself, so parameters and inputs never end up on
-two devices.
+two devices, and torch offers fake tensors the multi-tensor kernels it would
+offer the real ones (:func:`gradlint.runtime.kernels.fake_tensors_take_foreach_kernels`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.overrides import TorchFunctionMode
 
 from gradlint.runtime._patching import Patcher
+from gradlint.runtime.kernels import fake_tensors_take_foreach_kernels
 
 
 def _placeholder(original: Any) -> Any:
@@ -150,6 +152,9 @@ _FAKE_CUDA = {
     "memory_allocated": lambda device=None: 0,
     "max_memory_allocated": lambda device=None: 0,
     "is_bf16_supported": lambda *args, **kwargs: True,
+    # every optimizer step asks (torch.optim.optimizer._cuda_graph_capture_health_check) once CUDA is "available";
+    # a real answer initialises CUDA, which a CUDA build without a GPU cannot
+    "is_current_stream_capturing": lambda: False,
     "get_device_name": lambda device=None: "fake CUDA device (gradlint measure --fake)",
 }
 
@@ -193,7 +198,7 @@ def fake_tensors(story: str | None = None) -> Iterator[FakeTensorMode]:
     for name, answer in _FAKE_CUDA.items():
         patcher.set(torch.cuda, name, answer)
     try:
-        with mode, (CudaAsCpu() if story == CPU else contextlib.nullcontext()):
+        with fake_tensors_take_foreach_kernels(), mode, (CudaAsCpu() if story == CPU else contextlib.nullcontext()):
             yield mode
     finally:
         patcher.restore()

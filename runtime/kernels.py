@@ -11,7 +11,9 @@ fused kernel makes no temporaries the size of a parameter.
 
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+import importlib
+from typing import Iterable, Iterator
 
 import torch
 
@@ -35,6 +37,34 @@ def params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+# The lists torch reads to decide whether its foreach kernels may take a tensor, by its exact type
+# (torch.distributed.tensor adds DTensor to the same two lists the same way).
+_FOREACH_TYPE_LISTS = ("torch.optim.optimizer", "torch.utils._foreach_utils")
+
+
+@contextlib.contextmanager
+def fake_tensors_take_foreach_kernels() -> Iterator[None]:
+    """Within: torch offers its foreach kernels to fake tensors as to the real tensors they stand for.
+
+    torch picks foreach only for tensors whose type is exactly ``Tensor`` or
+    ``Parameter``; a fake parameter's type is ``FakeTensor``. On CUDA, where
+    foreach is the default, a fake run would otherwise step with the
+    per-parameter loop and leave out the foreach kernels' temporaries (1.1 GiB
+    of ViT-L's 5.7 GiB peak with Adam, measured on an H100). Nests.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    lists = [importlib.import_module(name)._foreach_supported_types for name in _FOREACH_TYPE_LISTS]
+    added = [types for types in lists if FakeTensor not in types]
+    for types in added:
+        types.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for types in added:
+            types.remove(FakeTensor)
+
+
 def fused_supports(cls: type, params: Iterable[torch.Tensor]) -> bool:
     """Whether ``cls(params, fused=True)`` can step these parameters: a fused class, floating point, supported devices."""
     if not issubclass(cls, FUSED_OPTIMIZERS):
@@ -46,7 +76,8 @@ def fused_supports(cls: type, params: Iterable[torch.Tensor]) -> bool:
 def kernel_of(optimizer: torch.optim.Optimizer, group: dict | None = None) -> str:
     """``fused``, ``foreach`` or ``for-loop``: what ``step()`` runs for ``group`` (default: the first group).
 
-    ``foreach=None`` is resolved as torch resolves it at step time.
+    ``foreach=None`` is resolved as torch resolves it at step time, for fake
+    parameters as for the real ones they stand for.
     """
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
@@ -55,7 +86,8 @@ def kernel_of(optimizer: torch.optim.Optimizer, group: dict | None = None) -> st
         return FUSED
     foreach = group.get("foreach")
     if foreach is None:
-        _, foreach = _default_to_fused_or_foreach(list(group["params"]), bool(group.get("differentiable")), False)
+        with fake_tensors_take_foreach_kernels():
+            _, foreach = _default_to_fused_or_foreach(list(group["params"]), bool(group.get("differentiable")), False)
     return FOREACH if foreach else FOR_LOOP
 
 
