@@ -14,6 +14,13 @@ running totals, so the split costs nothing per op; a storage becomes
 "optimizer state" when the optimizer step that made it returns, so when
 several moments reach the same peak the split of the latest one is kept
 (in a steady loop: a later step, whose state is already known).
+
+Bytes are those of one device, as an allocator counts them: the host's
+(CPU tensors) until the first tensor lands on an accelerator (``cuda``, or
+any device but ``cpu`` and ``meta``), that device's from then on. A model built
+on the CPU and moved to the GPU briefly holds both copies of a parameter; the
+GPU never holds the CPU's, and a meter that added the two reported a peak
+15 % over the CUDA allocator's on a small bf16 model (H100).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class _Entry:
     nbytes: int
     category: str
     ref: weakref.ref
+    device: str
 
 
 @dataclasses.dataclass
@@ -96,6 +104,7 @@ class TensorMemoryMeter(TorchDispatchMode):
         self._open_phases: dict[str, float] = {}
         self._live: dict[int, _Entry] = {}
         self._totals: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.device: str | None = None  # the accelerator counted, once a tensor lands on one; None: the host
         self._optimizers: list[weakref.ref] = []
         self._params: dict[int, weakref.ref] = {}
         self._param_storages: set[int] = set()
@@ -165,8 +174,9 @@ class TensorMemoryMeter(TorchDispatchMode):
         entry = self._live.get(key)
         if entry is None or entry.category in (category, PARAMS):
             return
-        self._totals[entry.category] -= entry.nbytes
-        self._totals[category] += entry.nbytes
+        if self._counted(entry):
+            self._totals[entry.category] -= entry.nbytes
+            self._totals[category] += entry.nbytes
         entry.category = category
 
     def _classify_state(self, opt: torch.optim.Optimizer) -> None:
@@ -192,6 +202,22 @@ class TensorMemoryMeter(TorchDispatchMode):
             return TEMPS
         return ACTS
 
+    HOST_DEVICES = ("cpu", "meta")
+
+    def _counted(self, entry: _Entry) -> bool:
+        return self.device is None or entry.device == self.device
+
+    def _count_device(self, device: str) -> None:
+        """From now on count ``device`` alone: its live bytes are the current figure, and the peak starts again."""
+        self.device = device
+        self._totals = dict.fromkeys(CATEGORIES, 0)
+        for entry in self._live.values():
+            if entry.device == device:
+                self._totals[entry.category] += entry.nbytes
+        self.current = sum(self._totals.values())
+        self.peak = self.window_peak = 0
+        self.peak_split = {}
+
     def _add(self, t: torch.Tensor, gradient: bool = False) -> None:
         for st in _storages(t):
             key = id(st)
@@ -199,22 +225,27 @@ class TensorMemoryMeter(TorchDispatchMode):
             nbytes = st.nbytes()
             if entry is not None:
                 if entry.nbytes != nbytes:  # resized in place
-                    self.current += nbytes - entry.nbytes
-                    self._totals[entry.category] += nbytes - entry.nbytes
+                    if self._counted(entry):
+                        self.current += nbytes - entry.nbytes
+                        self._totals[entry.category] += nbytes - entry.nbytes
                     entry.nbytes = nbytes
                 if gradient:
                     self._reclassify(key, GRADS)
                 continue
             ref = weakref.ref(st, self._make_finalizer(key))
             category = PARAMS if key in self._param_storages else GRADS if gradient else self._phase()
-            self._live[key] = _Entry(nbytes, category, ref)
-            self._totals[category] += nbytes
-            self.current += nbytes
+            device = t.device.type
+            entry = self._live[key] = _Entry(nbytes, category, ref, device)
+            if self.device is None and device not in self.HOST_DEVICES:
+                self._count_device(device)
+            elif self._counted(entry):
+                self._totals[category] += nbytes
+                self.current += nbytes
 
     def _make_finalizer(self, key: int):
         def finalize(_ref: weakref.ref) -> None:
             entry = self._live.pop(key, None)
-            if entry is not None:
+            if entry is not None and self._counted(entry):
                 self.current -= entry.nbytes
                 self._totals[entry.category] -= entry.nbytes
 

@@ -141,3 +141,37 @@ def test_live_bytes_match_a_manual_count_of_tensor_sizes():
         assert set(state) == {"step", "exp_avg", "exp_avg_sq"}
         expected += 2 * p.numel() * p.element_size() + state["step"].element_size()
     assert meter.current == expected
+
+
+def _sgd_step_on(device: str, built_on: str) -> TensorMemoryMeter:
+    meter = TensorMemoryMeter()
+    with meter:
+        model = nn.Sequential(nn.Linear(64, 256, device=built_on), nn.GELU(), nn.Linear(256, 10, device=built_on))
+        model.to(device).to(torch.bfloat16)  # the shape of fixtures/run_device_scripts.py --kind sequential
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(8, 64, device=device, dtype=torch.bfloat16)).float().sum().backward()
+            opt.step()
+    return meter
+
+
+def test_once_a_tensor_is_on_an_accelerator_only_that_device_is_counted(monkeypatch):
+    """A model built on the CPU and moved holds both copies of a parameter for a moment; the device never does.
+
+    ``meta`` stands in for the GPU here. On an H100 the meter that added the
+    two devices reported 142,376 bytes for a bf16 model whose CUDA allocator
+    peak was 123,392 (the move's moment, not the training step).
+    """
+    monkeypatch.setattr(TensorMemoryMeter, "HOST_DEVICES", ("cpu",))
+    moved, born_there = _sgd_step_on("meta", built_on="cpu"), _sgd_step_on("meta", built_on="meta")
+    assert moved.device == born_there.device == "meta"
+    assert moved.report() == born_there.report()
+    params = 2 * (64 * 256 + 256 + 256 * 10 + 10)
+    assert moved.report().split["parameters"] == params  # the peak is the step's, with the parameters known
+    assert moved.report().split["optimizer state"] == params
+    # with meta counted as the host's, the moment of the move sets the peak: both float32 copies of the 64x256
+    # weight, and the rest of the float32 model on one device or the other
+    monkeypatch.setattr(TensorMemoryMeter, "HOST_DEVICES", ("cpu", "meta"))
+    both = _sgd_step_on("meta", built_on="cpu")
+    assert both.device is None and both.peak == 4 * (64 * 256 + 256 + 256 * 10 + 10) + 4 * 64 * 256 > moved.peak
