@@ -80,6 +80,7 @@ class ModeResult:
     deterministic: bool = False
     device_story: str = ""
     noise: float | None = None  # as written: max |Δparam| between two as-written runs (CUDA)
+    step_time_again: float | None = None  # as written: the median step of the second as-written run, where timed
 
     @property
     def median_step_time(self) -> float | None:
@@ -272,8 +273,9 @@ def measure_script(
     results = [base]
     if not fake and (noise or (noise is None and noise_floor_needed(base))):
         progress("as written, again: run-to-run noise")
-        again = measure_mode(path, AS_WRITTEN, args, steps, time_steps=0)
+        again = measure_mode(path, AS_WRITTEN, args, steps, time_steps=time_steps)
         base.noise = max_param_difference(base, again)
+        base.step_time_again = again.median_step_time
     results.append(run(SET_TO_NONE, 2))
     refused = None
     if base.release_as_written:
@@ -369,6 +371,7 @@ def format_table(results: list[ModeResult], fake: bool = False, release_refused:
                          f"({len(base.step_times)} intervals)"))
     if fake and base.device_story:
         lines.append(f"fake tensors: {base.device_story}")
+    lines.append(timing_noise_line(base))
     lines.extend(_allocator_lines(results))
     survivors = [r for r in results if r.survived]
     if survivors:
@@ -414,6 +417,16 @@ def _allocator_lines(results: list[ModeResult]) -> list[str]:
             lines.append(f"  {r.mode}: cuBLAS workspaces {human_bytes(workspaces)} (in the allocator peak, not tensors); "
                          f"still allocated after the run's objects were gone: {human_bytes(survived)}")
     return lines
+
+
+def timing_noise_line(base: ModeResult) -> str:
+    """How far apart two identical as-written runs' step times were: the floor for comparing modes' times."""
+    first, again = base.median_step_time, base.step_time_again
+    if first is None or again is None:
+        return ""
+    spread = abs(first - again) / min(first, again)
+    return (f"step time of as written, run twice: {first * 1000:.1f} and {again * 1000:.1f} ms ({spread:.0%} apart): "
+            f"differences between modes' step times of that order are run-to-run noise")
 
 
 NOISE_FACTOR = 4  # a difference up to this many times the measured run-to-run noise is of its order

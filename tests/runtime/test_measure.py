@@ -283,10 +283,15 @@ for step in range(10):
 def test_measure_reruns_as_written_and_states_the_noise_the_differences_are_judged_against(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(NOISY)
-    results, _ = measure_script(str(script), steps=2, time_steps=0, noise=True)
+    results, _ = measure_script(str(script), steps=2, time_steps=4, noise=True)
     base = results[0]
     assert base.noise is not None and base.noise > 0
     table = format_table(results)
+    # the second run is timed too, and the spread of the two step times is stated beside the table
+    assert base.step_time_again is not None and base.step_time_again > 0
+    spread = abs(base.median_step_time - base.step_time_again) / min(base.median_step_time, base.step_time_again)
+    assert (f"step time of as written, run twice: {base.median_step_time * 1000:.1f} and "
+            f"{base.step_time_again * 1000:.1f} ms ({spread:.0%} apart)") in table
     assert f"max |Δparam| against as written, whose run-to-run noise is {base.noise:.3g} (as written run twice)" in table
     assert "set_to_none=True bitwise equal" not in table  # another process, another "kernel"
 
