@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()
+model = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(12)], nn.Linear(512, 10)).cuda()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 for step in range(20):
-    x, y = torch.randn(4, 256, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
+    x, y = torch.randn(4, 512, device="cuda"), torch.randint(0, 10, (4,), device="cuda")
     optimizer.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()
     optimizer.step()
@@ -53,6 +53,9 @@ def test_allocator_agrees_with_the_tensor_meter_in_every_mode_from_the_same_base
             assert r.allocator["survived"] == 0, r.mode
         for stats in r.cuda_phases.values():
             assert stats["reserved"] >= stats["allocated"]
+    # twelve equal layers: release keeps one gradient of 1 MiB where the plain loop keeps all twelve. (With one
+    # layer four times the others, torch-optimi's per-parameter temporaries cost more than the gradients saved,
+    # against a fused AdamW: 92.5 MB against 89.4 MB on an H100, as the table then says.)
     assert by_mode[RELEASE].allocator_peak < by_mode[AS_WRITTEN].allocator_peak
     # the step of the last, stopped iteration is credited to the step, not to the forward
     plain = by_mode[AS_WRITTEN].cuda_phases
@@ -77,7 +80,7 @@ def test_fake_cuda_tensors_estimate_the_allocator_peak_within_2_percent(fixtures
     fake = measure_mode(script, AS_WRITTEN, ["--kind", kind, "--device", "cuda"], steps=2, fake=True)
     assert fake.device_story == STORIES[CUDA]
     net = real.allocator_peak - real.allocator["workspaces"]
-    assert abs(fake.memory.peak / net - 1) <= 0.02, (kind, fake.memory.peak, net)
+    assert abs(fake.memory.peak / net - 1) <= 0.02, (kind, net, fake.memory, real.memory)
     assert fake.memory.peak == real.memory.peak  # the tensor meter, fake and real, to the byte
 
 
