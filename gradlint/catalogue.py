@@ -144,6 +144,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, STEP),),
     ),
     RuleInfo(
+        code='GL014',
+        name='shifted-accumulation-window',
+        summary="the step's guard is zero one micro-batch off the window's end (`i % k == 0` with `i` from 0)",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP),),
+    ),
+    RuleInfo(
         code='GL015',
         name='clip-only-under-accumulation-guard',
         summary='clipping sits under an accumulation guard but the optimizer steps and clears on every micro-batch',

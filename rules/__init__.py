@@ -18,6 +18,7 @@ from gradlint.rules.accumulation import (
     LossDividedTwice,
     LossDividedWithoutAccumulation,
     NumItemsInBatchIgnored,
+    ShiftedAccumulationWindow,
     StepOutsideAccumulationGuard,
 )
 from gradlint.rules.amp import (
@@ -69,6 +70,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     StepOutsideAccumulationGuard,
     OptimizerSteppedOnOneSettingBranch,
     InvertedAccumulationGuard,
+    ShiftedAccumulationWindow,
     ClipOnlyUnderAccumulationGuard,
     BackwardWithoutScaler,
     StepBypassesScaler,

@@ -1,4 +1,4 @@
-"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011, GL015).
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011, GL014, GL015).
 
 When clipping runs, who divides the loss by the number of micro-batches (the
 loop itself or the framework it hands the loss to), and whether the step waits
@@ -1150,3 +1150,164 @@ def _exists(test: cst.BaseExpression, target: str | None) -> bool:
         type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.IsNot
         and dotted_name(test.comparisons[0].comparator) == "None" and target is not None and dotted_name(test.left) == target
     )
+
+
+class ShiftedAccumulationWindow(Rule):
+    """The accumulation guard's remainder is zero one micro-batch off the window's end: every window is shifted.
+
+    **Why it matters.** ``for i, batch in enumerate(loader):`` counts from 0,
+    so ``if i % accum == 0: optimizer.step()`` is true first on the very
+    first micro-batch: the first step applies one micro-batch of a loss
+    divided by ``accum``, each later window ends one micro-batch late, and
+    the micro-batches after the last multiple of ``accum`` in each pass over
+    the loader are never stepped (their gradients are wiped by the next
+    pass's first clear, or added into its first step). The same with
+    ``enumerate(loader, start=1)`` and ``(i + 1) % accum == 0``: windows of
+    ``accum - 1``. Nothing fails; the loss curve looks normal.
+
+    **Fix.** Test the remainder of the number of micro-batches seen so far:
+    ``(i + 1) % accum == 0`` when ``i`` counts from 0, ``i % accum == 0``
+    when it counts from 1.
+
+    **Stays quiet when**
+
+    - the step runs before the backward of its iteration (``if i % accum ==
+      0: optimizer.step(); optimizer.zero_grad()`` at the top of the loop
+      steps the window that has just ended);
+    - the guard holds more than the remainder (``... or i == len(loader) -
+      1``, ``... and i > 0``), the counter is not the loop's own index (a
+      counter incremented by hand), the index starts at a value that is not
+      a literal (``start=start_step``), or the loop body assigns the index;
+    - the count is a literal that makes the offset right (``(i + 3) % 2 ==
+      0`` from 0), or exceeds 1 only where a framework's engine steps at its
+      own boundary (accelerate's count read from a DeepSpeed config, else 1:
+      ``fixtures/realworld/gl302_count_from_deepspeed_config__accelerate.py``).
+
+    **Bad**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if i % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, (x, y) in enumerate(loader):
+            (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL014"
+    name = "shifted-accumulation-window"
+    summary = "the step's guard is zero one micro-batch off the window's end (`i % k == 0` with `i` from 0)"
+    severity = Severity.ERROR
+    fix = None  # the test to write depends on what the counter counts, which the author knows
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        for root in model.roots:
+            reported: set[int] = set()
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
+                    continue
+                guard = acc.frame
+                if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
+                    continue
+                if not any(root.order(b) < root.order(step) for b in acc.backwards):
+                    continue  # the step closes the window that ended before this iteration's backward
+                shift = _window_shift(guard.node.test, loop)
+                if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
+                    continue
+                index, start, offset, count = shift
+                reported.add(id(guard))
+                off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
+                plural = "es" if abs(off) > 1 else ""
+                if off < 0:
+                    shape = (f"the first window holds {-off} micro-batch{plural} and every later one ends {-off} "
+                             f"micro-batch{plural} late")
+                else:
+                    shape = (f"every window ends {off} micro-batch{plural} early (the first holds "
+                             f"{model.code(count)} - {off})")
+                counted = index if start == 1 else f"({index} + {1 - start})" if start < 1 else f"({index} - {start - 1})"
+                yield Report(
+                    guard.node.test,
+                    f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, with "
+                    f"`{index}` counted from {start}: {shape}, so the last micro-batches of a pass wait for the next "
+                    f"pass's first step (or, after the last pass, are never stepped); test "
+                    f"`{counted} % {model.code(count)} == 0`",
+                    event=step,
+                )
+
+
+def _window_shift(test: cst.BaseExpression, loop: Frame) -> tuple[str, int, int, cst.BaseExpression] | None:
+    """(index, its start, the offset added to it, the count) for a guard ``(i + c) % k == 0`` on ``loop``'s own index
+    that is zero off the window's end: ``start + c`` is the number of micro-batches seen when the remainder is taken,
+    which must be 1 past each window's last; None for any other test."""
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return None
+    if type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
+        return None
+    remainder = test.left
+    if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
+        return None
+    counted = remainder.left
+    offset = 0
+    if type(counted) is cst.BinaryOperation and type(counted.operator) in (cst.Add, cst.Subtract):
+        if type(counted.right) is not cst.Integer:
+            return None
+        offset = int(counted.right.value) * (1 if type(counted.operator) is cst.Add else -1)
+        counted = counted.left
+    index = dotted_name(counted)
+    loop_index = _loop_index(loop)
+    if index is None or loop_index is None or loop_index[0] != index or _assigned_in(loop.node, index):
+        return None
+    start = loop_index[1]
+    count = remainder.right
+    literal = number(count)
+    if literal is not None and literal == int(literal) and literal > 0:
+        if (start + offset - 1) % int(literal) == 0:
+            return None
+    elif start + offset == 1:
+        return None
+    return index, start, offset, count
+
+
+def _loop_index(loop: Frame) -> tuple[str, int] | None:
+    """``for i, b in enumerate(xs[, start])`` or ``for i in range([start, ]n)`` with a literal start: (``i``, start)."""
+    node = loop.node
+    if type(node) is not cst.For or type(node.iter) is not cst.Call:
+        return None
+    name, args = callee_name(node.iter), positional_args(node.iter)
+    if name == "enumerate" and type(node.target) is cst.Tuple and node.target.elements and args:
+        index = dotted_name(node.target.elements[0].value)
+        given = keyword_arg(node.iter, "start") or (args[1] if len(args) > 1 else None)
+    elif name == "range" and type(node.target) is cst.Name and 1 <= len(args) == len(node.iter.args) <= 2:
+        index = node.target.value
+        given = args[0] if len(args) == 2 else None
+    else:
+        return None
+    if index is None or "." in index:
+        return None
+    if given is None:
+        return index, 0
+    start = number(given.value)
+    return (index, int(start)) if start is not None and start == int(start) else None
+
+
+def _assigned_in(loop: cst.For, name: str) -> bool:
+    """Whether the loop's body binds ``name`` (``i += 1``, ``i = ...``): the index no longer counts the iterations."""
+    for node in walk(loop.body):
+        targets: list[cst.BaseExpression] = []
+        if type(node) is cst.Assign:
+            targets = [t.target for t in node.targets]
+        elif type(node) in (cst.AugAssign, cst.AnnAssign):
+            targets = [node.target]
+        if any(type(t) is cst.Name and t.value == name for t in targets):
+            return True
+    return False

@@ -208,6 +208,12 @@ def accumulate_owner(frame: Frame) -> tuple[AccumulateContext, str | None] | Non
 # -- wraps
 
 WRAPS: dict[str, Wrap] = {w.key: w for w in reversed(_joined("wraps"))}
+
+
+def count_above_one_only_under_own_engine(model: LoopModel, count: cst.BaseExpression | None) -> bool:
+    """Whether an accumulation count can exceed 1 only where a framework's engine steps at its own boundary (accelerate's
+    count read from a DeepSpeed config, else 1): there the loop's own guard never decides a step."""
+    return any(w.quiet_for_count is not None and w.quiet_for_count(model, count) for w in WRAPS.values())
 WRAP_CLASSES: dict[str, Wrap] = {w.class_name: w for w in reversed(_joined("wraps")) if w.class_name is not None}
 SHARD_FUNCTIONS: dict[str, Wrap] = {w.function: w for w in reversed(_joined("wraps")) if w.function is not None}
 PREPARE_METHODS: dict[str, Wrap] = {m: w for w in reversed(_joined("wraps")) for m in w.prepare_methods}
