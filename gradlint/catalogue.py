@@ -162,6 +162,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, STEP, 'clip', 'accum'),),
     ),
     RuleInfo(
+        code='GL016',
+        name='loss-given-as-its-own-gradient',
+        summary='`loss.backward(loss / k)`: the argument is the gradient, so every gradient is scaled by the loss',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, 'loss'),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -1,4 +1,4 @@
-"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011, GL014, GL015).
+"""Rules about gradient accumulation beyond clearing and dividing (GL006–GL008, GL010, GL011, GL014–GL016).
 
 When clipping runs, who divides the loss by the number of micro-batches (the
 loop itself or the framework it hands the loss to), and whether the step waits
@@ -1311,3 +1311,85 @@ def _assigned_in(loop: cst.For, name: str) -> bool:
         if any(type(t) is cst.Name and t.value == name for t in targets):
             return True
     return False
+
+
+class LossGivenAsItsOwnGradient(Rule):
+    """A loss is backpropagated with itself, scaled, as the gradient argument: ``loss.backward(loss / k)``.
+
+    **Why it matters.** The argument of ``Tensor.backward`` is the gradient
+    of the output, not a divisor: ``loss.backward(loss / k)`` multiplies
+    every gradient by the loss's value over ``k`` (it backpropagates the
+    square of the loss over ``2 k``). Meant as "divide the loss by the accumulation
+    count", it scales each micro-batch's gradients by its own loss, so
+    large losses count quadratically and the step size follows the loss.
+    Nothing fails.
+
+    **Fix.** Divide the loss, then backpropagate it: ``(loss / k).backward()``.
+
+    **Stays quiet when**
+
+    - the receiver is not a loss by its name (``out.backward(out)`` on a
+      non-scalar output is the gradient of half its squared norm, which may
+      be meant), or the call is an optimizer's or a framework's ``backward``
+      (``optimizer.backward(loss / k)``, ``accelerator.backward(loss)``),
+      whose argument is the loss.
+
+    **Bad**::
+
+        for i, batch in enumerate(loader):
+            loss = model(batch)
+            loss.backward(loss / GRADIENT_ACCUMULATE_EVERY)
+            if (i + 1) % GRADIENT_ACCUMULATE_EVERY == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    **Good**::
+
+        for i, batch in enumerate(loader):
+            loss = model(batch)
+            (loss / GRADIENT_ACCUMULATE_EVERY).backward()
+            if (i + 1) % GRADIENT_ACCUMULATE_EVERY == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    """
+
+    code = "GL016"
+    name = "loss-given-as-its-own-gradient"
+    summary = "`loss.backward(loss / k)`: the argument is the gradient, so every gradient is scaled by the loss"
+    severity = Severity.ERROR
+    fix = None  # what the author meant (divide by k, or nothing) is theirs to say
+    needs = ((BACKWARD, "loss"),)  # the receiver is named for a loss
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        seen: set[int] = set()
+        for root in model.roots:
+            for backward in root.events_of(EventKind.BACKWARD, None):
+                call = backward.node
+                if id(call) in seen or type(call) is not cst.Call or type(call.func) is not cst.Attribute:
+                    continue
+                if call.func.attr.value != "backward" or backward.framework is not None:
+                    continue
+                loss = dotted_name(call.func.value)
+                if loss is None or "loss" not in loss.split(".")[-1].lower():
+                    continue
+                given = keyword_arg(call, "gradient") or next(iter(positional_args(call)), None)
+                if given is None or not _scales_itself(given.value, loss):
+                    continue
+                seen.add(id(call))
+                yield Report(
+                    call,
+                    f"`{model.code(call)}` hands `{model.code(given.value)}` to `backward` as the gradient of "
+                    f"`{loss}`, not as the loss: every gradient is multiplied by the loss's value (it backpropagates "
+                    f"`{loss}` squared); divide the loss and backpropagate that: `({model.code(given.value)}).backward()`",
+                    event=backward,
+                )
+
+
+def _scales_itself(gradient: cst.BaseExpression, loss: str) -> bool:
+    """``loss``, ``loss / k``, ``loss * w``, ``w * loss`` or ``-loss``: the loss itself, maybe scaled."""
+    while type(gradient) is cst.UnaryOperation:
+        gradient = gradient.expression
+    if type(gradient) is cst.BinaryOperation and type(gradient.operator) in (cst.Divide, cst.Multiply):
+        sides = (gradient.left,) if type(gradient.operator) is cst.Divide else (gradient.left, gradient.right)
+        return any(dotted_name(side) == loss for side in sides)
+    return dotted_name(gradient) == loss
