@@ -986,6 +986,39 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
 
 
+def _plain_backward_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
+    """A plain ``loss.backward()`` of an undivided loss inside a framework's accumulation context whose framework divides
+    only in its own backward: the context sums the micro-batches' gradients for the step on the one that syncs.
+
+    Only where the module builds the framework's object with an accumulation count that may be above 1.
+    """
+    settings = framework_settings(model)
+    reported: set[int] = set()
+    for step in root.events_of(EventKind.STEP):
+        if step.via_scaler is not None or step.framework is not None:
+            continue
+        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+        if block is None or any(f.accumulation for f in frames_inside(step, block)):
+            continue
+        found = frameworks.accumulate_call(block)
+        if found is None or found[0].plain_backward_message is None:
+            continue
+        declared = found[0]
+        setting = settings.accumulation_of(declared.settings)
+        if not any(counts_more_than_one(count) for count in setting.counts):
+            continue  # no count that may exceed 1 in this module: every micro-batch may sync
+        for backward in root.events_of(EventKind.BACKWARD, block):
+            if backward.framework is not None or backward.normalised or id(backward.node) in reported:
+                continue
+            if backward.call_chain or type(backward.node) is not cst.Call or positional_args(backward.node):
+                continue  # through a helper, or with a given gradient: not judged here
+            reported.add(id(backward.node))
+            yield Report(
+                backward.node, declared.plain_backward_message(model.code(backward.node), model.line(block.node)),
+                event=backward, against=(step,),
+            )
+
+
 def _under_window_start_flag(model: LoopModel, zero: Event, step: Event, loop: Frame) -> bool:
     """Whether a clear runs under a flag that marks a window's start: ``if should_start_update:`` whose branch sets it
     to False, while the statement of the loop that steps is followed, in its own block, by setting it to True.
@@ -1432,7 +1465,9 @@ class UnscaledAccumulatedLoss(Rule):
       not ``l1 + 0.5 * l2``, where only one term is scaled)
       and a divided element of a tuple a helper returns (``loss, ce_loss =
       self.train_micro_batch(...)``) count as divided;
-    - a framework divides: ``accelerator.backward`` / ``accumulate()``,
+    - a framework divides: ``accelerator.backward`` (inside ``accumulate()``
+      too; a plain ``loss.backward()`` there is flagged, for ``accumulate()``
+      divides nothing: ``fixtures/frameworks/gl004_plain_backward_in_accumulate.py``),
       Lightning, a DeepSpeed engine's ``backward`` (whatever the name
       ``deepspeed.initialize`` returned it under);
     - the gradients are divided after accumulating: ``p.grad /= n``,
@@ -1512,6 +1547,7 @@ class UnscaledAccumulatedLoss(Rule):
             return  # a DDP communication hook normalises the accumulated gradients as it all-reduces them
         yield from _multiplied_by_the_count(model)
         for root in model.roots:
+            yield from _plain_backward_in_accumulate(model, root)
             wiped: set[int] | None = None  # the steps whose micro-batches a clear on the stepping one wipes
             for step, loop in steps_with_loops(root):
                 acc = accumulation(root, step, loop)

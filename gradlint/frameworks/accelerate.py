@@ -151,6 +151,17 @@ def _clip_message(clip: str, block_line: int) -> str:
     )
 
 
+def _plain_backward_message(backward: str, block_line: int) -> str:
+    # Accelerator.backward divides by gradient_accumulation_steps (but under DeepSpeed, whose engine does);
+    # accumulate() only skips the sync and the prepared optimizer's step and zero_grad (accelerate 1.x source).
+    return (
+        f"`{backward}` inside `accumulate()` at line {block_line} backpropagates the undivided loss: accelerate divides "
+        f"by `gradient_accumulation_steps` only in `accelerator.backward`, and `accumulate()` only skips the sync, "
+        f"step and clear until the micro-batch that syncs, so the step applies the sum of the micro-batches' "
+        f"gradients; call `accelerator.backward(loss)`"
+    )
+
+
 def _clear_message(zero: str, block_line: int, optimizer: str) -> str:
     return (
         f"`{zero}` runs on every micro-batch inside `accumulate()` at line "
@@ -416,6 +427,7 @@ FRAMEWORK = Framework(
             prepared_in=_prepared_in, certainly_unprepared=_certainly_unprepared,
             clip_message=_clip_message, clear_message=_clear_message,
             early_clear_message=_early_clear_message, scheduler_message=_scheduler_message,
+            plain_backward_message=_plain_backward_message,
             unscaling_clip=UnscalingClip(
                 "accelerate", scaler_on=_fp16_accumulating, message=_unscaling_clip_message, tokens=("clip_grad", "fp16"),
             ),

@@ -184,6 +184,9 @@ class AccumulateContext:
     early_clear_message: Callable[[str, int, int, str], str]
     scheduler_message: Callable[[str, str], str]  # an unprepared scheduler stepped in the block (scheduler, optimizer)
     unscaling_clip: UnscalingClip | None = None  # the framework's clip, when it unscales through the framework's scaler
+    # a plain ``loss.backward()`` in the block, when only the framework's own backward divides by the count
+    # (backward code, block line); None where the block itself divides
+    plain_backward_message: Callable[[str, int], str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
