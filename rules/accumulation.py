@@ -29,6 +29,7 @@ from gradlint.queries import (
     home_loop,
     leaves_before,
     lies_in,
+    param_sources,
     runs_every_micro_batch,
     same_object,
     split_by_setting,
@@ -89,7 +90,11 @@ class ClipPerMicroBatch(Rule):
 
     **Stays quiet when** the clip only measures the norm
     (``max_norm=float("inf")``); the clip sits under an accumulation guard or
-    leaves the loop before the step; the step's ``if state.acc_step == 0:``
+    leaves the loop before the step; the clip names a model the accumulating
+    optimizer is known not to be built from (a GAN's critic clipped in a
+    helper the generator's micro-batch loop also calls:
+    ``fixtures/realworld/gl006_critic_clip_in_generator_helper_correct__Reward-Forcing.py``);
+    the step's ``if state.acc_step == 0:``
     tests a counter that nothing keeps in range with ``%`` (only
     ``acc_step = (acc_step + 1) % n`` makes it 0 once in ``n`` micro-batches); inside ``accelerator.accumulate()``, when
     the module builds its ``Accelerator`` without an accumulation setting
@@ -131,7 +136,7 @@ class ClipPerMicroBatch(Rule):
             for clip in root.events_of(EventKind.CLIP, loop):
                 if id(clip) in seen or not _clips(clip) or not runs_every_micro_batch(clip, loop, acc):
                     continue
-                if leaves_before(clip, step) or exclusive(clip, step):
+                if leaves_before(clip, step) or exclusive(clip, step) or _clips_another_model(model, clip, step):
                     continue
                 seen.add(id(clip))
                 yield Report(
@@ -183,6 +188,31 @@ class ClipPerMicroBatch(Rule):
                 f"the step already used the unclipped gradients; clip between the backward and the step",
                 event=clip, against=(step,),
             )
+
+
+def _clips_another_model(model: LoopModel, clip: Event, step: Event) -> bool:
+    """Whether the clip names a model the stepped optimizer is known not to be built from: a GAN's critic clipped in a
+    helper the generator's micro-batch loop also calls (``self.model.fake_score.clip_grad_norm_(...)``, or
+    ``clip_grad_norm_(critic.parameters(), ...)``, against an optimizer built from ``generator`` alone)."""
+    sources = param_sources(model, step.target or "")
+    clipped = _clipped_model(clip.node)
+    return bool(sources) and clipped is not None and clipped not in sources
+
+
+def _clipped_model(call: cst.CSTNode) -> str | None:
+    """The last name of the model a clip names: the receiver of a model's own ``clip_grad_norm_`` (FSDP's), or ``X`` of
+    ``clip_grad_norm_(X.parameters(), ...)``."""
+    if type(call) is not cst.Call or type(call.func) is not cst.Attribute:
+        return None
+    owner = dotted_name(call.func.value)
+    if call.func.attr.value.startswith("clip_grad") and owner is not None and owner.split(".")[-1] not in ("utils", "nn", "torch", "clip_grad"):
+        return owner.split(".")[-1]
+    first = next(iter(positional_args(call)), None)
+    if first is not None and type(first.value) is cst.Call and type(first.value.func) is cst.Attribute:
+        if first.value.func.attr.value == "parameters":
+            name = dotted_name(first.value.func.value)
+            return name.split(".")[-1] if name is not None else None
+    return None
 
 
 def _clips(clip: Event) -> bool:
