@@ -346,6 +346,26 @@ def steps_with_loops(root: Root) -> Iterator[tuple[Event, Frame]]:
                 yield event, loop
 
 
+def single_branch_guards(root: Root) -> Iterator[tuple[Event, Frame, Accumulation]]:
+    """Each plain optimizer step under an accumulation guard that is a one-branch ``if`` (no ``else``, not leaving the
+    iteration) with a backward before the step in the iteration: ``(step, loop, accumulation)``, one per guard. What a
+    rule about the guard's own test reads (GL013, GL014)."""
+    reported: set[int] = set()
+    for step, loop in steps_with_loops(root):
+        if step.framework is not None or step.target is None:
+            continue
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
+            continue
+        guard = acc.frame
+        if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
+            continue
+        if not any(root.order(b) < root.order(step) for b in acc.backwards):
+            continue  # the step closes the window that ended before this iteration's backward
+        reported.add(id(guard))
+        yield step, loop, acc
+
+
 def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     """Whether a clear reaches a model the optimizer is known not to be built from.
 

@@ -32,6 +32,7 @@ from gradlint.queries import (
     param_sources,
     runs_every_micro_batch,
     same_object,
+    single_branch_guards,
     split_by_setting,
     steps_with_loops,
 )
@@ -1239,23 +1240,12 @@ class ShiftedAccumulationWindow(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            reported: set[int] = set()
-            for step, loop in steps_with_loops(root):
-                if step.framework is not None or step.target is None:
-                    continue
-                acc = accumulation(root, step, loop)
-                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
-                    continue
+            for step, loop, acc in single_branch_guards(root):
                 guard = acc.frame
-                if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
-                    continue
-                if not any(root.order(b) < root.order(step) for b in acc.backwards):
-                    continue  # the step closes the window that ended before this iteration's backward
                 shift = _window_shift(guard.node.test, loop)
                 if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
                     continue
                 index, start, offset, count = shift
-                reported.add(id(guard))
                 off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
                 plural = "es" if abs(off) > 1 else ""
                 if off < 0:

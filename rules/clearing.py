@@ -35,6 +35,7 @@ from gradlint.queries import (
     param_sources,
     rebuilt_in,
     same_object,
+    single_branch_guards,
     split_by_setting,
     steps_with_loops,
 )
@@ -943,6 +944,20 @@ class ZeroGradInAccumulation(Rule):
                     )
 
 
+def _steps_in_accumulate(root: Root) -> Iterator[tuple[Event, Frame, AccumulateContext]]:
+    """Each plain optimizer step inside a framework's accumulation context (``with accelerator.accumulate(model):``)
+    with no accumulation guard of its own: (step, the ``with`` block, the context's declaration)."""
+    for step in root.events_of(EventKind.STEP):
+        if step.via_scaler is not None or step.framework is not None:
+            continue
+        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
+        if block is None or any(f.accumulation for f in frames_inside(step, block)):
+            continue
+        found = frameworks.accumulate_call(block)
+        if found is not None:
+            yield step, block, found[0]
+
+
 def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
     """Clears inside a framework's accumulation context (``with accelerator.accumulate(model):``) that the framework
     does not skip between steps.
@@ -954,16 +969,7 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
     count that may be above 1: without one, every micro-batch syncs.
     """
     settings = framework_settings(model)
-    for step in root.events_of(EventKind.STEP):
-        if step.via_scaler is not None or step.framework is not None:
-            continue
-        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
-        if block is None or any(f.accumulation for f in frames_inside(step, block)):
-            continue
-        found = frameworks.accumulate_call(block)
-        if found is None:
-            continue
-        declared = found[0]
+    for step, block, declared in _steps_in_accumulate(root):
         setting = settings.accumulation_of(declared.settings)
         built_accumulating = any(counts_more_than_one(count) for count in setting.counts)
         if not built_accumulating and setting.built:
@@ -994,16 +1000,9 @@ def _plain_backward_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
     """
     settings = framework_settings(model)
     reported: set[int] = set()
-    for step in root.events_of(EventKind.STEP):
-        if step.via_scaler is not None or step.framework is not None:
+    for step, block, declared in _steps_in_accumulate(root):
+        if declared.plain_backward_message is None:
             continue
-        block = next((f for f in reversed(step.frames) if f.kind is FrameKind.WITH and f.context == "accumulate"), None)
-        if block is None or any(f.accumulation for f in frames_inside(step, block)):
-            continue
-        found = frameworks.accumulate_call(block)
-        if found is None or found[0].plain_backward_message is None:
-            continue
-        declared = found[0]
         setting = settings.accumulation_of(declared.settings)
         if not any(counts_more_than_one(count) for count in setting.counts):
             continue  # no count that may exceed 1 in this module: every micro-batch may sync
@@ -2314,20 +2313,11 @@ class InvertedAccumulationGuard(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            reported: set[int] = set()
-            for step, loop in steps_with_loops(root):
-                if step.framework is not None or step.target is None:
-                    continue
-                acc = accumulation(root, step, loop)
-                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or id(acc.frame) in reported:
-                    continue
+            for step, _, acc in single_branch_guards(root):
                 guard = acc.frame
-                if guard.branch != "if" or guard.exits or guard.node.orelse is not None:
-                    continue
                 remainder = _remainder_when_true(guard.node.test)
-                if remainder is None or not any(root.order(b) < root.order(step) for b in acc.backwards):
+                if remainder is None:
                     continue
-                reported.add(id(guard))
                 yield Report(
                     guard.node.test,
                     f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(remainder)}` is not "
