@@ -222,6 +222,19 @@ def _enumerated(loop: Frame) -> tuple[str, str] | None:
     return (index, iterated) if index is not None and iterated is not None else None
 
 
+def counter_and_offset(node: cst.BaseExpression) -> tuple[str | None, int]:
+    """A counter and the literal added to it: ``batch_idx`` → (batch_idx, 0); ``batch_idx + 1`` or ``1 + batch_idx``
+    → (batch_idx, 1); ``step - 1`` → (step, -1); (None, 0) for any other sum."""
+    if type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Subtract):
+        sign = 1 if type(node.operator) is cst.Add else -1
+        if type(node.right) is cst.Integer:
+            return dotted_name(node.left), sign * int(node.right.value)
+        if type(node.left) is cst.Integer and sign == 1:
+            return dotted_name(node.right), int(node.left.value)
+        return None, 0
+    return dotted_name(node), 0
+
+
 def _offset(node: cst.BaseExpression) -> tuple[str | None, int]:
     """``i + 1`` → (``i``, 1); ``len(loader) - 1`` → (``len(loader)``, -1); ``i`` → (``i``, 0)."""
     offset = 0

@@ -24,6 +24,7 @@ from gradlint.queries import (
     accumulation,
     accumulation_place,
     clears,
+    counter_and_offset,
     exclusive,
     frames_inside,
     home_loop,
@@ -1276,14 +1277,7 @@ def _window_shift(test: cst.BaseExpression, loop: Frame) -> tuple[str, int, int,
     remainder = test.left
     if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
         return None
-    counted = remainder.left
-    offset = 0
-    if type(counted) is cst.BinaryOperation and type(counted.operator) in (cst.Add, cst.Subtract):
-        if type(counted.right) is not cst.Integer:
-            return None
-        offset = int(counted.right.value) * (1 if type(counted.operator) is cst.Add else -1)
-        counted = counted.left
-    index = dotted_name(counted)
+    index, offset = counter_and_offset(remainder.left)
     loop_index = _loop_index(loop)
     if index is None or loop_index is None or loop_index[0] != index or _assigned_in(loop.node, index):
         return None

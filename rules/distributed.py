@@ -16,7 +16,16 @@ from gradlint.model import NO_SYNC, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.parsed_file import ParsedFile
-from gradlint.queries import accumulation, accumulation_place, exclusive, frames_inside, function_holding, lies_in, steps_with_loops
+from gradlint.queries import (
+    accumulation,
+    accumulation_place,
+    counter_and_offset,
+    exclusive,
+    frames_inside,
+    function_holding,
+    lies_in,
+    steps_with_loops,
+)
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.tokens import HANDS_AN_OPTIMIZER
 from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
@@ -1228,7 +1237,7 @@ def _modular(test: cst.BaseExpression) -> tuple[bool, _Residue] | None:
     if type(left) is not cst.BinaryOperation or type(left.operator) is not cst.Modulo:
         return None
     count = dotted_name(left.right)
-    counter, offset = _counter_and_offset(left.left)
+    counter, offset = counter_and_offset(left.left)
     if count is None or counter is None:
         return None
     return type(operator) is cst.Equal, (last_name(counter), last_name(count), int(right.value) - offset)
@@ -1241,18 +1250,6 @@ def _which(counter: str, count: str, residue: int) -> str:
     if residue == 0:
         return f"the first of every `{count}` by `{counter}`"
     return f"`{counter}` ≡ {residue} mod `{count}`"
-
-
-def _counter_and_offset(node: cst.BaseExpression) -> tuple[str | None, int]:
-    """``batch_idx`` → (batch_idx, 0); ``batch_idx + 1`` → (batch_idx, 1); ``step - 1`` → (step, -1)."""
-    if type(node) is cst.BinaryOperation and type(node.operator) in (cst.Add, cst.Subtract):
-        sign = 1 if type(node.operator) is cst.Add else -1
-        if type(node.right) is cst.Integer:
-            return dotted_name(node.left), sign * int(node.right.value)
-        if type(node.left) is cst.Integer and sign == 1:
-            return dotted_name(node.right), int(node.left.value)
-        return None, 0
-    return dotted_name(node), 0
 
 
 def _stepping_residue(step: Event, loop: Frame) -> _Residue | None:
@@ -1463,7 +1460,7 @@ def _last_iteration_term(model: LoopModel, term: cst.BaseExpression, inner: Fram
         return None
     counter, length = counter_and_length
     operator, right = term.comparisons[0].operator, term.comparisons[0].comparator
-    left_name, left_offset = _counter_and_offset(term.left)
+    left_name, left_offset = counter_and_offset(term.left)
     if left_name != counter:
         return None
     if type(right) is cst.BinaryOperation and type(right.operator) is cst.Subtract and type(right.right) is cst.Integer:
