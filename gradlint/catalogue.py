@@ -171,6 +171,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, 'loss'),),
     ),
     RuleInfo(
+        code='GL017',
+        name='step-takes-another-loss-gradients',
+        summary="an optimizer's step also applies the gradients another network's loss left on its parameters",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP, _TOKEN_1),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -250,6 +250,8 @@ AVERAGING_STEPS: frozenset[str] = frozenset(_joined("averaging_steps"))
 STEP_FUNCTIONS: dict[str, str] = _merged("step_functions")
 EPOCH_END_FLAGS: frozenset[str] = frozenset(_joined("epoch_end_flags"))
 LOSS_SCALERS: frozenset[str] = frozenset(_joined("loss_scalers"))
+OPTIMIZERS_OF_HOOK: dict[str, str] = _merged("optimizers_of_hook")
+GRAD_TOGGLES: frozenset[str] = frozenset(_joined("grad_toggles"))
 
 
 def per_batch_functions(index: ModuleIndex) -> dict[cst.FunctionDef, str]:

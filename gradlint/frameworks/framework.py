@@ -391,6 +391,12 @@ class Framework:
     # Attributes of the framework's objects that are true on the last batch of an epoch only (``trainer.is_last_batch``):
     # a branch that needs one runs once per pass over the data (GL301)
     epoch_end_flags: frozenset[str] = frozenset()
+    # ``method -> hook``: ``self.method()`` returns the optimizers the module's ``hook`` returns, in their order
+    # (``opt_g, opt_d = self.optimizers()`` with ``configure_optimizers`` returning ``[opt_g, opt_d]``)
+    optimizers_of_hook: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Methods that set ``requires_grad = False`` on parameters other than an optimizer's for the next backward
+    # (Lightning's ``toggle_optimizer``): another loss's backward leaves those parameters alone
+    grad_toggles: frozenset[str] = frozenset()
     # -- gradient release
     release_calls: tuple[ReleaseCall, ...] = ()
     release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases

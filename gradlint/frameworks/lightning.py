@@ -23,14 +23,18 @@ refused when it contradicts a value the code gives).
 ``Trainer.is_last_batch`` is true on the last batch of an epoch only: a
 branch that needs it runs once per epoch (Lightning's documentation steps an
 epoch-wise scheduler under ``if self.trainer.is_last_batch:`` in manual
-optimization).
+optimization). Under manual optimization ``self.optimizers()`` hands back
+the optimizers ``configure_optimizers`` returned, in that order (a lone one
+alone); ``toggle_optimizer(opt)`` sets ``requires_grad = False`` on every
+parameter of the trainer's other optimizers until ``untoggle_optimizer``, so
+a loss backpropagated in between leaves their parameters alone.
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
 (``ClosureResult.from_training_step_output``, called with
 ``trainer.accumulate_grad_batches``), ``src/lightning/pytorch/core/module.py``
 (``LightningModule.manual_backward``, ``automatic_optimization``,
-``clip_gradients``), ``src/lightning/pytorch/trainer/configuration_validator.py``
+``clip_gradients``, ``optimizers``, ``toggle_optimizer``), ``src/lightning/pytorch/trainer/configuration_validator.py``
 ("Automatic gradient accumulation is not supported for manual
 optimization"), ``src/lightning/fabric/fabric.py`` (``Fabric.setup``,
 ``setup_module``, ``backward``, ``clip_gradients``, ``no_backward_sync``),
@@ -177,4 +181,6 @@ FRAMEWORK = Framework(
     clip_methods=frozenset({"clip_gradients"}),
     per_batch=_manual_training_steps,
     epoch_end_flags=frozenset({"is_last_batch"}),
+    optimizers_of_hook={"optimizers": "configure_optimizers"},
+    grad_toggles=frozenset({"toggle_optimizer"}),
 )
