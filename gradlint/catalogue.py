@@ -74,7 +74,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
         code='GL006',
         name='clip-per-micro-batch',
-        summary='gradients are clipped on every micro-batch of an accumulation, or after the step that used them',
+        summary='gradients are clipped on each micro-batch of an accumulation, after the step, or before the backward',
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,

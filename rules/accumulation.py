@@ -58,7 +58,9 @@ class ClipPerMicroBatch(Rule):
     scripts by PR #721). Clipping after ``optimizer.step()`` in the
     same iteration is the opposite mistake: the step has already used the
     unclipped gradients, and the clipped ones are cleared before the next
-    backward.
+    backward. Clipping before the backward, with a clear since the last
+    step, clips nothing: the step applies the unclipped gradients of the
+    backward that follows.
 
     **Fix.** Clip exactly once per optimizer step, after the last backward
     of the accumulation and before the step: under the same guard as the
@@ -103,12 +105,16 @@ class ClipPerMicroBatch(Rule):
     that may exceed 1 (every batch then syncs); after the step, when a backward or another step
     follows the clip in the same iteration (it may be meant for them) or the
     loop never clears the stepped optimizer's gradients (the clipped values
-    would then reach the next step).
+    would then reach the next step); before the backward, when a backward
+    or a step comes between the last clear and the clip (the clip then
+    clips that backward's gradients, as
+    ``fixtures/accumulation/ok_gl006_clip_between_backward_and_step.py``
+    does), when the clear runs only under a guard, or when nothing clears.
     """
 
     code = "GL006"
     name = "clip-per-micro-batch"
-    summary = "gradients are clipped on every micro-batch of an accumulation, or after the step that used them"
+    summary = "gradients are clipped on each micro-batch of an accumulation, after the step, or before the backward"
     severity = Severity.WARNING
     fix = None  # where the clip belongs depends on what else the loop does between backward and step
     # clip_grad_norm_, clip_grad_value_, clip_gradients; clipping written out in the module reads ``.grad``
@@ -125,6 +131,10 @@ class ClipPerMicroBatch(Rule):
                     reported.add(id(report.node))
                     yield report
             for report in self._after_step(model, root):
+                if id(report.node) not in reported:
+                    reported.add(id(report.node))
+                    yield report
+            for report in self._before_backward(model, root):
                 if id(report.node) not in reported:
                     yield report
 
@@ -190,6 +200,52 @@ class ClipPerMicroBatch(Rule):
                 f"the step already used the unclipped gradients; clip between the backward and the step",
                 event=clip, against=(step,),
             )
+
+
+    def _before_backward(self, model: LoopModel, root: Root) -> Iterator[Report]:
+        """Clips that run before the backward of their step, on gradients a clear already emptied."""
+        for clip in root.events_of(EventKind.CLIP):
+            if not clip.loops or not _clips(clip) or any(f.accumulation for f in clip.frames):
+                continue
+            loop = clip.loops[-1]
+            events = root.events_in(loop)
+            position = next(i for i, e in enumerate(events) if e is clip)
+            later = [
+                e for e in events[position + 1:]
+                if e.kind in (EventKind.BACKWARD, EventKind.STEP, EventKind.CLIP) and not exclusive(e, clip)
+            ]
+            if len(later) < 2 or later[0].kind is not EventKind.BACKWARD or later[1].kind is not EventKind.STEP:
+                continue  # the next thing is not "backward, then step": the clip is no stray before a backward
+            backward, step = later[0], later[1]
+            if step.target is None or any(f.accumulation for f in step.frames) or home_loop(root, step) is not loop:
+                continue
+            if _clips_another_model(model, clip, step):
+                continue
+            clear = _emptied_by(model, events, position, step.target)
+            if clear is None:
+                continue
+            yield Report(
+                clip.node,
+                f"`{model.code(clip.node)}` runs before the backward at line {model.line(backward.node)}, on the "
+                f"gradients `{model.code(clear.node)}` at line {model.line(clear.node)} cleared: it clips nothing, and "
+                f"`{step.target}` steps at line {model.line(step.node)} with unclipped gradients; clip between the "
+                f"backward and the step",
+                event=clip, against=(backward, step),
+            )
+
+
+def _emptied_by(model: LoopModel, events: list[Event], position: int, optimizer: str) -> Event | None:
+    """The clear of ``optimizer``'s gradients that comes last before ``events[position]``, read back around the
+    iteration, when no backward or step comes between; None when one does, or when nothing clears."""
+    for back in range(1, len(events)):
+        event = events[position - back]  # a negative index reads the iteration's end: the previous iteration
+        if event.kind in (EventKind.BACKWARD, EventKind.STEP, HANDOFF):
+            return None
+        if event.kind is EventKind.ZERO and clears(model, event, optimizer):
+            if any(f.accumulation or f.branch == "except" for f in event.frames) or leaves_before(event, events[position]):
+                return None  # a clear that does not run on every iteration, or leaves before the clip
+            return event
+    return None
 
 
 def _clips_another_model(model: LoopModel, clip: Event, step: Event) -> bool:
