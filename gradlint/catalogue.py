@@ -18,12 +18,13 @@ _TOKEN_3 = Spelled('grad', '\\.(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*grad(?!\\w)(?:[
 _TOKEN_4 = re.compile('zeros_like|(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*\\*|\\*(?:[\\s\\\\(]|#[^\\n]*(?![^\\n]))*(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])')
 _TOKEN_5 = Spelled('requires_grad', '\\.[\\s\\\\]*requires_grad[\\s\\\\]*=[\\s\\\\]*False|requires_grad_[\\s\\\\]*\\([\\s\\\\]*(?:requires_grad[\\s\\\\]*=[\\s\\\\]*)?False')
 _TOKEN_6 = call_of('parameters')
-_TOKEN_7 = call_of('update')
-_TOKEN_8 = call_of('unscale_')
-_TOKEN_9 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
-_TOKEN_10 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_11 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_12 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True')
+_TOKEN_8 = call_of('update')
+_TOKEN_9 = call_of('unscale_')
+_TOKEN_10 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
+_TOKEN_11 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_12 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_13 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -180,13 +181,22 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, STEP, _TOKEN_1),),
     ),
     RuleInfo(
+        code='GL018',
+        name='unregistered-parameters',
+        summary='layers in a plain list, or tensors that are no `nn.Parameter`: `parameters()` never holds them',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((_TOKEN_7,),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_7, SCALER), (BACKWARD, _TOKEN_8, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_8, SCALER), (BACKWARD, _TOKEN_9, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -222,7 +232,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_8, SCALER), (BACKWARD, STEP, _TOKEN_7, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_9, SCALER), (BACKWARD, STEP, _TOKEN_8, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -231,7 +241,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_7, SCALER),),
+        needs=((BACKWARD, _TOKEN_8, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -240,7 +250,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_8, SCALER),),
+        needs=((BACKWARD, _TOKEN_9, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -249,7 +259,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_7, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_8, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -258,7 +268,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_9, SCALER), (_TOKEN_9, 'autocast')),
+        needs=((_TOKEN_10, SCALER), (_TOKEN_10, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -267,7 +277,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_9, _TOKEN_10), (_TOKEN_9, BACKWARD, STEP), (_TOKEN_9, BACKWARD, _TOKEN_11), (_TOKEN_9, BACKWARD, _TOKEN_2), (_TOKEN_9, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_10, _TOKEN_11), (_TOKEN_10, BACKWARD, STEP), (_TOKEN_10, BACKWARD, _TOKEN_12), (_TOKEN_10, BACKWARD, _TOKEN_2), (_TOKEN_10, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -276,7 +286,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_9, 'clip'),),
+        needs=((_TOKEN_10, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -303,7 +313,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_12)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_13)),
     ),
     RuleInfo(
         code='GL303',

@@ -18,4 +18,5 @@ class ObjKind(str, enum.Enum):
     PREPARER = "preparer"
     ENGINE = "engine"  # an engine whose backward divides by its accumulation count and syncs at its own boundary
     TENSOR = "tensor"  # one named tensor whose .grad the code handles by hand (``delta.grad``)
+    OTHER = "other"  # known to be none of these, whatever its name says (``ema_optimizer = WeightEMA(...)``)
     UNKNOWN = "unknown"

@@ -127,6 +127,7 @@ class Root:
     _kinds: dict[int, frozenset] = dataclasses.field(default_factory=dict, repr=False, compare=False)
     _order: dict[int, int] | None = dataclasses.field(default=None, repr=False, compare=False)
     _of_kind: dict[tuple, list[Event]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _probes: frozenset[int] | None = dataclasses.field(default=None, repr=False, compare=False)  # queries.probe_events
 
     def loops(self) -> list[Frame]:
         """Every loop that holds at least one event, outer loops before inner ones."""

@@ -412,6 +412,8 @@ class ModuleIndex:
             if kind is not None:
                 return ObjInfo(kind)
         name = callee_name(value) or ""
+        if type(value.func) is cst.Name and self._steps_without_gradients(name):
+            return ObjInfo(ObjKind.OTHER)  # ``ema_optimizer = WeightEMA(...)``: named like an optimizer, steps no gradient
         if name in frameworks.RETURNS_GIVEN_ALONE and len(positional_args(value)) == 1:  # ``model = accelerator.prepare(model)``
             return self._classify_value(positional_args(value)[0].value)
         if re.search(r"optimi[sz]er", name, re.IGNORECASE) and not name.endswith("_step"):
@@ -419,6 +421,19 @@ class ModuleIndex:
         if re.search(r"GradScaler|NativeScaler", name):
             return ObjInfo(ObjKind.SCALER)
         return None
+
+    def _steps_without_gradients(self, class_name: str) -> bool:
+        """Whether a class of this module has a ``step`` that neither reads a gradient nor steps or clears anything (a
+        weight average, ``ema_param.mul_(a).add_(param * (1 - a))``), and derives from no class named for an optimizer."""
+        step = self.class_methods.get(class_name, {}).get("step")
+        if step is None or any("ptimi" in base for base in self.class_bases.get(class_name, [])):
+            return False
+        for node in self.file.walk(step.body):
+            if type(node) is cst.Attribute and node.attr.value == "grad":
+                return False
+            if type(node) is cst.Call and callee_name(node) in ("step", "zero_grad", "backward"):
+                return False
+        return True
 
     def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
         """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was; or, for a call

@@ -16,7 +16,7 @@ import libcst as cst
 
 from gradlint import frameworks
 from gradlint.events import EventKind
-from gradlint.model import Event, Frame, FrameKind, LoopModel, Root
+from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, walk
 from gradlint.objects import ObjKind, last_name
 
@@ -256,12 +256,13 @@ def accumulation_place(model: LoopModel, acc: Accumulation) -> str:
 
 def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
-    backwards = [b for b in backwards_in(root, loop) if not split_by_setting(b, step)]
+    probes = probe_events(root)
+    backwards = [b for b in backwards_in(root, loop) if not split_by_setting(b, step) and id(b) not in probes]
     at = root.order(step)
     for frame in frames_inside(step, loop):
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
             continue
-        guarded = backwards_in(root, frame)
+        guarded = [b for b in backwards_in(root, frame) if id(b) not in probes]
         stepping_branch_backpropagates = any(root.order(b) < at for b in guarded)
         if stepping_branch_backpropagates and not _other_branch_only_backpropagates(root, frame, loop):
             continue
@@ -420,12 +421,17 @@ def _clears_picked_parameters(zero: Event) -> bool:
     return False
 
 
-def clears_between_backward_and_step(model: LoopModel, events: list[Event]) -> Iterator[tuple[Event, Event, Event]]:
-    """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step."""
+def clears_between_backward_and_step(
+    model: LoopModel, events: list[Event], probes: frozenset[int] = frozenset()
+) -> Iterator[tuple[Event, Event, Event]]:
+    """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step
+    (a probe's backward and its own clear, :func:`probe_events`, left out)."""
     last_backward: Event | None = None
     zeros_since: list[Event] = []
     stepped: set[str | None] = set()  # optimizers that already stepped on the last backward's gradients
     for event in events:
+        if id(event) in probes:
+            continue
         if event.kind is EventKind.BACKWARD:
             last_backward, zeros_since, stepped = event, [], set()
         elif event.kind is EventKind.ZERO and last_backward is not None:
@@ -604,3 +610,27 @@ def function_holding(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | N
     while current is not None and type(current) is not cst.FunctionDef:
         current = parents.get(current)
     return current
+
+
+def probe_events(root: Root) -> frozenset[int]:
+    """The ids of the backwards, and of the clears after them, of probes: a helper that backpropagates, reads the
+    gradients and clears them before returning, stepping nothing (``loss.backward(); norms = [p.grad.norm() ...];
+    model.zero_grad()``, run once to measure). Its gradients never reach a step: none of the loop's rules about
+    what a backward leaves for the step (scaling, clearing, accumulation, all-reduce) concerns it."""
+    if root._probes is None:
+        found: set[int] = set()
+        by_call: dict[tuple[int, ...], list[Event]] = {}
+        for event in root.events:
+            if event.call_chain:
+                by_call.setdefault(tuple(id(c) for c in event.call_chain), []).append(event)
+        for events in by_call.values():
+            if any(e.kind in (EventKind.STEP, HANDOFF) for e in events):
+                continue
+            for position, event in enumerate(events):
+                if event.kind is not EventKind.BACKWARD:
+                    continue
+                after = next((e for e in events[position + 1:] if e.kind in (EventKind.BACKWARD, EventKind.ZERO)), None)
+                if after is not None and after.kind is EventKind.ZERO and not exclusive(after, event) and not leaves_before(event, after):
+                    found.update((id(event), id(after)))
+        root._probes = frozenset(found)
+    return root._probes

@@ -60,7 +60,9 @@ class ClipPerMicroBatch(Rule):
     unclipped gradients, and the clipped ones are cleared before the next
     backward. Clipping before the backward, with a clear since the last
     step, clips nothing: the step applies the unclipped gradients of the
-    backward that follows.
+    backward that follows. So does a backward helper that clips first and
+    backpropagates after (``clip_grad_norm_(shared, m); loss.backward()``,
+    the step left to its caller): it clips what was there before the call.
 
     **Fix.** Clip exactly once per optimizer step, after the last backward
     of the accumulation and before the step: under the same guard as the
@@ -203,9 +205,15 @@ class ClipPerMicroBatch(Rule):
 
 
     def _before_backward(self, model: LoopModel, root: Root) -> Iterator[Report]:
-        """Clips that run before the backward of their step, on gradients a clear already emptied."""
+        """Clips that run before the backward of their step, on gradients a clear already emptied; or first thing in a
+        function that backpropagates right after (a backward helper: the clip never sees that backward's gradients)."""
         for clip in root.events_of(EventKind.CLIP):
-            if not clip.loops or not _clips(clip) or any(f.accumulation for f in clip.frames):
+            if not _clips(clip) or any(f.accumulation for f in clip.frames):
+                continue
+            if not clip.loops:
+                report = _clip_opening_backward_helper(model, root, clip)
+                if report is not None:
+                    yield report
                 continue
             loop = clip.loops[-1]
             events = root.events_in(loop)
@@ -232,6 +240,32 @@ class ClipPerMicroBatch(Rule):
                 f"backward and the step",
                 event=clip, against=(backward, step),
             )
+
+
+def _clip_opening_backward_helper(model: LoopModel, root: Root, clip: Event) -> Report | None:
+    """``def backward(self, losses): loss = ...; clip_grad_norm_(params, m); loss.backward()``: a function whose first
+    gradient event is the clip and whose next is a backward, with no step in it. Whatever the caller does around it,
+    the clip acts on the gradients from before the call (zero after a clear, or earlier micro-batches' partial sums)
+    and never on this backward's."""
+    if type(root.node) is not cst.FunctionDef or clip.call_chain:
+        return None
+    kinds = (EventKind.BACKWARD, EventKind.STEP, EventKind.ZERO, EventKind.CLIP, EventKind.UNSCALE, HANDOFF)
+    events = [e for e in root.events if e.kind in kinds]
+    position = events.index(clip)
+    if position != 0 or len(events) < 2 or events[1].kind is not EventKind.BACKWARD:
+        return None
+    if any(e.kind in (EventKind.STEP, EventKind.ZERO, HANDOFF) for e in events):
+        return None  # the function steps or clears itself: the loop rules judge it
+    backward = events[1]
+    if exclusive(backward, clip) or leaves_before(clip, backward):
+        return None
+    return Report(
+        clip.node,
+        f"`{model.code(clip.node)}` runs before the backward at line {model.line(backward.node)}: it clips the gradients "
+        f"that were there before `{root.node.name.value}` was called, never this backward's, and the step that follows "
+        f"applies them unclipped; clip after the backward",
+        event=clip, against=(backward,),
+    )
 
 
 def _emptied_by(model: LoopModel, events: list[Event], position: int, optimizer: str) -> Event | None:

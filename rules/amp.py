@@ -17,6 +17,7 @@ from gradlint.objects import kind_of_constructor, last_name
 from gradlint.optimizer_updates import UpdateScale, stepped_update_scale
 from gradlint.queries import (
     Accumulation,
+    probe_events,
     accumulation,
     accumulation_place,
     backwards_reaching,
@@ -113,7 +114,10 @@ class BackwardWithoutScaler(Rule):
       when the scaler is None (``if scaler is None: loss.backward()``);
     - a framework backpropagates (``accelerator.backward``, Lightning, a
       DeepSpeed engine), or the loss is rebound to ``scaler.scale(loss)``
-      (also through ``typing.cast``).
+      (also through ``typing.cast``);
+    - the backward is a probe: a helper that backpropagates, reads the
+      gradients and clears them before returning, stepping nothing
+      (``fixtures/realworld/gl002_probe_backward_in_first_step_helper__MeZO.py``).
 
     **Bad**::
 
@@ -146,8 +150,11 @@ class BackwardWithoutScaler(Rule):
                     continue
                 events = region(root, user)
                 scaler = _scaler_name(user)
+                probes = probe_events(root)
                 backwards = [
-                    e for e in events if e.kind is EventKind.BACKWARD and e.framework is None and not _without_scaler(e, scaler)
+                    e for e in events
+                    if e.kind is EventKind.BACKWARD and e.framework is None and not _without_scaler(e, scaler)
+                    and id(e) not in probes
                 ]
                 if any(b.scaled for b in backwards):
                     done.add(id(loop))

@@ -23,6 +23,7 @@ from gradlint.queries import (
     accumulation_place,
     clears,
     clears_between_backward_and_step,
+    probe_events,
     exclusive,
     frames_inside,
     function_holding,
@@ -41,7 +42,7 @@ from gradlint.queries import (
 )
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, scales_down, terminal, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -778,7 +779,7 @@ class ZeroGradBetweenBackwardAndStep(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            for backward, zero, step in clears_between_backward_and_step(model, root.events):
+            for backward, zero, step in clears_between_backward_and_step(model, root.events, probe_events(root)):
                 yield Report(
                     zero.node,
                     f"`{model.code(zero.node)}` clears the gradients of the backward at line "
@@ -807,7 +808,14 @@ class ZeroGradInAccumulation(Rule):
       loop's stepping statement:
       ``fixtures/realworld/gl003_clear_at_window_start_continue_guard__mmf.py``);
     - the clear sits in a branch that leaves before the step (the micro-batches
-      that never step), or in an ``except`` handler;
+      that never step), or in an ``except`` handler, or in the other branch of
+      an ``if`` that is no accumulation guard (``if math.isnan(grad_norm):
+      optimizer.zero_grad(); n = 0`` / ``else:`` ... the step:
+      ``fixtures/realworld/gl003_nan_window_dropped__s3prl.py``);
+    - the clear walks a list that is filled only right after each step (``for
+      opt in stepped: opt.zero_grad()``), or belongs to a probe: a helper that
+      backpropagates, reads the gradients and clears them, stepping nothing
+      (``fixtures/realworld/gl002_probe_backward_in_first_step_helper__MeZO.py``);
     - the clear follows a step of its optimizer in the same branch, with no
       backward between (``if i == len(loader) - 1: optimizer.step();
       optimizer.zero_grad()`` flushes a last partial accumulation);
@@ -895,7 +903,8 @@ class ZeroGradInAccumulation(Rule):
             for report in _epoch_start_clears(model, root):
                 if report.node not in settled:
                     yield settled.note(report)
-            between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events)}
+            probes = probe_events(root)
+            between = {id(zero) for _, zero, _ in clears_between_backward_and_step(model, root.events, probes)}
             for zero, backward, step, guard in _boundary_clears_before_backward(model, root):
                 if zero.node not in settled and id(zero) not in between:
                     yield settled.note(
@@ -922,12 +931,16 @@ class ZeroGradInAccumulation(Rule):
                 else:
                     candidates = root.events_of(EventKind.ZERO, acc.frame)
                 for zero in candidates:
-                    if zero.node in settled or id(zero) in between or not clears(model, zero, step.target):
+                    if zero.node in settled or id(zero) in between or id(zero) in probes or not clears(model, zero, step.target):
                         continue
                     if split_by_setting(zero, step):
                         continue  # ``if accum_steps > 1: ...step... else: zero_grad()...``: the modes never mix
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
+                    if _clears_only_what_stepped(model, root, zero):
+                        continue  # ``for opt in stepped: opt.zero_grad()`` with ``stepped.append(opt)`` after each step
+                    if _recovers_instead_of_stepping(zero, step):
+                        continue  # ``if isnan(norm): zero_grad(); n = 0 else: ...step...``: not every micro-batch
                     if _follows_own_step(root, zero, loop):
                         continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
                     if _under_window_start_flag(model, zero, step, loop):
@@ -1204,6 +1217,49 @@ def _counted_names(expression: cst.BaseExpression) -> set[str]:
             return set()
         return left | right
     return set()
+
+
+def _clears_only_what_stepped(model: LoopModel, root: Root, zero: Event) -> bool:
+    """``for opt in zero_grad_opts: opt.zero_grad()`` where every ``zero_grad_opts.append(opt)`` of the function
+    comes right after a step, in the loop that holds it: the clear reaches only the optimizers that stepped."""
+    cleared = zero.target or (dotted_name(receiver(zero.node)) if type(zero.node) is cst.Call else None)
+    if cleared is None or "." in cleared:
+        return False
+    collection = next(
+        (
+            f.node.iter for f in zero.frames
+            if f.kind is FrameKind.LOOP and type(f.node) is cst.For and type(f.node.target) is cst.Name
+            and f.node.target.value == cleared and type(f.node.iter) is cst.Name
+        ),
+        None,
+    )
+    function = function_holding(model, zero.node)
+    if collection is None or function is None:
+        return False
+    appends = [
+        node for node in model.file.walk(function.body)
+        if type(node) is cst.Call and callee_name(node) == "append" and dotted_name(receiver(node)) == collection.value
+    ]
+    steps = [e for e in root.events_of(EventKind.STEP) if function_holding(model, e.node) is function]
+    return bool(appends) and all(
+        any(
+            model.line(step.node) < model.line(append) and step.loops and lies_in(model, append, step.loops[-1].node)
+            for step in steps
+        )
+        for append in appends
+    )
+
+
+def _recovers_instead_of_stepping(zero: Event, step: Event) -> bool:
+    """Whether the clear and the step sit in the two branches of an ``if`` that is no accumulation guard (``if
+    math.isnan(grad_norm): optimizer.zero_grad(); accum = 0 / else: ... optimizer.step()``): the clear runs only on
+    the micro-batches that test picks, dropping a bad window instead of stepping it."""
+    sides = {id(f.node): f for f in step.frames if f.kind is FrameKind.BRANCH}
+    return any(
+        f.kind is FrameKind.BRANCH and id(f.node) in sides and sides[id(f.node)].branch != f.branch
+        and not f.accumulation and not sides[id(f.node)].accumulation and not f.fixed
+        for f in zero.frames
+    )
 
 
 def _follows_own_step(root: Root, zero: Event, loop: Frame) -> bool:
@@ -2373,8 +2429,10 @@ class GradsKeptAllocated(Rule):
     - the zeroing is inside a class's own ``zero_grad``: freeing or zeroing is
       its caller's choice;
     - the zeroing is a mask, not a clear: written in a method of an optimizer
-      class (its own update reads the zeros, as for an infinite norm), or
-      under a test of the parameter's name (``if ".experts" not in name:``);
+      class (its own update reads the zeros, as for an infinite norm), under
+      a test of the parameter's name (``if ".experts" not in name:``), or in
+      a method a framework runs between the backward and the step (Lightning's
+      ``on_before_optimizer_step``: ``fixtures/realworld/gl005_prototypes_masked_before_step__stable-pretraining.py``);
     - the code backpropagates once and never steps (a gradient comparison);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
@@ -2412,6 +2470,8 @@ class GradsKeptAllocated(Rule):
                     continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
                 if _inside_optimizer_update(model, event) or _masks_parameters_by_name(event):
                     continue  # gradients zeroed so that what reads them next skips them: a mask, not a clear
+                if _in_hook_before_step(model, event):
+                    continue  # a framework runs it between backward and step: zeroed so that the step skips them
                 if _no_next_backward(root, event):
                     continue  # one backward, no step: nothing is kept between steps
                 if _kept_on_purpose(model, root, event):
@@ -2463,6 +2523,20 @@ def _derives_from_optimizer(name: str, bases: dict[str, list[str]], seen: set[st
         return False
     seen.add(name)
     return any(base.endswith("Optimizer") or _derives_from_optimizer(base, bases, seen) for base in bases.get(name, ()))
+
+
+def _in_hook_before_step(model: LoopModel, event: Event) -> bool:
+    """Whether a manual zeroing sits in a method a framework calls between the backward and the optimizer step
+    (Lightning's ``on_before_optimizer_step``, ``on_after_backward``): the step reads those zeros, so they are a mask
+    (a layer frozen for some epochs), not a clear that ``set_to_none=True`` could replace."""
+    if not event.manual:
+        return False
+    function = function_holding(model, event.node)
+    while function is not None:
+        if function.name.value in frameworks.HOOKS_BEFORE_STEP:
+            return True
+        function = model.index.parent_function.get(function) if model.index is not None else None
+    return False
 
 
 def _masks_parameters_by_name(event: Event) -> bool:

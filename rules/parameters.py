@@ -1,4 +1,4 @@
-"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017)."""
+"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017, GL018)."""
 
 from __future__ import annotations
 
@@ -742,3 +742,277 @@ def _leak_message(model: LoopModel, events: list, clear, foreign, own, step, rea
         f"clear it just before its own backward at line {model.line(own.node)}, or switch {network}'s "
         f"`requires_grad` off for the other loss"
     )
+
+
+# Layers of ``torch.nn`` that hold parameters (with their defaults): kept where ``Module.parameters()`` does not look,
+# they are never handed to an optimizer built from it.
+_PARAMETER_LAYERS = frozenset({
+    "Linear", "Bilinear", "LazyLinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "LazyConv1d", "LazyConv2d", "LazyConv3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+    "SyncBatchNorm", "LayerNorm", "GroupNorm", "RMSNorm", "Embedding", "EmbeddingBag", "RNN", "LSTM", "GRU", "RNNCell",
+    "LSTMCell", "GRUCell", "MultiheadAttention", "PReLU", "Transformer", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Parameter",
+})
+_REGISTERING = frozenset({"ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
+_REGISTERING_METHODS = frozenset({"add_module", "register_module", "register_parameter", "parameters", "named_parameters"})
+_MOVES = frozenset({"to", "cuda", "half", "float", "double", "bfloat16", "type"})
+_TENSOR_FACTORIES = frozenset({
+    "zeros", "ones", "randn", "rand", "empty", "full", "tensor", "zeros_like", "ones_like", "randn_like", "rand_like",
+    "empty_like", "full_like", "arange", "linspace", "eye", "Tensor", "FloatTensor",
+})
+_UNREGISTERED = Spelled(
+    "self",
+    r"self\.\w+\s*=\s*[\[{][^\n]*\bnn\.[A-Z]|self\.\w+\.append\(\s*(?:torch\.)?nn\.[A-Z]"
+    r"|Parameter\([^\n]*\)\s*\.\s*(?:to|cuda|half|float|double|bfloat16|type)\s*\("
+    r"|self\.\w+\s*=\s*torch\.\w+\([^\n]*requires_grad\s*=\s*True",
+)
+
+
+class UnregisteredParameters(Rule):
+    """A module keeps trainable layers or tensors where ``Module.parameters()`` does not see them.
+
+    **Why it matters.** ``nn.Module`` registers a layer or a parameter only
+    when it is assigned to an attribute as an ``nn.Module`` or an
+    ``nn.Parameter``. Layers kept in a plain ``list`` or ``dict``
+    (``self.convs = []`` then ``self.convs.append(nn.Conv2d(...))``), a
+    tensor made with ``requires_grad=True`` instead of an ``nn.Parameter``,
+    and ``nn.Parameter(...).to(device)`` (on another device ``.to`` returns
+    a plain tensor copy, and the parameter itself is dropped) are not in
+    ``model.parameters()``. The optimizer built from it never updates them,
+    nothing clears their gradients, ``model.to(device)`` does not move them
+    and ``state_dict()`` does not save them. The forward still uses them, so
+    training runs with those weights frozen at their initial values.
+
+    **Fix.** ``nn.ModuleList`` / ``nn.ModuleDict`` for layers,
+    ``nn.Parameter(...)`` for tensors, built on the device:
+    ``nn.Parameter(torch.empty(n, 1, device=device))``.
+
+    **Stays quiet when** the class hands the container to ``nn.ModuleList``,
+    ``nn.ModuleDict``, ``nn.Sequential`` or a parameter list, calls
+    ``add_module``, ``register_module`` or ``register_parameter``, or defines
+    its own ``parameters``; the list holds layers without parameters
+    (``nn.ReLU``, ``nn.Dropout``) or layers already registered under another
+    attribute; the tensor is wrapped in ``nn.Parameter`` or named in an
+    optimizer's construction in the module
+    (``fixtures/parameters/ok_gl018_registered_layers.py``).
+
+    **Bad**::
+
+        class Net(nn.Module):
+            def __init__(self, channels, depth):
+                super().__init__()
+                self.convs = []
+                for _ in range(depth):
+                    self.convs.append(nn.Conv2d(channels, channels, 3, padding=1))
+
+    **Good**::
+
+        class Net(nn.Module):
+            def __init__(self, channels, depth):
+                super().__init__()
+                self.convs = nn.ModuleList()
+                for _ in range(depth):
+                    self.convs.append(nn.Conv2d(channels, channels, 3, padding=1))
+    """
+
+    code = "GL018"
+    name = "unregistered-parameters"
+    summary = "layers in a plain list, or tensors that are no `nn.Parameter`: `parameters()` never holds them"
+    severity = Severity.ERROR
+    fix = None  # ModuleList or Parameter: the author's container, the author's call
+    needs = ((_UNREGISTERED,),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index = model.index
+        if index is None:
+            return
+        for class_name, methods in index.class_methods.items():
+            if not _derives_from_a_module(index, class_name):
+                continue
+            if any(name in methods for name in ("parameters", "named_parameters")):
+                continue
+            bodies = [m for m in methods.values()]
+            if _registers_by_hand(model, bodies):
+                continue
+            yield from _unregistered_in(model, bodies)
+
+
+def _derives_from_a_module(index, class_name: str) -> bool:
+    """Whether a class of the module derives, directly or through classes of the module, from a base named
+    ``...Module`` (``nn.Module`` and the frameworks' subclasses of it), whose attribute assignment registers layers."""
+    seen: set[str] = set()
+    pending = [class_name]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        bases = index.class_bases.get(current, [])
+        if any(base.endswith("Module") for base in bases):
+            return True
+        pending.extend(bases)
+    return False
+
+
+def _registers_by_hand(model: LoopModel, methods: list[cst.FunctionDef]) -> bool:
+    """``self.add_module(...)``, ``register_parameter``, or a container built by ``nn.ModuleList(...)`` from an attribute."""
+    for method in methods:
+        for node in model.file.walk(method.body):
+            if type(node) is cst.Call and callee_name(node) in _REGISTERING_METHODS and dotted_name(receiver(node)) == "self":
+                return True
+    return False
+
+
+def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterator[Report]:
+    containers: dict[str, cst.CSTNode] = {}  # ``self.x`` assigned an empty list or dict -> that assignment
+    registered_later: set[str] = set()
+    fresh: dict[str, tuple[cst.CSTNode, str]] = {}  # ``self.x`` -> (the call that fills it, the layer)
+    for method in methods:
+        for node in model.file.walk(method.body):
+            kind = type(node)
+            if kind is cst.Assign and len(node.targets) == 1:
+                target = dotted_name(node.targets[0].target)
+                if target is None or not target.startswith("self.") or target.count(".") != 1:
+                    continue
+                value = node.value
+                if _registering_call(model, value):
+                    registered_later.add(target)
+                    continue
+                if type(value) in (cst.List, cst.Dict) and not _elements(value):
+                    containers.setdefault(target, node)
+                    continue
+                layer = _plain_container_of_layers(model, value)
+                if layer is not None:
+                    fresh.setdefault(target, (value, layer))
+                    continue
+                moved = _moved_parameter(model, value)
+                if moved is not None:
+                    yield Report(
+                        value,
+                        f"`{target}` is assigned `nn.Parameter(...).{moved}(...)`: `.{moved}` returns a plain tensor copy "
+                        f"whenever it changes the device or dtype, which the module does not register; "
+                        f"`model.parameters()` never holds it, so no optimizer built from it updates `{target}`; build "
+                        f"the parameter on the device and in the dtype it needs (`nn.Parameter(torch.empty(..., "
+                        f"device=device))`)",
+                    )
+                    continue
+                if _tensor_asking_for_gradients(model, value) and not _named_elsewhere(model, target, methods):
+                    yield Report(
+                        value,
+                        f"`{target}` is a tensor made with `requires_grad=True`, not an `nn.Parameter`: the module does "
+                        f"not register it, so `model.parameters()` never holds it and no optimizer built from it updates "
+                        f"it (its gradient also piles up, never cleared); wrap it: `nn.Parameter(...)`",
+                    )
+            elif kind is cst.Call and callee_name(node) in ("append", "extend", "insert"):
+                owner = dotted_name(receiver(node))
+                if owner is None or owner.count(".") != 1 or not owner.startswith("self."):
+                    continue
+                layer = next((l for a in node.args if (l := _layer_built(model, a.value)) is not None), None)
+                if layer is not None:
+                    fresh.setdefault(owner, (node, layer))
+            elif kind is cst.Call and _registering_call(model, node):
+                for arg in node.args:
+                    for inner in model.file.walk(arg.value):
+                        name = dotted_name(inner)
+                        if name is not None and name.startswith("self."):
+                            registered_later.add(name)
+    for target, (node, layer) in fresh.items():
+        if target in registered_later:
+            continue
+        if type(node) is cst.Call and target not in containers:
+            continue  # appended to something not known to be a plain list
+        yield Report(
+            node,
+            f"`{target}` is a plain Python container holding `nn.{layer}` layers: the module does not register "
+            f"them, so `model.parameters()` never holds their weights and no optimizer built from it updates them "
+            f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`",
+        )
+
+
+def _elements(value: cst.List | cst.Dict) -> list:
+    return list(value.elements)
+
+
+def _torch_nn_name(model: LoopModel, func: cst.BaseExpression) -> str | None:
+    """``Conv2d`` for ``nn.Conv2d`` / ``torch.nn.Conv2d`` (through the module's imports)."""
+    for qualified in model.index.qualified_names(func):
+        if qualified.startswith(("torch.nn.", "torch.nn.parameter.")):
+            last = qualified.rsplit(".", 1)[-1]
+            if last[:1].isupper():
+                return last
+    return None
+
+
+def _registering_call(model: LoopModel, value: cst.CSTNode) -> bool:
+    return type(value) is cst.Call and _torch_nn_name(model, value.func) in _REGISTERING
+
+
+def _layer_built(model: LoopModel, value: cst.BaseExpression) -> str | None:
+    """The ``torch.nn`` layer with parameters a call builds (``nn.Conv2d(...)``, ``nn.Sequential(nn.Linear(...))``)."""
+    if type(value) is not cst.Call:
+        return None
+    layer = _torch_nn_name(model, value.func)
+    if layer in _PARAMETER_LAYERS:
+        return layer
+    if layer == "Sequential":
+        return next((l for a in value.args if (l := _layer_built(model, a.value)) is not None), None)
+    return None
+
+
+def _plain_container_of_layers(model: LoopModel, value: cst.BaseExpression) -> str | None:
+    """``[nn.Linear(...), ...]``, ``[nn.Linear(...) for _ in range(n)]``, ``{k: nn.Linear(...) ...}``: the layer."""
+    kind = type(value)
+    if kind is cst.List:
+        return next((l for e in value.elements if type(e) is cst.Element and (l := _layer_built(model, e.value))), None)
+    if kind is cst.ListComp:
+        return _layer_built(model, value.elt)
+    if kind is cst.Dict:
+        return next((l for e in value.elements if type(e) is cst.DictElement and (l := _layer_built(model, e.value))), None)
+    if kind is cst.DictComp:
+        return _layer_built(model, value.value)
+    return None
+
+
+def _moved_parameter(model: LoopModel, value: cst.BaseExpression) -> str | None:
+    """``nn.Parameter(x).to(device)``: the method that may copy it."""
+    if type(value) is not cst.Call or type(value.func) is not cst.Attribute or value.func.attr.value not in _MOVES:
+        return None
+    inner = value.func.value
+    if type(inner) is cst.Call and _torch_nn_name(model, inner.func) == "Parameter":
+        return value.func.attr.value
+    return None
+
+
+def _tensor_asking_for_gradients(model: LoopModel, value: cst.BaseExpression) -> bool:
+    """``torch.zeros(n, requires_grad=True)`` (a factory of ``torch`` handed ``requires_grad=True``)."""
+    if type(value) is not cst.Call or callee_name(value) not in _TENSOR_FACTORIES:
+        return False
+    if not any(q.startswith("torch.") for q in model.index.qualified_names(value.func)):
+        return False
+    given = keyword_arg(value, "requires_grad")
+    return given is not None and bool_literal(given.value) is True
+
+
+def _named_elsewhere(model: LoopModel, target: str, methods: list[cst.FunctionDef]) -> bool:
+    """Whether the tensor is handed on by name: wrapped in a parameter, or given to any call outside the class's own
+    arithmetic (an optimizer built over it, a parameter list): then it may be trained on purpose."""
+    attribute = target.split(".", 1)[1]
+    for node in model.file.every_node(model.module):
+        if type(node) is not cst.Call or callee_name(node) in _MOVES:
+            continue
+        for arg in node.args:
+            for inner in model.file.walk(arg.value):
+                if type(inner) is cst.Attribute and inner.attr.value == attribute:
+                    callee = _torch_nn_name(model, node.func)
+                    if callee is not None or kind_of_optimizer_call(model, node):
+                        return True
+    return False
+
+
+def kind_of_optimizer_call(model: LoopModel, call: cst.Call) -> bool:
+    """Whether a call builds an optimizer (by its constructor's qualified name, or a name that says so)."""
+    from gradlint.objects import kind_from_name, kind_of_constructor
+
+    if kind_from_name(callee_name(call) or "") is ObjKind.OPTIMIZER:
+        return True
+    return any(kind_of_constructor(q) is ObjKind.OPTIMIZER for q in model.index.qualified_names(call.func))

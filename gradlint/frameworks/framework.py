@@ -397,6 +397,9 @@ class Framework:
     # Methods that set ``requires_grad = False`` on parameters other than an optimizer's for the next backward
     # (Lightning's ``toggle_optimizer``): another loss's backward leaves those parameters alone
     grad_toggles: frozenset[str] = frozenset()
+    # Methods the framework calls between the backward and the optimizer step (``on_before_optimizer_step``): what
+    # they do to the gradients, the step sees
+    hooks_before_step: frozenset[str] = frozenset()
     # -- gradient release
     release_calls: tuple[ReleaseCall, ...] = ()
     release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases

@@ -27,7 +27,13 @@ optimization). Under manual optimization ``self.optimizers()`` hands back
 the optimizers ``configure_optimizers`` returned, in that order (a lone one
 alone); ``toggle_optimizer(opt)`` sets ``requires_grad = False`` on every
 parameter of the trainer's other optimizers until ``untoggle_optimizer``, so
-a loss backpropagated in between leaves their parameters alone.
+a loss backpropagated in between leaves their parameters alone. Under
+automatic optimization a module's or a callback's ``on_after_backward``
+and ``on_before_optimizer_step`` run between the backward and the
+optimizer step (``Precision.post_backward`` and ``_after_closure`` in
+``src/lightning/pytorch/plugins/precision/precision.py`` call the
+callbacks' and the module's hooks): gradients they change are what the
+step applies.
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
@@ -183,4 +189,5 @@ FRAMEWORK = Framework(
     epoch_end_flags=frozenset({"is_last_batch"}),
     optimizers_of_hook={"optimizers": "configure_optimizers"},
     grad_toggles=frozenset({"toggle_optimizer"}),
+    hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
 )
