@@ -360,6 +360,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         enabled_by_default=True,
         needs=(('clip_grad_norm', 'FullyShardedDataParallel'),),
     ),
+    RuleInfo(
+        code='GL308',
+        name='scheduler-never-stepped',
+        summary='under manual optimization nothing steps the schedulers `configure_optimizers` returns',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=(('automatic_optimization', 'configure_optimizers'),),
+    ),
 )
 
 RULES_BY_CODE: dict[str, RuleInfo] = {rule.code: rule for rule in ALL_RULES}

@@ -5,7 +5,7 @@
 - ``parameters``: which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017, GL018)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
-- ``schedule``: learning-rate schedulers (GL301)
+- ``schedule``: learning-rate schedulers (GL301, GL308)
 - ``distributed``: distributed data-parallel training (GL302–GL307)
 """
 
@@ -60,7 +60,7 @@ from gradlint.rules.gradient_release import (
     GradientReleaseCandidate,
     GradScalerWithGradientRelease,
 )
-from gradlint.rules.schedule import SchedulerStepsPerMicroBatch
+from gradlint.rules.schedule import SchedulerNeverStepped, SchedulerStepsPerMicroBatch
 
 ALL_RULES: tuple[type[Rule], ...] = (
     MissingZeroGrad,
@@ -100,6 +100,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     NoSyncOnSteppingMicroBatch,
     NoSyncAfterForward,
     NormClippedOnShards,
+    SchedulerNeverStepped,
 )
 
 RULES_BY_CODE: dict[str, type[Rule]] = {rule.code: rule for rule in ALL_RULES}

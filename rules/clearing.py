@@ -82,7 +82,14 @@ class MissingZeroGrad(Rule):
     guard, or a guard whose count is a setting) and every other clear runs
     on the first iteration alone: the second step applies the first batch's
     gradients again (``fixtures/realworld/gl001_clear_after_step_skips_first_batch__tez.py``).
+    And an LBFGS stepped with a closure that backpropagates without clearing
+    first: LBFGS calls the closure up to ``max_iter`` times in one step and
+    reads the gradients after each call, so each evaluation adds to the last
+    (``fixtures/realworld/gl001_lbfgs_closure_without_clear__temperature_scaling.py``).
 
+    A class of the module whose ``step()`` reads no gradient (a weight
+    average named ``ema_optimizer``) is no optimizer
+    (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``).
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
     logging wrapper) is read as that optimizer.
@@ -220,6 +227,71 @@ class MissingZeroGrad(Rule):
             yield from _backward_before_loop(model, root)
             yield from _uncleared_in_step_method(model, root)
             yield from _clear_skipping_first_step(model, root)
+            yield from _closure_reevaluated_without_clear(model, root)
+
+
+# Optimizers whose ``step(closure)`` calls the closure several times and reads the gradients after each call.
+_REEVALUATING = frozenset({"torch.optim.LBFGS", "torch.optim.lbfgs.LBFGS"})
+
+
+def _closure_reevaluated_without_clear(model: LoopModel, root: Root) -> Iterator[Report]:
+    """``optimizer = LBFGS(params, max_iter=50); def closure(): loss.backward(); return loss; optimizer.step(closure)``.
+
+    LBFGS calls the closure up to ``max_iter`` times in one step and reads
+    the gradients after each call: a closure that backpropagates without
+    clearing first hands it the sum of every evaluation so far.
+    """
+    for step in root.events_of(EventKind.STEP):
+        if step.framework != "closure" or step.target is None or type(step.node) is not cst.Call:
+            continue
+        if not _reevaluates(model, step.target):
+            continue
+        closure = _closure_of(model, step.node)
+        if closure is None:
+            continue
+        body = closure.body
+        backward = next((n for n in model.file.walk(body) if type(n) is cst.Call and method_name(n) == "backward"), None)
+        if backward is None or _clears_in(model, body, step.target):
+            continue
+        yield Report(
+            step.node,
+            f"`{step.target}` is an LBFGS, which calls `{closure.name.value if type(closure) is cst.FunctionDef else 'the closure'}` "
+            f"several times in one step and reads the gradients after each call, but the closure backpropagates at line "
+            f"{model.line(backward)} without clearing them first: each evaluation adds to the last one's gradients; "
+            f"call `{step.target}.zero_grad()` at the top of the closure",
+            event=step,
+        )
+
+
+def _reevaluates(model: LoopModel, optimizer: str) -> bool:
+    if model.index is None:
+        return False
+    return any(
+        type(value) is cst.Call and model.index.qualified_names(value.func) & _REEVALUATING
+        for value in model.index.assigned_anywhere(optimizer)
+    )
+
+
+def _closure_of(model: LoopModel, call: cst.Call) -> cst.FunctionDef | cst.Lambda | None:
+    """The closure a ``step`` call is handed: a lambda, or a function of the module by name."""
+    given = keyword_arg(call, "closure") or next(iter(positional_args(call)), None)
+    if given is None:
+        return None
+    if type(given.value) is cst.Lambda:
+        return given.value
+    if type(given.value) is cst.Name and model.index is not None:
+        return model.index.resolve_function(cst.Call(func=given.value), function_holding(model, call))
+    return None
+
+
+def _clears_in(model: LoopModel, body: cst.CSTNode, optimizer: str) -> bool:
+    """Whether code clears gradients: a ``zero_grad()`` of anything, or ``.grad = None`` / ``.grad.zero_()``."""
+    for node in model.file.walk(body):
+        if type(node) is cst.Call and method_name(node) in ("zero_grad", "zero_", "detach_"):
+            return True
+        if type(node) is cst.Assign and any(type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets):
+            return True
+    return False
 
 
 def _inherited_method_may_clear(model: LoopModel, step: Event, loop: Frame) -> bool:

@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import clears, exclusive, frames_inside, same_object, steps_with_loops
+from gradlint.queries import clears, exclusive, frames_inside, function_holding, same_object, steps_with_loops
 from gradlint.reach import parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Spelled, call_of
 from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
@@ -917,16 +917,63 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                         if name is not None and name.startswith("self."):
                             registered_later.add(name)
     for target, (node, layer) in fresh.items():
-        if target in registered_later:
-            continue
+        if target in registered_later or layer == "Parameter":
+            continue  # a plain list of parameters is as often a list of placeholders (deepchem's GAN inputs)
         if type(node) is cst.Call and target not in containers:
             continue  # appended to something not known to be a plain list
+        if _reassigned_elsewhere(model, methods, target, node) or not _elements_called(model, methods, target):
+            continue  # not a store of layers the forward runs: replaced later, or never called
         yield Report(
             node,
             f"`{target}` is a plain Python container holding `nn.{layer}` layers: the module does not register "
             f"them, so `model.parameters()` never holds their weights and no optimizer built from it updates them "
             f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`",
         )
+
+
+def _reassigned_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], target: str, filled: cst.CSTNode) -> bool:
+    """Whether a method other than the one that fills ``target`` assigns it anew (``self.inputs = [x]`` in forward)."""
+    home = function_holding(model, filled)
+    return any(
+        type(node) is cst.Assign and any(dotted_name(t.target) == target for t in node.targets)
+        for method in methods if method is not home
+        for node in model.file.walk(method.body)
+    )
+
+
+def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: str) -> bool:
+    """Whether the class runs the container's layers: ``self.convs[i](x)``, or a name a ``for`` or comprehension takes
+    from it (``for block in self.blocks: block(x)``, ``for k, m in self.heads.items(): m(x)``), called."""
+    for method in methods:
+        bound: set[str] = set()
+        for node in model.file.walk(method.body):
+            clauses = [node] if type(node) is cst.For else (_for_clauses(node.for_in) if type(node) in (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp) else [])
+            for clause in clauses:
+                iterated = clause.iter
+                if type(iterated) is cst.Call and type(iterated.func) is cst.Attribute and iterated.func.attr.value in ("values", "items"):
+                    iterated = iterated.func.value
+                if type(iterated) is cst.Call and callee_name(iterated) == "enumerate" and iterated.args:
+                    iterated = iterated.args[0].value
+                if dotted_name(iterated) == target:
+                    bound.update(n.value for n in walk(clause.target) if type(n) is cst.Name)
+        for node in model.file.walk(method.body):
+            if type(node) is not cst.Call:
+                continue
+            func = node.func
+            if type(func) is cst.Subscript and dotted_name(func.value) == target:
+                return True
+            if type(func) is cst.Name and func.value in bound:
+                return True
+    return False
+
+
+def _for_clauses(clause: cst.CompFor | None) -> list[cst.CompFor]:
+    """The ``for`` clauses of a comprehension, outermost first."""
+    clauses = []
+    while clause is not None:
+        clauses.append(clause)
+        clause = clause.inner_for_in
+    return clauses
 
 
 def _elements(value: cst.List | cst.Dict) -> list:

@@ -1,4 +1,4 @@
-"""Rules about learning-rate schedulers (GL301)."""
+"""Rules about learning-rate schedulers (GL301, GL308)."""
 
 from __future__ import annotations
 
@@ -264,3 +264,119 @@ def _remainder(term: cst.BaseExpression) -> tuple[str, str] | None:
     if counter is None or count is None:
         return None
     return counter.rsplit(".", 1)[-1], count.rsplit(".", 1)[-1]
+
+
+class SchedulerNeverStepped(Rule):
+    """A framework leaves the schedulers to the module, and the module never steps them.
+
+    **Why it matters.** Lightning steps the schedulers ``configure_optimizers``
+    returns only under automatic optimization. A LightningModule that sets
+    ``self.automatic_optimization = False`` steps its optimizers by hand, and
+    must step its schedulers by hand too (``self.lr_schedulers()`` hands them
+    back). If nothing does, the warm-up never happens and the decay never
+    starts: the whole run trains at the initial learning rate, and nothing
+    fails.
+
+    **Fix.** Step them where the optimizers step, or at the end of each epoch
+    for an epoch-wise schedule: ``sch_g, sch_d = self.lr_schedulers();
+    sch_g.step()``.
+
+    **Stays quiet when** the class calls ``self.lr_schedulers()`` anywhere,
+    or steps anything named as a scheduler, or one of the objects
+    ``configure_optimizers`` returns as schedulers; or automatic
+    optimization is on (``fixtures/schedule/ok_gl308_manual_schedulers_stepped.py``).
+
+    **Bad**::
+
+        class GAN(LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.automatic_optimization = False
+
+            def training_step(self, batch, batch_idx):
+                opt_g, opt_d = self.optimizers()
+                ...  # backward and step each, no scheduler step
+
+            def configure_optimizers(self):
+                ...
+                return [opt_g, opt_d], [ExponentialLR(opt_g, 0.999), ExponentialLR(opt_d, 0.999)]
+
+    **Good**::
+
+            def on_train_epoch_end(self):
+                for scheduler in self.lr_schedulers():
+                    scheduler.step()
+    """
+
+    code = "GL308"
+    name = "scheduler-never-stepped"
+    summary = "under manual optimization nothing steps the schedulers `configure_optimizers` returns"
+    severity = Severity.ERROR
+    fix = None  # per step or per epoch is the schedule's to say
+    needs = tuple(left.tokens for left in frameworks.SCHEDULERS_LEFT)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        from gradlint.frameworks.settings import framework_settings
+
+        settings = framework_settings(model)
+        for left in frameworks.SCHEDULERS_LEFT:
+            for cls in settings.classes_of(left.classes):
+                if not left.manual(cls):
+                    continue
+                methods = _class_methods(cls)
+                hook = next((m for m in methods if m.name.value == left.hook), None)
+                if hook is None:
+                    continue
+                returned = [n for n in walk(hook.body) if type(n) is cst.Return and n.value is not None]
+                schedulers = [s for r in returned for s in _returned_schedulers(r.value)]
+                if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch):
+                    continue
+                statement = next(r for r in returned if _returned_schedulers(r.value))
+                yield Report(
+                    statement,
+                    f"`{left.hook}` returns schedulers, but {left.words} and nothing in `{cls.name.value}` steps them: "
+                    f"the learning rate never changes from its initial value; step them by hand, where the optimizers "
+                    f"step or at each epoch's end (`self.{left.fetch}()` hands them back)",
+                )
+
+
+def _class_methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
+    return [s for s in body if type(s) is cst.FunctionDef]
+
+
+def _returned_schedulers(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``[opt_g, opt_d], [sched_g, sched_d]`` or ``{"optimizer": o, "lr_scheduler": s}`` (also a list of such dicts):
+    the scheduler expressions."""
+    if type(value) is cst.Tuple and len(value.elements) == 2 and type(value.elements[1].value) in (cst.List, cst.Tuple):
+        return [e.value for e in value.elements[1].value.elements if type(e) is cst.Element]
+    dicts = [value] if type(value) is cst.Dict else (
+        [e.value for e in value.elements if type(e) is cst.Element and type(e.value) is cst.Dict]
+        if type(value) in (cst.List, cst.Tuple) else []
+    )
+    found = []
+    for mapping in dicts:
+        for element in mapping.elements:
+            if type(element) is cst.DictElement and type(element.key) is cst.SimpleString and element.key.evaluated_value == "lr_scheduler":
+                found.append(element.value)
+    return found
+
+
+def _steps_a_scheduler(model: LoopModel, methods: list[cst.FunctionDef], schedulers: list, fetch: str) -> bool:
+    """Whether the class fetches the schedulers back, or steps one of them or anything named as a scheduler."""
+    from gradlint.objects import ObjKind, kind_from_name
+
+    returned = {dotted_name(s) for s in schedulers} - {None}
+    for method in methods:
+        for node in walk(method.body):
+            if type(node) is not cst.Call:
+                continue
+            name = callee_name(node)
+            if name == fetch:
+                return True
+            if name != "step" or type(node.func) is not cst.Attribute:
+                continue
+            owner = dotted_name(node.func.value)
+            if owner is None or owner in returned or kind_from_name(owner) is ObjKind.SCHEDULER:
+                return True
+    return False

@@ -38,6 +38,7 @@ from gradlint.frameworks.framework import (
     Backward,
     Framework,
     LossHook,
+    SchedulersLeftToModule,
     NoSyncContext,
     ReleaseCall,
     ReleaseStyle,
@@ -159,6 +160,7 @@ def dividing_backward(event: Event) -> Backward | None:
 DIVIDED_COUNT_TOKENS: tuple[str, ...] = tuple(dict.fromkeys(t for b in _BACKWARDS if b.count is not None for t in b.count.tokens))
 RETURNED_LOSSES: tuple[ReturnedLoss, ...] = _joined("returned_losses")
 LOSS_HOOKS: tuple[LossHook, ...] = _joined("loss_hooks")
+SCHEDULERS_LEFT: tuple[SchedulersLeftToModule, ...] = _joined("schedulers_left")
 OWNS_BACKWARDS_OF: tuple[str, ...] = _joined("owns_backwards_of")
 
 # -- keeping a backward from all-reducing

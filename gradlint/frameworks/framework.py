@@ -303,6 +303,18 @@ class ReturnedLoss:
 
 
 @dataclasses.dataclass(frozen=True)
+class SchedulersLeftToModule:
+    """Under manual optimization the framework steps none of the schedulers a hook returns: the module must."""
+
+    classes: str  # the :class:`Subclasses` role of the classes that define the hook
+    hook: str  # the method returning optimizers and schedulers (``configure_optimizers``)
+    manual: Callable[[cst.ClassDef], bool]  # the class takes the gradient work in hand
+    fetch: str  # the method that hands the schedulers back (``lr_schedulers``)
+    tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
+    words: str  # how messages say who steps nothing
+
+
+@dataclasses.dataclass(frozen=True)
 class LossHook:
     """A method the framework calls for the loss, handed the number of items of the whole accumulated batch.
 
@@ -372,6 +384,7 @@ class Framework:
     subclasses: tuple[Subclasses, ...] = ()
     returned_losses: tuple[ReturnedLoss, ...] = ()
     loss_hooks: tuple[LossHook, ...] = ()
+    schedulers_left: tuple[SchedulersLeftToModule, ...] = ()
     # The :class:`Subclasses` roles of classes whose methods' backwards are the framework's business (it divides itself).
     owns_backwards_of: tuple[str, ...] = ()
     # -- the rest the event builder and the model builder ask

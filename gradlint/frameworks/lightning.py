@@ -33,7 +33,11 @@ and ``on_before_optimizer_step`` run between the backward and the
 optimizer step (``Precision.post_backward`` and ``_after_closure`` in
 ``src/lightning/pytorch/plugins/precision/precision.py`` call the
 callbacks' and the module's hooks): gradients they change are what the
-step applies.
+step applies. Under manual optimization Lightning steps no scheduler that
+``configure_optimizers`` returns (``TrainingEpochLoop._update_learning_rates``
+in ``src/lightning/pytorch/loops/training_epoch_loop.py`` returns at once
+when ``automatic_optimization`` is off; ``self.lr_schedulers()`` hands them
+back to be stepped by hand).
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
@@ -66,6 +70,7 @@ from gradlint.frameworks.framework import (
     Framework,
     NoSyncContext,
     ReturnedLoss,
+    SchedulersLeftToModule,
     Subclasses,
     Wrap,
 )
@@ -190,4 +195,11 @@ FRAMEWORK = Framework(
     optimizers_of_hook={"optimizers": "configure_optimizers"},
     grad_toggles=frozenset({"toggle_optimizer"}),
     hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
+    schedulers_left=(
+        SchedulersLeftToModule(
+            "lightning_module", "configure_optimizers", manual=_manual_optimization, fetch="lr_schedulers",
+            tokens=("automatic_optimization", "configure_optimizers"),
+            words="under manual optimization (`self.automatic_optimization = False`) Lightning steps none of them",
+        ),
+    ),
 )
