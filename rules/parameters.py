@@ -896,7 +896,10 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                         f"device=device))`)",
                     )
                     continue
-                if _tensor_asking_for_gradients(model, value) and not _named_elsewhere(model, target, methods):
+                if (
+                    method.name.value == "__init__" and _tensor_asking_for_gradients(model, value)
+                    and not _named_elsewhere(model, target, methods)
+                ):  # built once with the module, as a weight is (not a forward's intermediate kept on ``self``)
                     yield Report(
                         value,
                         f"`{target}` is a tensor made with `requires_grad=True`, not an `nn.Parameter`: the module does "
