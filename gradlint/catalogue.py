@@ -190,6 +190,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((_TOKEN_7,),),
     ),
     RuleInfo(
+        code='GL019',
+        name='optimizer-never-stepped',
+        summary='an optimizer is built over a network the loop backpropagates through, and nothing ever steps it',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, _TOKEN_6),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -1,4 +1,4 @@
-"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017, GL018)."""
+"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL019)."""
 
 from __future__ import annotations
 
@@ -926,12 +926,30 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
             continue  # appended to something not known to be a plain list
         if _reassigned_elsewhere(model, methods, target, node) or not _elements_called(model, methods, target):
             continue  # not a store of layers the forward runs: replaced later, or never called
+        if _frozen_by_hand(model, methods, target):
+            continue  # ``self.block[0].requires_grad_(False)``: hidden from parameters() on purpose (a fixed filter)
         yield Report(
             node,
             f"`{target}` is a plain Python container holding `nn.{layer}` layers: the module does not register "
             f"them, so `model.parameters()` never holds their weights and no optimizer built from it updates them "
             f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`",
         )
+
+
+def _frozen_by_hand(model: LoopModel, methods: list[cst.FunctionDef], target: str) -> bool:
+    """Whether the class switches gradients off for something inside the container (``self.block[0].requires_grad_(
+    False)``, ``...weight.requires_grad = False``)."""
+    for method in methods:
+        for node in model.file.walk(method.body):
+            if type(node) is cst.Call and callee_name(node) == "requires_grad_":
+                if node.args and bool_literal(node.args[0].value) is not False:
+                    continue
+                if model.code(receiver(node)).startswith(target):
+                    return True
+            elif type(node) is cst.Assign and bool_literal(node.value) is False:
+                if any(type(t.target) is cst.Attribute and t.target.attr.value == "requires_grad" and model.code(t.target).startswith(target) for t in node.targets):
+                    return True
+    return False
 
 
 def _reassigned_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], target: str, filled: cst.CSTNode) -> bool:
@@ -1029,6 +1047,9 @@ def _moved_parameter(model: LoopModel, value: cst.BaseExpression) -> str | None:
         return None
     inner = value.func.value
     if type(inner) is cst.Call and _torch_nn_name(model, inner.func) == "Parameter":
+        frozen = keyword_arg(inner, "requires_grad") or (inner.args[1] if len(inner.args) > 1 and inner.args[1].keyword is None else None)
+        if frozen is not None and bool_literal(frozen.value) is False:
+            return None  # a running statistic kept as a parameter that never trains: nothing for an optimizer to miss
         return value.func.attr.value
     return None
 
@@ -1066,3 +1087,123 @@ def kind_of_optimizer_call(model: LoopModel, call: cst.Call) -> bool:
     if kind_from_name(callee_name(call) or "") is ObjKind.OPTIMIZER:
         return True
     return any(kind_of_constructor(q) is ObjKind.OPTIMIZER for q in model.index.qualified_names(call.func))
+
+
+# What may be done to an optimizer that never steps it: clear it, read or set its groups, save or load it.
+_HARMLESS_OPTIMIZER_USES = frozenset({"zero_grad", "param_groups", "state_dict", "load_state_dict", "state", "defaults"})
+
+
+class OptimizerNeverStepped(Rule):
+    """An optimizer is built over a network that the loop trains, and nothing in the module ever steps it.
+
+    **Why it matters.** The loop backpropagates through the network on every
+    batch, so its parameters get gradients, but without ``optimizer.step()``
+    they never change: the run trains nothing (or, beside a second optimizer
+    that does step, trains only part of the model), and without a clear the
+    gradients pile up for the whole run. Nothing fails; the loss just does
+    not go down, or goes down less than it should.
+
+    **Fix.** Step the optimizer after the backward (and clear it), as the
+    loop meant to.
+
+    **Stays quiet when** the optimizer is handed to anything (a call, a
+    return, a container, another name: a framework or a helper may step it),
+    stepped anywhere in the module, or only built; when no loop of the module
+    backpropagates a loss that visibly runs through the network it was built
+    over (``fixtures/parameters/ok_gl019_optimizer_stepped_elsewhere.py``).
+
+    **Bad**::
+
+        class Trainer:
+            def __init__(self, model, loader):
+                self.model, self.loader = model, loader
+                self._optimizer = torch.optim.Adam(model.parameters())
+
+            def _train(self):
+                for x, y in self.loader:
+                    loss = F.cross_entropy(self.model(x), y)
+                    loss.backward()
+
+    **Good**::
+
+            def _train(self):
+                for x, y in self.loader:
+                    loss = F.cross_entropy(self.model(x), y)
+                    self._optimizer.zero_grad()
+                    loss.backward()
+                    self._optimizer.step()
+    """
+
+    code = "GL019"
+    name = "optimizer-never-stepped"
+    summary = "an optimizer is built over a network the loop backpropagates through, and nothing ever steps it"
+    severity = Severity.ERROR
+    fix = None  # where the step belongs is the loop's to say
+    needs = ((BACKWARD, call_of("parameters")),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index = model.index
+        if index is None:
+            return
+        names = {name for table in index.assignments.values() for name in table}
+        for name in sorted(names):
+            if not _an_optimizer(model, name):
+                continue
+            built = [v for v in index.assigned_anywhere(name) if type(v) is cst.Call]
+            if len(built) != 1 or len(index.assigned_anywhere(name)) != 1:
+                continue
+            owners = parameter_owners(model, name)
+            if not owners or not _only_built_and_cleared(model, name):
+                continue
+            found = _trained_through(model, owners)
+            if found is None:
+                continue
+            backward, reach = found
+            yield Report(
+                built[0],
+                f"`{name}` is built over `{reach.owner}`'s parameters, and the loss backpropagated at line "
+                f"{model.line(backward.node)} runs through `{reach.owner}`, but nothing in the module steps `{name}` or "
+                f"hands it on: `{reach.owner}` never trains, and its gradients pile up; step it after the backward",
+            )
+
+
+def _an_optimizer(model: LoopModel, name: str) -> bool:
+    """Known as an optimizer by how it is built, or by its name (``self._optimizer`` as ``optimizer``)."""
+    from gradlint.objects import kind_from_name
+
+    known = model.index.objects.get(name)
+    if known is not None and known.kind is not ObjKind.UNKNOWN:
+        return known.kind is ObjKind.OPTIMIZER
+    last = name.rsplit(".", 1)[-1].lstrip("_")
+    return bool(last) and kind_from_name(last) is ObjKind.OPTIMIZER
+
+
+def _only_built_and_cleared(model: LoopModel, name: str) -> bool:
+    """Whether every use of ``name`` in the module is its assignment or a harmless use (``zero_grad()``, its groups,
+    saving it): never stepped, never handed to anything."""
+    for node in model.file.every_node(model.module):
+        if type(node) not in (cst.Name, cst.Attribute) or dotted_name(node) != name:
+            continue
+        parent = (model.parents or {}).get(node)
+        if type(parent) is cst.AssignTarget:
+            continue
+        if type(parent) is cst.Attribute and parent.value is node and parent.attr.value in _HARMLESS_OPTIMIZER_USES:
+            continue
+        if type(parent) is cst.Attribute and parent.value is node:
+            return False  # ``opt.step()``, or anything else done with it
+        if type(node) is cst.Name and type(parent) is cst.Attribute and parent.attr is node:
+            continue  # the attribute name of ``self.opt`` (the whole is judged as an Attribute)
+        return False  # handed, returned, stored, compared: someone else may step it
+    return True
+
+
+def _trained_through(model: LoopModel, owners: frozenset[str]):
+    """The first backward inside a loop whose loss visibly runs through one of ``owners``."""
+    for root in model.roots:
+        for backward in root.events_of(EventKind.BACKWARD):
+            if not backward.loops or backward.framework is not None:
+                continue
+            reach = reaching_call(model, backward, owners)
+            if reach is not None:
+                return backward, reach
+    return None
