@@ -117,6 +117,11 @@ class ModuleIndex:
 
     def inherits(self, class_name: str, ancestor: str) -> bool:
         """Whether a class of this module derives from ``ancestor``, directly or through classes of the module."""
+        return self.derives_from(class_name, lambda base: base == ancestor)
+
+    def derives_from(self, class_name: str, test: Callable[[str], bool]) -> bool:
+        """Whether a class of this module has a base (by last name), directly or through classes of the module, for
+        which ``test`` holds (``lambda base: base.endswith("Module")``)."""
         seen: set[str] = set()
         pending = [class_name]
         while pending:
@@ -125,7 +130,7 @@ class ModuleIndex:
                 continue
             seen.add(current)
             bases = self.class_bases.get(current, [])
-            if ancestor in bases:
+            if any(test(base) for base in bases):
                 return True
             pending.extend(bases)
         return False

@@ -27,7 +27,7 @@ import libcst as cst
 
 from gradlint import frameworks
 from gradlint.module_index import Unpacked
-from gradlint.syntax import bool_literal, callee_name, children, dotted_name, parameter_names, receiver, walk
+from gradlint.syntax import bool_literal, callee_name, children, comprehension_clauses, dotted_name, parameter_names, receiver, walk
 
 if TYPE_CHECKING:
     from gradlint.model import Event, LoopModel
@@ -144,21 +144,13 @@ def _owners_in(
         if kind in (cst.List, cst.Tuple, cst.Set):
             stack.extend(e.value for e in node.elements)
         elif kind in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
-            stack.extend(f.iter for f in _for_clauses(node.for_in))
+            stack.extend(f.iter for f in comprehension_clauses(node.for_in))
         elif kind is cst.Dict:
             stack.extend(e.value for e in node.elements if type(e) is cst.DictElement)
         elif kind is cst.BinaryOperation:
             stack.extend((node.left, node.right))
         elif kind is cst.StarredElement:
             stack.append(node.value)
-
-
-def _for_clauses(clause: cst.CompFor | None) -> list[cst.CompFor]:
-    clauses = []
-    while clause is not None:
-        clauses.append(clause)
-        clause = clause.inner_for_in
-    return clauses
 
 
 class Reach:

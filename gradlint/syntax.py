@@ -396,6 +396,15 @@ def boolean_terms(test: cst.BaseExpression, operator: type[cst.BaseBooleanOp]) -
     return [test]
 
 
+def comprehension_clauses(clause: cst.CompFor | None) -> list[cst.CompFor]:
+    """The ``for`` clauses of a comprehension (``node.for_in``), outermost first."""
+    clauses = []
+    while clause is not None:
+        clauses.append(clause)
+        clause = clause.inner_for_in
+    return clauses
+
+
 def parameter_names(function: cst.FunctionDef) -> list[str]:
     """The names of a function's positional and keyword parameters, in order (``*args`` and ``**kwargs`` left out)."""
     params = function.params

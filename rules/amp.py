@@ -1206,7 +1206,10 @@ class ScalerRebuiltEveryStep(Rule):
     - the scaler is built with ``enabled=False``, or the function loads a
       state into it (``scaler.load_state_dict(...)``) before it steps;
     - a function that builds and steps a scaler is called by no loop of the
-      run (one step per call, from no loop).
+      run and is not one whole optimization step (a scaled backward, a step
+      and an update through the scaler, no loop of its own): such a step
+      runs once per batch wherever its caller is, unless the module calls
+      it outside every loop, or it is a test.
 
     **Bad**::
 

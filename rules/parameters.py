@@ -14,7 +14,7 @@ from gradlint.objects import ObjKind, last_name
 from gradlint.queries import clears, exclusive, frames_inside, function_holding, same_object, steps_with_loops
 from gradlint.reach import parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Spelled, call_of
-from gradlint.syntax import TRIVIA, bool_literal, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
+from gradlint.syntax import TRIVIA, bool_literal, comprehension_clauses, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
 
 # GL009's prefilter: a freezing statement, ``x.requires_grad = False`` (an attribute, not the
 # ``requires_grad=False`` keyword of a constructor) or ``x.requires_grad_(False)``.
@@ -827,7 +827,7 @@ class UnregisteredParameters(Rule):
         if index is None:
             return
         for class_name, methods in index.class_methods.items():
-            if not _derives_from_a_module(index, class_name):
+            if not index.derives_from(class_name, lambda base: base.endswith("Module")):  # nn.Module, its framework subclasses
                 continue
             if any(name in methods for name in ("parameters", "named_parameters")):
                 continue
@@ -835,23 +835,6 @@ class UnregisteredParameters(Rule):
             if _registers_by_hand(model, bodies):
                 continue
             yield from _unregistered_in(model, bodies)
-
-
-def _derives_from_a_module(index, class_name: str) -> bool:
-    """Whether a class of the module derives, directly or through classes of the module, from a base named
-    ``...Module`` (``nn.Module`` and the frameworks' subclasses of it), whose attribute assignment registers layers."""
-    seen: set[str] = set()
-    pending = [class_name]
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        bases = index.class_bases.get(current, [])
-        if any(base.endswith("Module") for base in bases):
-            return True
-        pending.extend(bases)
-    return False
 
 
 def _registers_by_hand(model: LoopModel, methods: list[cst.FunctionDef]) -> bool:
@@ -968,7 +951,7 @@ def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: s
     for method in methods:
         bound: set[str] = set()
         for node in model.file.walk(method.body):
-            clauses = [node] if type(node) is cst.For else (_for_clauses(node.for_in) if type(node) in (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp) else [])
+            clauses = [node] if type(node) is cst.For else (comprehension_clauses(node.for_in) if type(node) in (cst.ListComp, cst.GeneratorExp, cst.DictComp, cst.SetComp) else [])
             for clause in clauses:
                 iterated = clause.iter
                 if type(iterated) is cst.Call and type(iterated.func) is cst.Attribute and iterated.func.attr.value in ("values", "items"):
@@ -986,15 +969,6 @@ def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: s
             if type(func) is cst.Name and func.value in bound:
                 return True
     return False
-
-
-def _for_clauses(clause: cst.CompFor | None) -> list[cst.CompFor]:
-    """The ``for`` clauses of a comprehension, outermost first."""
-    clauses = []
-    while clause is not None:
-        clauses.append(clause)
-        clause = clause.inner_for_in
-    return clauses
 
 
 def _elements(value: cst.List | cst.Dict) -> list:
@@ -1160,10 +1134,12 @@ class OptimizerNeverStepped(Rule):
                 continue
             backward, reach = found
             yield Report(
-                built[0],
-                f"`{name}` is built over `{reach.owner}`'s parameters, and the loss backpropagated at line "
-                f"{model.line(backward.node)} runs through `{reach.owner}`, but nothing in the module steps `{name}` or "
-                f"hands it on: `{reach.owner}` never trains, and its gradients pile up; step it after the backward",
+                backward.node,
+                f"this backward runs through `{reach.owner}` (it calls `{model.code(reach.call.func)}`), whose "
+                f"parameters `{name}` holds (built at line {model.line(built[0])}), but nothing in the module steps "
+                f"`{name}` or hands it on: `{reach.owner}` never trains, and its gradients pile up; step `{name}` after "
+                f"this backward",
+                event=backward,
             )
 
 
