@@ -50,6 +50,13 @@ _ACCUMULATION_WORDS = re.compile(
 _ACCUMULATION_COUNTER = re.compile(r"^(grad_)?acc(um(ulation|ulated)?)?_?(step|iter|count|idx|counter)$", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _CLIP_FUNCTIONS = {"clip_grad_norm_", "clip_grad_value_", "clip_grad_norm"}
+# Clipping functions known by their qualified name, whatever the file calls them (``from timm.utils.agc import
+# adaptive_clip_grad as clip_``): timm's adaptive clipping writes the clipped values into ``p.grad`` in place
+# (``p.grad.detach().copy_(new_grads)``), and its dispatcher calls one of torch's clips or that.
+_CLIP_QUALIFIED = frozenset({
+    "timm.utils.agc.adaptive_clip_grad", "timm.utils.adaptive_clip_grad",
+    "timm.utils.clip_grad.dispatch_clip_grad", "timm.utils.dispatch_clip_grad",
+})
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 
 
@@ -581,7 +588,7 @@ class EventBuilder:
             emit(NO_SYNC, target=recv_name, target_kind=ObjKind.PARALLEL_MODEL)
             return
         name = callee_name(call)
-        if name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
+        if name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS or not qualified.isdisjoint(_CLIP_QUALIFIED):
             emit(EventKind.CLIP, framework=self._clip_framework(recv_name, qualified))
             return
         module = frameworks.STEP_FUNCTIONS.get(name) if name is not None else None
