@@ -199,6 +199,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, _TOKEN_6),),
     ),
     RuleInfo(
+        code='GL020',
+        name='parameter-in-no-optimizer',
+        summary='a class keeps an `nn.Parameter` that none of the optimizers it builds holds: it never trains',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=(('Parameter', _TOKEN_6),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -32,7 +32,7 @@ from gradlint.syntax import bool_literal, callee_name, children, comprehension_c
 if TYPE_CHECKING:
     from gradlint.model import Event, LoopModel
 
-__all__ = ["Reach", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
+__all__ = ["Reach", "owners_of_construction", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
 
 _PART_PARAMETERS = re.compile(r"^(\w+)_parameters$")  # ``model.discr_parameters()``: the parameters of ``model.discr``
 _CUTS_GRAPH = frozenset({"detach", "detach_", "item", "tolist", "numpy", "cpu_detach"})
@@ -54,6 +54,15 @@ def parameter_owners(model: "LoopModel", optimizer: str) -> frozenset[str]:
         return frozenset()
     found: set[str] = set()
     _owners_of_name(model, optimizer, found, set(), 0)
+    return frozenset(found)
+
+
+def owners_of_construction(model: "LoopModel", call: cst.Call) -> frozenset[str]:
+    """The networks an optimizer construction is handed the parameters of (``self`` for ``self.parameters()``)."""
+    if model.index is None:
+        return frozenset()
+    found: set[str] = set()
+    _owners_in(model, call, found, set(), 0)
     return frozenset(found)
 
 

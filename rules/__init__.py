@@ -2,7 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
-- ``parameters``: which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL019)
+- ``parameters``: which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL020)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301, GL308)
@@ -44,6 +44,7 @@ from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
     OptimizerSteppedOnOneSettingBranch,
     OptimizerNeverStepped,
+    ParameterInNoOptimizer,
     StepTakesAnotherLossGradients,
     UnregisteredParameters,
 )
@@ -83,6 +84,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     StepTakesAnotherLossGradients,
     UnregisteredParameters,
     OptimizerNeverStepped,
+    ParameterInNoOptimizer,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

@@ -1,4 +1,4 @@
-"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL019)."""
+"""Rules about which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL020)."""
 
 from __future__ import annotations
 
@@ -1183,3 +1183,145 @@ def _trained_through(model: LoopModel, owners: frozenset[str]):
             if reach is not None:
                 return backward, reach
     return None
+
+
+class ParameterInNoOptimizer(Rule):
+    """A class keeps an ``nn.Parameter`` that none of the optimizers it builds holds.
+
+    **Why it matters.** An agent or trainer that builds its optimizers over
+    its networks (``Adam(self.actor.parameters())``) and keeps a learnable
+    tensor beside them (``self.log_std = nn.Parameter(...)``, a temperature,
+    a loss weight) gives that tensor gradients on every backward, but no
+    optimizer steps it: it stays at its initial value, and with no clear its
+    gradient grows for the whole run. Clipping it with the actor's
+    parameters does not train it either.
+
+    **Fix.** Hand it to an optimizer: ``Adam(list(self.actor.parameters()) +
+    [self.log_std])``, or a parameter group of its own.
+
+    **Stays quiet when** the class builds no optimizer (whoever builds one
+    over the module's ``parameters()`` holds it), an optimizer it builds is
+    given ``self.parameters()``, or the parameter is named in any optimizer's
+    construction or ``add_param_group`` in the module (also through a list
+    made first); or the parameter is built with ``requires_grad=False``, or
+    never read (``fixtures/parameters/ok_gl020_parameter_in_optimizer.py``).
+
+    **Bad**::
+
+        class PPO:
+            def __init__(self, actor, critic, action_dim):
+                self.actor, self.critic = actor, critic
+                self.log_std = nn.Parameter(torch.zeros(action_dim))
+                self.actor_optimizer = torch.optim.Adam(actor.parameters(), lr=3e-4)
+                self.critic_optimizer = torch.optim.Adam(critic.parameters(), lr=1e-3)
+
+    **Good**::
+
+                self.actor_optimizer = torch.optim.Adam(
+                    list(actor.parameters()) + [self.log_std], lr=3e-4
+                )
+    """
+
+    code = "GL020"
+    name = "parameter-in-no-optimizer"
+    summary = "a class keeps an `nn.Parameter` that none of the optimizers it builds holds: it never trains"
+    severity = Severity.ERROR
+    fix = None  # which optimizer should hold it is the author's call
+    needs = (("Parameter", call_of("parameters")),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        index = model.index
+        if index is None:
+            return
+        for class_name, methods in index.class_methods.items():
+            bodies = list(methods.values())
+            kept = _parameters_kept(model, bodies)
+            if not kept:
+                continue
+            optimizers = _optimizers_built(model, bodies)
+            if not optimizers or any(_given_own_parameters(model, call) for call in optimizers):
+                continue
+            named = _named_in_optimizers(model)
+            for target, node in kept:
+                attribute = target.split(".", 1)[1]
+                if attribute in named or not _read_elsewhere(model, bodies, target, node):
+                    continue
+                owners = sorted({o for call in optimizers for o in _owners_of_call(model, call)})
+                held = ", ".join(f"`{o}`" for o in owners) if owners else "other parameters"
+                yield Report(
+                    node,
+                    f"`{target}` is an `nn.Parameter`, but every optimizer `{class_name}` builds holds {held}: nothing "
+                    f"steps it, so it never leaves its initial value (and its gradient piles up); hand it to one "
+                    f"(`list(....parameters()) + [{target}]`) or give it a parameter group",
+                )
+
+
+def _parameters_kept(model: LoopModel, methods: list[cst.FunctionDef]) -> list[tuple[str, cst.CSTNode]]:
+    """``self.x = nn.Parameter(...)`` (trainable) in the class's methods."""
+    found = []
+    for method in methods:
+        for node in model.file.walk(method.body):
+            if type(node) is not cst.Assign or len(node.targets) != 1 or type(node.value) is not cst.Call:
+                continue
+            target = dotted_name(node.targets[0].target)
+            if target is None or not target.startswith("self.") or target.count(".") != 1:
+                continue
+            if _torch_nn_name(model, node.value.func) != "Parameter":
+                continue
+            frozen = keyword_arg(node.value, "requires_grad") or (
+                node.value.args[1] if len(node.value.args) > 1 and node.value.args[1].keyword is None else None
+            )
+            if frozen is not None and bool_literal(frozen.value) is False:
+                continue
+            found.append((target, node.value))
+    return found
+
+
+def _optimizers_built(model: LoopModel, methods: list[cst.FunctionDef]) -> list[cst.Call]:
+    calls = []
+    for method in methods:
+        for node in model.file.walk(method.body):
+            if type(node) is cst.Assign and type(node.value) is cst.Call and kind_of_optimizer_call(model, node.value):
+                calls.append(node.value)
+    return calls
+
+
+def _given_own_parameters(model: LoopModel, call: cst.Call) -> bool:
+    """``Adam(self.parameters())``: the object's own parameters, this one among them (or something not told apart)."""
+    owners = _owners_of_call(model, call)
+    return not owners or "self" in owners
+
+
+def _owners_of_call(model: LoopModel, call: cst.Call) -> frozenset[str]:
+    from gradlint.reach import owners_of_construction
+
+    return owners_of_construction(model, call)
+
+
+def _named_in_optimizers(model: LoopModel) -> set[str]:
+    """The attribute names mentioned in any optimizer construction or ``add_param_group`` of the module, also through
+    a name the argument is built in first (``params = [...] + [self.log_std]; Adam(params)``)."""
+    named: set[str] = set()
+    for node in model.file.every_node(model.module):
+        if type(node) is not cst.Call or not (kind_of_optimizer_call(model, node) or callee_name(node) == "add_param_group"):
+            continue
+        pending: list[cst.CSTNode] = [a.value for a in node.args]
+        seen: set[str] = set()
+        while pending:
+            for inner in model.file.walk(pending.pop()):
+                if type(inner) is cst.Attribute:
+                    named.add(inner.attr.value)
+                name = dotted_name(inner) if type(inner) in (cst.Name, cst.Attribute) else None
+                if name is not None and name not in seen:
+                    seen.add(name)
+                    pending.extend(v for v in model.index.assigned_anywhere(name) if isinstance(v, cst.BaseExpression))
+    return named
+
+
+def _read_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], target: str, built: cst.CSTNode) -> bool:
+    home = function_holding(model, built)
+    return any(
+        type(node) is cst.Attribute and dotted_name(node) == target
+        for method in methods if method is not home
+        for node in model.file.walk(method.body)
+    )
