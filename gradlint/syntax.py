@@ -396,6 +396,12 @@ def boolean_terms(test: cst.BaseExpression, operator: type[cst.BaseBooleanOp]) -
     return [test]
 
 
+def class_methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    """The functions defined directly in a class's body, in order."""
+    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
+    return [s for s in body if type(s) is cst.FunctionDef]
+
+
 def comprehension_clauses(clause: cst.CompFor | None) -> list[cst.CompFor]:
     """The ``for`` clauses of a comprehension (``node.for_in``), outermost first."""
     clauses = []

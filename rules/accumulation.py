@@ -38,7 +38,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -412,7 +412,7 @@ class LossDividedTwice(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         settings = framework_settings(model)
-        owned = {id(f) for role in frameworks.OWNS_BACKWARDS_OF for cls in settings.classes_of(role) for f in _methods(cls)}
+        owned = {id(f) for role in frameworks.OWNS_BACKWARDS_OF for cls in settings.classes_of(role) for f in class_methods(cls)}
         for root in model.roots:
             if id(root.node) in owned:
                 continue  # a method the framework runs inside its own training step: it divides for itself
@@ -459,7 +459,7 @@ class LossDividedTwice(Rule):
         """Divisions of the loss a method returns to a framework that divides it by its count again."""
         if returned.manual(cls):
             return
-        step = next((f for f in _methods(cls) if f.name.value == returned.method), None)
+        step = next((f for f in class_methods(cls) if f.name.value == returned.method), None)
         if step is None:
             return
         framework = returned.divides_again
@@ -573,9 +573,6 @@ def _reads_config_count(model: LoopModel, scope: cst.CSTNode, divisor: cst.BaseE
     return False
 
 
-def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
-    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
-    return [s for s in body if type(s) is cst.FunctionDef]
 
 
 def _is_key(node: cst.BaseExpression, key: str) -> bool:
@@ -712,7 +709,7 @@ class NumItemsInBatchIgnored(Rule):
     def _hook(
         self, model: LoopModel, hook: LossHook, cls: cst.ClassDef, local: dict[str, cst.ClassDef], settings: FrameworkSettings
     ) -> Iterator[Report]:
-        function = next((f for f in _methods(cls) if f.name.value == hook.method), None)
+        function = next((f for f in class_methods(cls) if f.name.value == hook.method), None)
         if function is None:
             return
         parameter = _parameter(function, hook.count_parameter)

@@ -251,7 +251,7 @@ def _closure_reevaluated_without_clear(model: LoopModel, root: Root) -> Iterator
             continue
         body = closure.body
         backward = next((n for n in model.file.walk(body) if type(n) is cst.Call and method_name(n) == "backward"), None)
-        if backward is None or _clears_in(model, body, step.target):
+        if backward is None or _clears_in(model, body):
             continue
         yield Report(
             step.node,
@@ -284,7 +284,7 @@ def _closure_of(model: LoopModel, call: cst.Call) -> cst.FunctionDef | cst.Lambd
     return None
 
 
-def _clears_in(model: LoopModel, body: cst.CSTNode, optimizer: str) -> bool:
+def _clears_in(model: LoopModel, body: cst.CSTNode) -> bool:
     """Whether code clears gradients: a ``zero_grad()`` of anything, or ``.grad = None`` / ``.grad.zero_()``."""
     for node in model.file.walk(body):
         if type(node) is cst.Call and method_name(node) in ("zero_grad", "zero_", "detach_"):

@@ -23,7 +23,7 @@ from gradlint.queries import (
 )
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
-from gradlint.syntax import callee_name, dotted_name, terminal, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, terminal, walk
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -323,7 +323,7 @@ class SchedulerNeverStepped(Rule):
             for cls in settings.classes_of(left.classes):
                 if not left.manual(cls):
                     continue
-                methods = _class_methods(cls)
+                methods = class_methods(cls)
                 hook = next((m for m in methods if m.name.value == left.hook), None)
                 if hook is None:
                     continue
@@ -340,9 +340,6 @@ class SchedulerNeverStepped(Rule):
                 )
 
 
-def _class_methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
-    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
-    return [s for s in body if type(s) is cst.FunctionDef]
 
 
 def _returned_schedulers(value: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -56,7 +56,7 @@ import libcst as cst
 
 from gradlint.frameworks.framework import Framework, LossHook, Subclasses
 from gradlint.kinds import ObjKind
-from gradlint.syntax import dotted_name
+from gradlint.syntax import class_methods, dotted_name
 
 if TYPE_CHECKING:
     from gradlint.frameworks.settings import FrameworkSettings
@@ -92,7 +92,7 @@ def _skips_division(
     """
     if _touches_scaling_flag(model.file):
         return False
-    if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in _methods(c)):
+    if any(f.name.value in _SCALING_METHODS for c in _class_chain(cls, local) for f in class_methods(c)):
         return False
     if not _trains_language_model(model.file.code, cls, settings) or not _reads_logits(model.file, cls, local):
         return False
@@ -101,9 +101,6 @@ def _skips_division(
     return not _mentions_accumulation_steps(model.file, function)
 
 
-def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
-    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
-    return [s for s in body if type(s) is cst.FunctionDef]
 
 
 def _touches_scaling_flag(parsed: ParsedFile) -> bool:
@@ -164,7 +161,7 @@ def _model_without_kwargs(parsed: ParsedFile, settings: FrameworkSettings) -> bo
     trainers = {id(c) for c in settings.classes_of("trainer")}
     for node in parsed.every_node(parsed.module):
         if type(node) is cst.ClassDef and id(node) not in trainers:
-            for function in _methods(node):
+            for function in class_methods(node):
                 if function.name.value == "forward" and type(function.params.star_kwarg) is not cst.Param:
                     return True
     return False

@@ -75,7 +75,7 @@ from gradlint.frameworks.framework import (
     Wrap,
 )
 from gradlint.kinds import ObjKind
-from gradlint.syntax import bool_literal, dotted_name, walk
+from gradlint.syntax import bool_literal, class_methods, dotted_name, walk
 
 if TYPE_CHECKING:
     from gradlint.module_index import ModuleIndex
@@ -122,14 +122,11 @@ def _fabric_message(name: str, where: str) -> str:
     )
 
 
-def _methods(cls: cst.ClassDef) -> list[cst.FunctionDef]:
-    body = cls.body.body if type(cls.body) is cst.IndentedBlock else []
-    return [s for s in body if type(s) is cst.FunctionDef]
 
 
 def _manual_optimization(cls: cst.ClassDef) -> bool:
     """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property)."""
-    for function in _methods(cls):
+    for function in class_methods(cls):
         if function.name.value == "automatic_optimization":
             return True
         for node in walk(function):
