@@ -27,6 +27,7 @@ import libcst as cst
 
 from gradlint import frameworks
 from gradlint.module_index import Unpacked
+from gradlint.queries import function_holding
 from gradlint.syntax import bool_literal, callee_name, children, comprehension_clauses, dotted_name, parameter_names, receiver, walk
 
 if TYPE_CHECKING:
@@ -183,8 +184,6 @@ def reaching_call(
     """
     if backward.loss is None or model.index is None or not owners:
         return None
-    from gradlint.queries import function_holding
-
     function = function_holding(model, backward.node)
     for call in _calls_computing(model, backward.loss, function, helpers=True):
         callee = dotted_name(call.func)
@@ -368,7 +367,7 @@ def _may_be_owner(
         for owner in owners
     ):
         return True  # a part of the network switched off (``netD.backbone``) leaves the rest of it on
-    function = _function_of(model, at)
+    function = function_holding(model, at)
     return function is not None and root in parameter_names(function) and _handed_owner(model, function, root, owners, depth + 1)
 
 
@@ -407,11 +406,3 @@ def _loop_binding(model: "LoopModel", at: cst.CSTNode, name: str) -> cst.BaseExp
             return iterated
         current = parents.get(current)
     return None
-
-
-def _function_of(model: "LoopModel", node: cst.CSTNode) -> cst.FunctionDef | None:
-    parents = model.parents or {}
-    current = parents.get(node)
-    while current is not None and type(current) is not cst.FunctionDef:
-        current = parents.get(current)
-    return current

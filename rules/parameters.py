@@ -10,9 +10,9 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
-from gradlint.objects import ObjKind, last_name
+from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor, last_name
 from gradlint.queries import clears, exclusive, frames_inside, function_holding, same_object, steps_with_loops
-from gradlint.reach import parameter_owners, reaching_call, requires_grad_switched_off
+from gradlint.reach import owners_of_construction, parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Spelled, call_of
 from gradlint.syntax import TRIVIA, bool_literal, comprehension_clauses, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
 
@@ -655,7 +655,7 @@ _BOOKKEEPING = frozenset({EventKind.BACKWARD, EventKind.STEP, EventKind.ZERO, HA
 
 def _outer_loops(root) -> list:
     """The loops of a root that no other loop of it holds: one iteration of each is read as a cycle."""
-    return [loop for loop in root.loops() if all(outer is loop for outer in root.events_in(loop)[0].loops[:1])]
+    return [loop for loop in root.loops() if root.events_in(loop)[0].loops[0] is loop]
 
 
 def _plain_optimizer_step(model: LoopModel, event) -> bool:
@@ -861,7 +861,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 if _registering_call(model, value):
                     registered_later.add(target)
                     continue
-                if type(value) in (cst.List, cst.Dict) and not _elements(value):
+                if type(value) in (cst.List, cst.Dict) and not value.elements:
                     containers.setdefault(target, node)
                     continue
                 layer = _plain_container_of_layers(model, value)
@@ -971,10 +971,6 @@ def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: s
     return False
 
 
-def _elements(value: cst.List | cst.Dict) -> list:
-    return list(value.elements)
-
-
 def _torch_nn_name(model: LoopModel, func: cst.BaseExpression) -> str | None:
     """``Conv2d`` for ``nn.Conv2d`` / ``torch.nn.Conv2d`` (through the module's imports)."""
     for qualified in model.index.qualified_names(func):
@@ -1049,15 +1045,13 @@ def _named_elsewhere(model: LoopModel, target: str, methods: list[cst.FunctionDe
             for inner in model.file.walk(arg.value):
                 if type(inner) is cst.Attribute and inner.attr.value == attribute:
                     callee = _torch_nn_name(model, node.func)
-                    if callee is not None or kind_of_optimizer_call(model, node):
+                    if callee is not None or _builds_optimizer(model, node):
                         return True
     return False
 
 
-def kind_of_optimizer_call(model: LoopModel, call: cst.Call) -> bool:
+def _builds_optimizer(model: LoopModel, call: cst.Call) -> bool:
     """Whether a call builds an optimizer (by its constructor's qualified name, or a name that says so)."""
-    from gradlint.objects import kind_from_name, kind_of_constructor
-
     if kind_from_name(callee_name(call) or "") is ObjKind.OPTIMIZER:
         return True
     return any(kind_of_constructor(q) is ObjKind.OPTIMIZER for q in model.index.qualified_names(call.func))
@@ -1145,8 +1139,6 @@ class OptimizerNeverStepped(Rule):
 
 def _an_optimizer(model: LoopModel, name: str) -> bool:
     """Known as an optimizer by how it is built, or by its name (``self._optimizer`` as ``optimizer``)."""
-    from gradlint.objects import kind_from_name
-
     known = model.index.objects.get(name)
     if known is not None and known.kind is not ObjKind.UNKNOWN:
         return known.kind is ObjKind.OPTIMIZER
@@ -1246,7 +1238,7 @@ class ParameterInNoOptimizer(Rule):
                 attribute = target.split(".", 1)[1]
                 if attribute in named or not _read_elsewhere(model, bodies, target, node):
                     continue
-                owners = sorted({o for call in optimizers for o in _owners_of_call(model, call)})
+                owners = sorted({o for call in optimizers for o in owners_of_construction(model, call)})
                 held = ", ".join(f"`{o}`" for o in owners) if owners else "other parameters"
                 yield Report(
                     node,
@@ -1281,21 +1273,15 @@ def _optimizers_built(model: LoopModel, methods: list[cst.FunctionDef]) -> list[
     calls = []
     for method in methods:
         for node in model.file.walk(method.body):
-            if type(node) is cst.Assign and type(node.value) is cst.Call and kind_of_optimizer_call(model, node.value):
+            if type(node) is cst.Assign and type(node.value) is cst.Call and _builds_optimizer(model, node.value):
                 calls.append(node.value)
     return calls
 
 
 def _given_own_parameters(model: LoopModel, call: cst.Call) -> bool:
     """``Adam(self.parameters())``: the object's own parameters, this one among them (or something not told apart)."""
-    owners = _owners_of_call(model, call)
+    owners = owners_of_construction(model, call)
     return not owners or "self" in owners
-
-
-def _owners_of_call(model: LoopModel, call: cst.Call) -> frozenset[str]:
-    from gradlint.reach import owners_of_construction
-
-    return owners_of_construction(model, call)
 
 
 def _named_in_optimizers(model: LoopModel) -> set[str]:
@@ -1303,7 +1289,7 @@ def _named_in_optimizers(model: LoopModel) -> set[str]:
     a name the argument is built in first (``params = [...] + [self.log_std]; Adam(params)``)."""
     named: set[str] = set()
     for node in model.file.every_node(model.module):
-        if type(node) is not cst.Call or not (kind_of_optimizer_call(model, node) or callee_name(node) == "add_param_group"):
+        if type(node) is not cst.Call or not (_builds_optimizer(model, node) or callee_name(node) == "add_param_group"):
             continue
         pending: list[cst.CSTNode] = [a.value for a in node.args]
         seen: set[str] = set()
