@@ -230,7 +230,7 @@ REFERENCE = "as written, fused=True"
 OURS = "gradlint GradientRelease (fused, buckets)"
 
 
-def _recipes() -> dict[str, Callable]:
+def _recipes(device: str) -> dict[str, Callable]:
     """Each recipe: ``set_up(model, make) -> step(loss_of)``, one training step per call of ``step``.
 
     ``make(params, **options)`` builds the bench's optimizer class. The peers
@@ -282,19 +282,21 @@ def _recipes() -> dict[str, Callable]:
             return step
         return set_up
 
-    def optimi_release(model: nn.Module, make: Callable) -> Callable:
-        import optimi
+    def optimi_release(**options: Any) -> Callable:
+        def set_up(model: nn.Module, make: Callable) -> Callable:
+            import optimi
 
-        opt = getattr(optimi, make.name)(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                                         gradient_release=True)
-        optimi.prepare_for_gradient_release(model, opt)
+            opt = getattr(optimi, make.name)(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                                             gradient_release=True, **options)
+            optimi.prepare_for_gradient_release(model, opt)
 
-        def step(loss_of: Callable) -> None:
-            loss_of(model).backward()
-            opt.step()
-            opt.zero_grad()
+            def step(loss_of: Callable) -> None:
+                loss_of(model).backward()
+                opt.step()
+                opt.zero_grad()
 
-        return step
+            return step
+        return set_up
 
     recipes = {
         "as written (default kernel)": plain(),
@@ -305,7 +307,13 @@ def _recipes() -> dict[str, Callable]:
         "per-parameter hooks, fused=True": per_parameter(fused=True),
     }
     if importlib.util.find_spec("optimi") is not None:
-        recipes["torch-optimi gradient_release=True"] = optimi_release
+        # optimi leaves triton=None (its for-loop) in gradient release unless asked: its own default to Triton is
+        # taken only by a whole-model step (optimi/adam.py, _init_group), which release never calls
+        recipes["torch-optimi gradient_release=True"] = optimi_release()
+        from optimi.utils import HAS_TRITON
+
+        if HAS_TRITON and device == "cuda":
+            recipes["torch-optimi gradient_release=True, triton=True"] = optimi_release(triton=True)
     return recipes
 
 
@@ -330,7 +338,7 @@ def compare_release(build: Callable[[], nn.Module], loss_of: Callable, optimizer
     the allocator's on CUDA.
     """
     make = _maker(optimizer)
-    recipes = _recipes()
+    recipes = _recipes(device)
     names = list(recipes)
     medians: dict[str, list[float]] = {name: [] for name in names}
     finals: dict[str, list[torch.Tensor]] = {}

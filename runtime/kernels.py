@@ -18,6 +18,7 @@ from typing import Iterable, Iterator
 import torch
 
 FOR_LOOP, FOREACH, FUSED = "for-loop", "foreach", "fused"
+TRITON = "triton"  # torch-optimi's own kernels, where a group asks for them (triton=True)
 
 # the optimizers whose step has a fused kernel (their constructors take fused=)
 FUSED_OPTIMIZERS: tuple[type, ...] = tuple(
@@ -74,7 +75,7 @@ def fused_supports(cls: type, params: Iterable[torch.Tensor]) -> bool:
 
 
 def kernel_of(optimizer: torch.optim.Optimizer, group: dict | None = None) -> str:
-    """``fused``, ``foreach`` or ``for-loop``: what ``step()`` runs for ``group`` (default: the first group).
+    """``fused``, ``triton``, ``foreach`` or ``for-loop``: what ``step()`` runs for ``group`` (default: the first).
 
     ``foreach=None`` is resolved as torch resolves it at step time, for fake
     parameters as for the real ones they stand for.
@@ -84,6 +85,8 @@ def kernel_of(optimizer: torch.optim.Optimizer, group: dict | None = None) -> st
     group = group if group is not None else optimizer.param_groups[0]
     if group.get("fused"):
         return FUSED
+    if group.get("triton"):
+        return TRITON
     foreach = group.get("foreach")
     if foreach is None:
         with fake_tensors_take_foreach_kernels():

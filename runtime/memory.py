@@ -21,6 +21,11 @@ any device but ``cpu`` and ``meta``), that device's from then on. A model built
 on the CPU and moved to the GPU briefly holds both copies of a parameter; the
 GPU never holds the CPU's, and a meter that added the two reported a peak
 15 % over the CUDA allocator's on a small bf16 model (H100).
+
+A CUDA storage counts what the caching allocator hands out for it: its bytes
+rounded up to the allocator's 512-byte blocks (none for an empty one). On a
+small bf16 model (38 KB of parameters) the bytes alone were 2.4 % under the
+allocator's peak on an H200; on ViT-L the rounding is 0.1 %.
 """
 
 from __future__ import annotations
@@ -69,6 +74,16 @@ class MemoryReport:
 
     def share(self, category: str) -> float:
         return self.split.get(category, 0) / self.peak if self.peak else 0.0
+
+
+CUDA_BLOCK = 512  # the CUDA caching allocator's kMinBlockSize: every block is a multiple of it
+
+
+def allocated_bytes(nbytes: int, device: str) -> int:
+    """The bytes a storage of ``nbytes`` takes on ``device``: on CUDA the caching allocator's block, else its size."""
+    if device != "cuda" or nbytes == 0:
+        return nbytes
+    return -(-nbytes // CUDA_BLOCK) * CUDA_BLOCK
 
 
 def _storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -222,7 +237,8 @@ class TensorMemoryMeter(TorchDispatchMode):
         for st in _storages(t):
             key = id(st)
             entry = self._live.get(key)
-            nbytes = st.nbytes()
+            device = t.device.type
+            nbytes = allocated_bytes(st.nbytes(), device)
             if entry is not None:
                 if entry.nbytes != nbytes:  # resized in place
                     if self._counted(entry):
@@ -234,7 +250,6 @@ class TensorMemoryMeter(TorchDispatchMode):
                 continue
             ref = weakref.ref(st, self._make_finalizer(key))
             category = PARAMS if key in self._param_storages else GRADS if gradient else self._phase()
-            device = t.device.type
             entry = self._live[key] = _Entry(nbytes, category, ref, device)
             if self.device is None and device not in self.HOST_DEVICES:
                 self._count_device(device)

@@ -57,9 +57,12 @@ def test_allocator_agrees_with_the_tensor_meter_in_every_mode_from_the_same_base
     # layer four times the others, torch-optimi's per-parameter temporaries cost more than the gradients saved,
     # against a fused AdamW: 92.5 MB against 89.4 MB on an H100, as the table then says.)
     assert by_mode[RELEASE].allocator_peak < by_mode[AS_WRITTEN].allocator_peak
-    # the step of the last, stopped iteration is credited to the step, not to the forward
-    plain = by_mode[AS_WRITTEN].cuda_phases
-    assert plain["step"]["peak"] >= plain["forward"]["peak"]
+    # the step phase is metered: during it parameters, gradients and optimizer state are all alive. (Not "at least
+    # the forward's peak": with a fused AdamW and the gradients freed before the forward, the forward held 8.5 KB
+    # more than the step on an H200.)
+    plain = by_mode[AS_WRITTEN]
+    held = sum(plain.memory.split[k] for k in ("parameters", "gradients", "optimizer state"))
+    assert plain.cuda_phases["step"]["peak"] >= held > 0
     snapshot = tmp_path / "mem.as-written.pickle"
     with open(snapshot, "rb") as handle:
         assert "segments" in pickle.load(handle)

@@ -43,7 +43,14 @@ def test_lstm_names_the_onednn_workspace(fixtures_dir):
     assert set(fake.unsized_ops) == {"aten.mkldnn_rnn_layer"}
 
 
-@pytest.mark.parametrize("extra", [["--bf16"], ["--device", "cuda"], ["--device", "cuda", "--bf16"]])
+# With a GPU visible, fake CUDA tensors take the GPU story: their bytes are the GPU's (its foreach kernels), not the
+# CPU twin's; tests/runtime/test_cuda.py compares them with the allocator there, and gpu_check.sh runs this file again
+# with the GPU hidden.
+NO_GPU_VISIBLE = pytest.mark.skipif(torch.cuda.is_available(), reason="a visible GPU gives fake CUDA tensors the GPU story")
+CUDA_LINES = [["--device", "cuda"], ["--device", "cuda", "--bf16"]]
+
+
+@pytest.mark.parametrize("extra", [["--bf16"], *(pytest.param(e, marks=NO_GPU_VISIBLE) for e in CUDA_LINES)])
 def test_device_moves_and_dtype_casts_run_on_fake_tensors(fixtures_dir, extra):
     """A CPU-only machine: the CUDA lines run only on fake tensors; their bytes are the CPU run's bytes."""
     script = os.path.join(fixtures_dir, "run_model_kinds.py")
@@ -64,6 +71,7 @@ GPU_STORY_RUNS_HERE = pytest.mark.skipif(
 DEVICE_KINDS = ["tutorial", "gpt", "sequential"]
 
 
+@NO_GPU_VISIBLE
 @pytest.mark.parametrize("kind", DEVICE_KINDS)
 def test_cuda_scripts_measure_on_fake_tensors_as_their_cpu_twin(fixtures_dir, kind):
     """No GPU is visible here: every fake tensor is a CPU tensor, the CUDA script's bytes are the CPU script's."""
@@ -158,3 +166,15 @@ def test_the_kernel_reported_for_fake_cuda_parameters_is_the_one_torch_picks_for
         model._apply(lambda t: torch.empty_like(t, device="cuda"))  # what .cuda() does, without CUDA's runtime
         opt = torch.optim.Adam(model.parameters())
     assert kernel_of(opt) == FOREACH
+
+
+def test_torch_optimi_release_is_labelled_with_the_kernel_optimi_runs():
+    """optimi's release steps each parameter with its for-loop unless the group asks for Triton (triton=True)."""
+    optimi = pytest.importorskip("optimi")
+    from gradlint.runtime.kernels import FOR_LOOP, TRITON
+
+    model = nn.Linear(8, 4)
+    opt = optimi.AdamW(model.parameters(), lr=1e-3, gradient_release=True)
+    assert kernel_of(opt) == FOR_LOOP  # not torch's foreach default for the same parameters
+    opt.param_groups[0]["triton"] = True  # what triton=True sets, where Triton is installed
+    assert kernel_of(opt) == TRITON
