@@ -463,7 +463,8 @@ class GradientReleaseCandidate(Rule):
                         f"`{step.target}` is the only optimizer of this plain loop (no accumulation, clipping or "
                         f"GradScaler): fused into backward (gradient release) it would free each gradient as soon as "
                         f"it is applied; the saving depends on how large gradients and optimizer state are next to "
-                        f"the activations, and `gradlint measure` tells{rewrite}",
+                        f"the activations, and `gradlint measure` tells, with what it costs in step time (a release "
+                        f"stepping each parameter alone took 1.6x the step of ViT-L on a GPU){rewrite}",
                         fix=fix,
                     )
 
