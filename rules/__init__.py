@@ -2,7 +2,8 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
-- ``parameters``: which parameters an optimizer holds and updates, and which gradients it applies (GL009, GL012, GL017–GL020)
+- ``parameters``: which parameters an optimizer holds and updates (GL009, GL012, GL018–GL020)
+- ``foreign_gradients``: an optimizer applying the gradients another network's loss left on its parameters (GL017)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
 - ``gradient_release``: gradient release, the fused backward and optimizer step (GL201–GL204)
 - ``schedule``: learning-rate schedulers (GL301, GL308)
@@ -45,9 +46,9 @@ from gradlint.rules.parameters import (
     OptimizerSteppedOnOneSettingBranch,
     OptimizerNeverStepped,
     ParameterInNoOptimizer,
-    StepTakesAnotherLossGradients,
     UnregisteredParameters,
 )
+from gradlint.rules.foreign_gradients import StepTakesAnotherLossGradients
 from gradlint.rules.distributed import (
     AccumulationWithoutNoSync,
     DdpModelChangedAfterWrap,
