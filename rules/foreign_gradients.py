@@ -110,7 +110,7 @@ class StepTakesAnotherLossGradients(Rule):
                     found = _leak_into(model, events, step)
                     if found is None:
                         continue
-                    clear, foreign, own, reach = found
+                    clear, foreign, stepper, own, reach = found
                     owners = frozenset({reach.owner})
                     if owners not in switched_off:
                         switched_off[owners] = requires_grad_switched_off(model, owners)
@@ -118,7 +118,7 @@ class StepTakesAnotherLossGradients(Rule):
                         continue
                     reported.add(key)
                     yield Report(
-                        step.node, _leak_message(model, events, clear, foreign, own, step, reach),
+                        step.node, _leak_message(model, events, clear, foreign, stepper, own, step, reach),
                         event=step, against=(clear, foreign),
                     )
 
@@ -138,8 +138,9 @@ def _plain_optimizer_step(model: LoopModel, event) -> bool:
 
 
 def _leak_into(model: LoopModel, events: list, step):
-    """``(clear, foreign backward, own backward, reach)`` when a backward stepped by another optimizer, since the last
-    clear of ``step``'s optimizer (read back from the step, around the iteration), reaches that optimizer's network."""
+    """``(clear, foreign backward, the optimizer it is stepped for, own backward, reach)`` when a backward stepped by
+    another optimizer, since the last clear of ``step``'s optimizer (read back from the step, around the iteration),
+    reaches that optimizer's network."""
     optimizer = step.target
     position = next(i for i, e in enumerate(events) if e is step)
     window: list = []  # backwards since the last clear, latest first
@@ -179,7 +180,7 @@ def _leak_into(model: LoopModel, events: list, step):
             continue
         if others and any(reaching_call(model, mine, others, owners) is not None for mine in own):
             continue  # its own loss runs through the other network too: the losses are mixed both ways, maybe on purpose
-        return clear, backward, own[-1], reach
+        return clear, backward, stepped[0], own[-1], reach
     return None
 
 
@@ -196,14 +197,13 @@ def _stepped_after(model: LoopModel, events: list, backward) -> list[str]:
     return stepped
 
 
-def _leak_message(model: LoopModel, events: list, clear, foreign, own, step, reach) -> str:
+def _leak_message(model: LoopModel, events: list, clear, foreign, stepper: str, own, step, reach) -> str:
     optimizer = step.target
     after_step = events.index(clear) > events.index(step)
     cleared = (
         f"only after its step, at line {model.line(clear.node)}" if after_step
         else f"at line {model.line(clear.node)}, before that backward"
     )
-    stepper = _stepped_after(model, events, foreign)[0]
     network = f"`{reach.owner}`"
     how = (
         f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
