@@ -37,6 +37,7 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
+from gradlint.counters import CounterStart, counter_start
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
@@ -1294,9 +1295,13 @@ class ShiftedAccumulationWindow(Rule):
       0: optimizer.step(); optimizer.zero_grad()`` at the top of the loop
       steps the window that has just ended);
     - the guard holds more than the remainder (``... or i == len(loader) -
-      1``, ``... and i > 0``), the counter is not the loop's own index (a
-      counter incremented by hand), the index starts at a value that is not
-      a literal (``start=start_step``), or the loop body assigns the index;
+      1``, ``... and i > 0``), or the index starts at a value that is not a
+      literal (``start=start_step``), or the loop body assigns the index;
+    - a counter kept by hand (``step = 0`` before the loop, ``step += 1`` in
+      it) is judged only when it is set to a literal (a restore from a
+      checkpoint under an ``if`` aside) and incremented once in every
+      iteration, with no ``continue`` between the guard and the increment;
+      any other counter is not judged (``fixtures/accumulation/ok_accumulation_window_offsets.py``);
     - the count is a literal that makes the offset right (``(i + 3) % 2 ==
       0`` from 0), or exceeds 1 only where a framework's engine steps at its
       own boundary (accelerate's count read from a DeepSpeed config, else 1:
@@ -1330,10 +1335,11 @@ class ShiftedAccumulationWindow(Rule):
         for root in model.roots:
             for step, loop, acc in single_branch_guards(root):
                 guard = acc.frame
-                shift = _window_shift(guard.node.test, loop)
+                shift = _window_shift(model, guard.node, loop)
                 if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
                     continue
-                index, start, offset, count = shift
+                index, counter, offset, count = shift
+                start = counter.start
                 off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
                 plural = "es" if abs(off) > 1 else ""
                 if off < 0:
@@ -1346,17 +1352,28 @@ class ShiftedAccumulationWindow(Rule):
                 yield Report(
                     guard.node.test,
                     f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, with "
-                    f"`{index}` counted from {start}: {shape}, so the last micro-batches of a pass wait for the next "
+                    f"`{index}` counted from {start}{_kept_by_hand(model, counter)}: {shape}, so the last micro-batches "
+                    f"of a pass wait for the next "
                     f"pass's first step (or, after the last pass, are never stepped); test "
                     f"`{counted} % {model.code(count)} == 0`",
                     event=step,
                 )
 
 
-def _window_shift(test: cst.BaseExpression, loop: Frame) -> tuple[str, int, int, cst.BaseExpression] | None:
-    """(index, its start, the offset added to it, the count) for a guard ``(i + c) % k == 0`` on ``loop``'s own index
-    that is zero off the window's end: ``start + c`` is the number of micro-batches seen when the remainder is taken,
-    which must be 1 past each window's last; None for any other test."""
+def _kept_by_hand(model: LoopModel, counter: CounterStart) -> str:
+    if counter.set_at is None or counter.incremented_at is None:
+        return ""
+    where = "after" if counter.after_guard else "before"
+    return (f" (set at line {model.line(counter.set_at)}, incremented {where} the guard at line "
+            f"{model.line(counter.incremented_at)})")
+
+
+def _window_shift(model: LoopModel, guard: cst.If, loop: Frame) -> tuple[str, CounterStart, int, cst.BaseExpression] | None:
+    """(counter, its start, the offset added to it, the count) for a guard ``(i + c) % k == 0`` on a micro-batch
+    counter (``loop``'s own index, or one kept by hand) that is zero off the window's end: ``start + c`` is the number
+    of micro-batches seen when the remainder is taken, which must be 1 past each window's last; None for any other
+    test."""
+    test = guard.test
     if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
     if type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
@@ -1365,10 +1382,10 @@ def _window_shift(test: cst.BaseExpression, loop: Frame) -> tuple[str, int, int,
     if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
         return None
     index, offset = counter_and_offset(remainder.left)
-    loop_index = _loop_index(loop)
-    if index is None or loop_index is None or loop_index[0] != index or _assigned_in(loop.node, index):
+    counter = counter_start(model, loop, guard, index) if index is not None else None
+    if counter is None:
         return None
-    start = loop_index[1]
+    start = counter.start
     count = remainder.right
     literal = number(count)
     if literal is not None and literal == int(literal) and literal > 0:
@@ -1376,42 +1393,7 @@ def _window_shift(test: cst.BaseExpression, loop: Frame) -> tuple[str, int, int,
             return None
     elif start + offset == 1:
         return None
-    return index, start, offset, count
-
-
-def _loop_index(loop: Frame) -> tuple[str, int] | None:
-    """``for i, b in enumerate(xs[, start])`` or ``for i in range([start, ]n)`` with a literal start: (``i``, start)."""
-    node = loop.node
-    if type(node) is not cst.For or type(node.iter) is not cst.Call:
-        return None
-    name, args = callee_name(node.iter), positional_args(node.iter)
-    if name == "enumerate" and type(node.target) is cst.Tuple and node.target.elements and args:
-        index = dotted_name(node.target.elements[0].value)
-        given = keyword_arg(node.iter, "start") or (args[1] if len(args) > 1 else None)
-    elif name == "range" and type(node.target) is cst.Name and 1 <= len(args) == len(node.iter.args) <= 2:
-        index = node.target.value
-        given = args[0] if len(args) == 2 else None
-    else:
-        return None
-    if index is None or "." in index:
-        return None
-    if given is None:
-        return index, 0
-    start = number(given.value)
-    return (index, int(start)) if start is not None and start == int(start) else None
-
-
-def _assigned_in(loop: cst.For, name: str) -> bool:
-    """Whether the loop's body binds ``name`` (``i += 1``, ``i = ...``): the index no longer counts the iterations."""
-    for node in walk(loop.body):
-        targets: list[cst.BaseExpression] = []
-        if type(node) is cst.Assign:
-            targets = [t.target for t in node.targets]
-        elif type(node) in (cst.AugAssign, cst.AnnAssign):
-            targets = [node.target]
-        if any(type(t) is cst.Name and t.value == name for t in targets):
-            return True
-    return False
+    return index, counter, offset, count
 
 
 class LossGivenAsItsOwnGradient(Rule):

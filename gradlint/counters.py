@@ -1,0 +1,180 @@
+"""What a micro-batch counter holds when an accumulation guard reads it, on the loop's first iteration.
+
+Two kinds of counter are read: the loop's own index (``for i, b in
+enumerate(loader, start)``, ``for i in range(start, n)``) and a counter kept
+by hand (``step = 0`` before the loop, ``step += 1`` once in every
+iteration). A counter whose value at the guard cannot be told from the code
+(a start that is no literal, a second increment, a ``continue`` between the
+guard and the increment, an assignment after the loop) is no counter here:
+the caller stays quiet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from gradlint.model import Frame, LoopModel
+from gradlint.queries import function_holding
+from gradlint.syntax import callee_name, dotted_name, keyword_arg, number, positional_args, walk
+
+
+@dataclasses.dataclass(frozen=True)
+class CounterStart:
+    """The counter's value at the guard on the first iteration, and where it was set and incremented by hand."""
+
+    start: int
+    set_at: cst.CSTNode | None = None  # the literal assignment of a counter kept by hand
+    incremented_at: cst.CSTNode | None = None  # its increment in the loop body
+    after_guard: bool = False  # the increment follows the guard
+
+
+def counter_start(model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str) -> CounterStart | None:
+    """The value ``name`` holds where ``guard`` (in ``loop``'s body) reads it on the first iteration, or None."""
+    index = loop_index(loop.node)
+    if index is not None and index[0] == name:
+        return None if assigned_in(loop.node.body, name) else CounterStart(index[1])
+    return _hand_counter(model, loop.node, guard, name)
+
+
+def loop_index(node: cst.CSTNode) -> tuple[str, int] | None:
+    """``for i, b in enumerate(xs[, start])`` or ``for i in range([start, ]n)`` with a literal start: (``i``, start)."""
+    if type(node) is not cst.For or type(node.iter) is not cst.Call:
+        return None
+    name, args = callee_name(node.iter), positional_args(node.iter)
+    if name == "enumerate" and type(node.target) is cst.Tuple and node.target.elements and args:
+        index = dotted_name(node.target.elements[0].value)
+        given = keyword_arg(node.iter, "start") or (args[1] if len(args) > 1 else None)
+    elif name == "range" and type(node.target) is cst.Name and 1 <= len(args) == len(node.iter.args) <= 2:
+        index = node.target.value
+        given = args[0] if len(args) == 2 else None
+    else:
+        return None
+    if index is None or "." in index:
+        return None
+    if given is None:
+        return index, 0
+    start = number(given.value)
+    return (index, int(start)) if start is not None and start == int(start) else None
+
+
+def assigned_in(node: cst.CSTNode, name: str) -> bool:
+    """Whether ``node`` binds ``name`` (``i += 1``, ``i = ...``)."""
+    return any(_binds(n, name) for n in walk(node))
+
+
+def _binds(node: cst.CSTNode, name: str) -> bool:
+    targets: list[cst.BaseExpression] = []
+    if type(node) is cst.Assign:
+        targets = [t.target for t in node.targets]
+    elif type(node) in (cst.AugAssign, cst.AnnAssign):
+        targets = [node.target]
+    elif type(node) in (cst.For, cst.CompFor):
+        targets = [node.target]
+    elif type(node) is cst.NamedExpr:
+        targets = [node.target]
+    elif type(node) in (cst.Global, cst.Nonlocal):
+        return any(n.name.value == name for n in node.names)
+    found = [t for target in targets for t in walk(target) if type(t) is cst.Name and t.value == name]
+    return bool(found)
+
+
+def _increments(statement: cst.CSTNode, name: str) -> bool:
+    """``name += 1`` as a statement of its own."""
+    if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    return (type(small) is cst.AugAssign and type(small.operator) is cst.AddAssign and type(small.target) is cst.Name
+            and small.target.value == name and number(small.value) == 1)
+
+
+def _holds(statement: cst.CSTNode, node: cst.CSTNode) -> bool:
+    return any(n is node for n in walk(statement))
+
+
+def _continues(statements: list[cst.CSTNode]) -> bool:
+    """A ``continue`` of this loop among the statements (not one of a loop nested in them)."""
+    pending = list(statements)
+    while pending:
+        node = pending.pop()
+        if type(node) is cst.Continue:
+            return True
+        if type(node) in (cst.For, cst.While):
+            pending.extend(node.orelse.body.body if node.orelse is not None else [])
+            continue
+        pending.extend(node.children)
+    return False
+
+
+def _hand_counter(model: LoopModel, loop: cst.CSTNode, guard: cst.CSTNode, name: str) -> CounterStart | None:
+    """A counter set to a literal before the loop and incremented once, unconditionally, in every iteration."""
+    parents = model.parents
+    if parents is None or type(loop) not in (cst.For, cst.While) or type(loop.body) is not cst.IndentedBlock:
+        return None
+    body = list(loop.body.body)
+    increments = [i for i, s in enumerate(body) if _increments(s, name)]
+    at_guard = [i for i, s in enumerate(body) if _holds(s, guard)]
+    if len(increments) != 1 or len(at_guard) != 1 or increments[0] == at_guard[0]:
+        return None
+    increment, at = increments[0], at_guard[0]
+    if sum(_binds(n, name) for n in walk(loop)) != 1:  # the increment alone
+        return None
+    if _continues(body[min(increment, at) + 1:max(increment, at)]):
+        return None  # on some iterations the guard reads the counter without its increment, or the other way round
+    scope = function_holding(model, loop) or model.module
+    set_at = _literal_set_before(model, loop, scope, name)
+    if set_at is None:
+        return None
+    start = int(number(set_at.value))
+    return CounterStart(start if increment > at else start + 1, set_at, body[increment], increment > at)
+
+
+def _literal_set_before(model: LoopModel, loop: cst.CSTNode, scope: cst.CSTNode, name: str) -> cst.Assign | None:
+    """``name = <int literal>`` in a block that holds the loop, before it, when every other binding of ``name`` in
+    the scope is inside the loop or restores it under an ``if`` before the loop (a resumed run's count)."""
+    parents = model.parents or {}
+    loop_line = model.line(loop)
+    literal: cst.Assign | None = None
+    child, block = loop, parents.get(loop)
+    while block is not None and literal is None:
+        if type(block) in (cst.IndentedBlock, cst.Module):
+            siblings = list(block.body)
+            position = next((i for i, s in enumerate(siblings) if s is child), 0)
+            for statement in reversed(siblings[:position]):
+                if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
+                    small = statement.body[0]
+                    if (type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name
+                            and small.targets[0].target.value == name):
+                        value = number(small.value)
+                        literal = small if value is not None and value == int(value) and value >= 0 else None
+                        break
+                if assigned_in(statement, name) and not _restores(statement):
+                    return None  # set another way on the way to the loop
+        if block is scope:
+            break
+        child, block = block, parents.get(block)
+    if literal is None:
+        return None
+    for node in walk(scope):
+        if node is literal or not _binds(node, name) or _holds(loop, node):
+            continue
+        if model.line(node) > loop_line or not _under_if(parents, node, scope):
+            return None
+    return literal
+
+
+def _restores(statement: cst.CSTNode) -> bool:
+    """An ``if`` (a resumed run reading the count from a checkpoint): its binding does not change a fresh run's start."""
+    return type(statement) is cst.If
+
+
+def _under_if(parents: dict, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
+    current = parents.get(node)
+    while current is not None and current is not scope:
+        if type(current) is cst.If:
+            return True
+        if type(current) in (cst.For, cst.While):
+            return False
+        current = parents.get(current)
+    return False
