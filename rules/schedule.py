@@ -281,6 +281,10 @@ class SchedulerNeverStepped(Rule):
     for an epoch-wise schedule: ``sch_g, sch_d = self.lr_schedulers();
     sch_g.step()``.
 
+    Reported at the last optimizer step of ``training_step``, where the
+    schedulers' steps belong (or at ``configure_optimizers``' return when
+    ``training_step`` steps no optimizer the rule can name).
+
     **Stays quiet when** the class calls ``self.lr_schedulers()`` anywhere,
     or steps anything named as a scheduler, or one of the objects
     ``configure_optimizers`` returns as schedulers; or automatic
@@ -332,14 +336,32 @@ class SchedulerNeverStepped(Rule):
                 if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch):
                     continue
                 statement = next(r for r in returned if _returned_schedulers(r.value))
+                last_step = _last_optimizer_step(methods, left.step_hook)
+                where = (f"after this step of `{dotted_name(last_step.func.value)}` or at each epoch's end"
+                         if last_step is not None else "where the optimizers step or at each epoch's end")
                 yield Report(
-                    statement,
-                    f"`{left.hook}` returns schedulers, but {left.words} and nothing in `{cls.name.value}` steps them: "
-                    f"the learning rate never changes from its initial value; step them by hand, where the optimizers "
-                    f"step or at each epoch's end (`self.{left.fetch}()` hands them back)",
+                    last_step if last_step is not None else statement,
+                    f"`{left.hook}` returns schedulers at line {model.line(statement)}, but {left.words} and nothing in "
+                    f"`{cls.name.value}` steps them: the learning rate never changes from its initial value; step them "
+                    f"by hand, {where} (`self.{left.fetch}()` hands them back)",
                 )
 
 
+
+
+def _last_optimizer_step(methods: list[cst.FunctionDef], hook: str) -> cst.Call | None:
+    """The last ``opt.step()`` of the per-batch method, where the user adds the schedulers' steps: the report's place."""
+    from gradlint.objects import ObjKind, kind_from_name
+
+    method = next((m for m in methods if m.name.value == hook), None) if hook else None
+    if method is None:
+        return None
+    steps = [
+        node for node in walk(method.body)
+        if type(node) is cst.Call and callee_name(node) == "step" and type(node.func) is cst.Attribute
+        and kind_from_name(dotted_name(node.func.value) or "") is ObjKind.OPTIMIZER
+    ]
+    return steps[-1] if steps else None
 
 
 def _returned_schedulers(value: cst.BaseExpression) -> list[cst.BaseExpression]:

@@ -312,6 +312,7 @@ class SchedulersLeftToModule:
     fetch: str  # the method that hands the schedulers back (``lr_schedulers``)
     tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
     words: str  # how messages say who steps nothing
+    step_hook: str = ""  # the method run once per batch where the module steps its optimizers (``training_step``)
 
 
 @dataclasses.dataclass(frozen=True)

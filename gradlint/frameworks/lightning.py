@@ -197,6 +197,7 @@ FRAMEWORK = Framework(
             "lightning_module", "configure_optimizers", manual=_manual_optimization, fetch="lr_schedulers",
             tokens=("automatic_optimization", "configure_optimizers"),
             words="under manual optimization (`self.automatic_optimization = False`) Lightning steps none of them",
+            step_hook="training_step",
         ),
     ),
 )
