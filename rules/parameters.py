@@ -875,10 +875,15 @@ class OptimizerNeverStepped(Rule):
     loop meant to.
 
     **Stays quiet when** the optimizer is handed to anything (a call, a
-    return, a container, another name: a framework or a helper may step it),
-    stepped anywhere in the module, or only built; when no loop of the module
-    backpropagates a loss that visibly runs through the network it was built
-    over (``fixtures/parameters/ok_gl019_optimizer_stepped_elsewhere.py``).
+    return, a container, another name: a framework or a helper may step it)
+    but a function of the module that only reads or sets its groups
+    (``adjust_learning_rate(lr, optimizer_d, epoch)``), stepped anywhere in
+    its scope (the module, or for a local variable its function: two
+    functions may each build their own ``optimizer_d``), or only built; when
+    another optimizer holds the same network (it may be the one that trains
+    it); when no loop backpropagates a loss that visibly runs through the
+    network it was built over
+    (``fixtures/parameters/ok_gl019_optimizer_stepped_elsewhere.py``).
 
     **Bad**::
 
@@ -913,28 +918,41 @@ class OptimizerNeverStepped(Rule):
         index = model.index
         if index is None:
             return
-        names = {name for table in index.assignments.values() for name in table}
-        for name in sorted(names):
-            if not _an_optimizer(model, name):
+        built_once = list(_optimizers_built_once(model))
+        for name, built, scope in built_once:
+            owners = owners_of_construction(model, built) if scope is not None else parameter_owners(model, name)
+            if not owners or not _only_built_and_cleared(model, name, scope):
                 continue
-            built = [v for v in index.assigned_anywhere(name) if type(v) is cst.Call]
-            if len(built) != 1 or len(index.assigned_anywhere(name)) != 1:
-                continue
-            owners = parameter_owners(model, name)
-            if not owners or not _only_built_and_cleared(model, name):
-                continue
-            found = _trained_through(model, owners)
+            if any(other is not built and o_scope in (scope, None) and owners & owners_of_construction(model, other)
+                   for _, other, o_scope in built_once):
+                continue  # another optimizer holds the same network: it may be the one that trains it
+            found = _trained_through(model, owners, scope)
             if found is None:
                 continue
             backward, reach = found
             yield Report(
                 backward.node,
                 f"this backward runs through `{reach.owner}` (it calls `{model.code(reach.call.func)}`), whose "
-                f"parameters `{name}` holds (built at line {model.line(built[0])}), but nothing in the module steps "
+                f"parameters `{name}` holds (built at line {model.line(built)}), but nothing in the module steps "
                 f"`{name}` or hands it on: `{reach.owner}` never trains, and its gradients pile up; step `{name}` after "
                 f"this backward",
                 event=backward,
             )
+
+
+def _optimizers_built_once(model: LoopModel) -> Iterator[tuple[str, cst.Call, cst.FunctionDef | None]]:
+    """``(name, construction, scope)`` for each optimizer built by one assignment: a local variable once in its
+    function (two functions of the module may each build their own ``optimizer_d``), with that function as its scope;
+    an attribute or a module-level name once in the whole module, with no scope."""
+    index = model.index
+    for function, table in index.assignments.items():
+        for name in sorted(table):
+            if not _an_optimizer(model, name):
+                continue
+            local = function is not None and "." not in name
+            values = table[name] if local else index.assigned_anywhere(name)
+            if len(values) == 1 and type(values[0]) is cst.Call:
+                yield name, values[0], function if local else None
 
 
 def _an_optimizer(model: LoopModel, name: str) -> bool:
@@ -946,14 +964,16 @@ def _an_optimizer(model: LoopModel, name: str) -> bool:
     return bool(last) and kind_from_name(last) is ObjKind.OPTIMIZER
 
 
-def _only_built_and_cleared(model: LoopModel, name: str) -> bool:
-    """Whether every use of ``name`` in the module is its assignment or a harmless use (``zero_grad()``, its groups,
-    saving it): never stepped, never handed to anything."""
-    for node in model.file.every_node(model.module):
+def _only_built_and_cleared(model: LoopModel, name: str, scope: cst.CSTNode | None, depth: int = 0) -> bool:
+    """Whether every use of ``name`` in ``scope`` (the module when None) is its assignment or a harmless use
+    (``zero_grad()``, its groups, saving it): never stepped, never handed to anything but a function of the module
+    that only uses it harmlessly (``adjust_learning_rate(lr, optimizer_d, epoch)`` setting its groups' rate)."""
+    parents = model.parents or {}
+    for node in model.file.every_node(scope if scope is not None else model.module):
         if type(node) not in (cst.Name, cst.Attribute) or dotted_name(node) != name:
             continue
-        parent = (model.parents or {}).get(node)
-        if type(parent) is cst.AssignTarget:
+        parent = parents.get(node)
+        if type(parent) in (cst.AssignTarget, cst.Param):
             continue
         if type(parent) is cst.Attribute and parent.value is node and parent.attr.value in _HARMLESS_OPTIMIZER_USES:
             continue
@@ -961,15 +981,46 @@ def _only_built_and_cleared(model: LoopModel, name: str) -> bool:
             return False  # ``opt.step()``, or anything else done with it
         if type(node) is cst.Name and type(parent) is cst.Attribute and parent.attr is node:
             continue  # the attribute name of ``self.opt`` (the whole is judged as an Attribute)
+        if type(parent) is cst.Arg and depth == 0 and _handed_to_harmless_function(model, parent):
+            continue
         return False  # handed, returned, stored, compared: someone else may step it
     return True
 
 
-def _trained_through(model: LoopModel, owners: frozenset[str]):
-    """The first backward inside a loop whose loss visibly runs through one of ``owners``."""
+def _handed_to_harmless_function(model: LoopModel, arg: cst.Arg) -> bool:
+    """Whether the argument goes to a function of the module whose matching parameter is used only harmlessly."""
+    call = (model.parents or {}).get(arg)
+    if type(call) is not cst.Call:
+        return False
+    target = model.index.resolve_function(call, function_holding(model, call))
+    if target is None or target.params.star_arg is not cst.MaybeSentinel.DEFAULT or target.params.star_kwarg is not None:
+        return False
+    params = list(target.params.params)
+    if arg.keyword is not None:
+        param = next((p for p in [*params, *target.params.kwonly_params] if p.name.value == arg.keyword.value), None)
+    else:
+        position = [a for a in call.args if a.keyword is None].index(arg)
+        if params and params[0].name.value in ("self", "cls") and type(call.func) is cst.Attribute:
+            position += 1
+        param = params[position] if position < len(params) else None
+    return param is not None and _only_built_and_cleared(model, param.name.value, target, depth=1)
+
+
+def _inside(model: LoopModel, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
+    parents = model.parents or {}
+    while node is not None and node is not scope:
+        node = parents.get(node)
+    return node is scope
+
+
+def _trained_through(model: LoopModel, owners: frozenset[str], scope: cst.FunctionDef | None = None):
+    """The first backward inside a loop whose loss visibly runs through one of ``owners`` (inside ``scope``, when
+    given)."""
     for root in model.roots:
         for backward in root.events_of(EventKind.BACKWARD):
             if not backward.loops or backward.framework is not None:
+                continue
+            if scope is not None and not _inside(model, backward.node, scope):
                 continue
             reach = reaching_call(model, backward, owners)
             if reach is not None:
