@@ -60,7 +60,9 @@ class MissingZeroGrad(Rule):
     Also flagged: one optimizer stepped twice in one iteration with another
     backward between and no clear (``loss_a.backward(); opt.step();
     loss_b.backward(); opt.step()``): the second step applies the first
-    backward's gradients again. And a backward before the training loop (a
+    backward's gradients again; the same for two steps side by side after
+    one backward (``loss.backward(); opt.step(); opt.step()``: two updates
+    per batch). And a backward before the training loop (a
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
 
@@ -767,6 +769,19 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                         f"at line {model.line(backward.node)} between and no clear: the second step applies the first "
                         f"step's gradients again; clear `{event.target}` before the second backward",
                         event=event, against=(first, backward),
+                    )
+                elif (
+                    not handled
+                    and not any(e.kind is EventKind.BACKWARD for e in between)
+                    and first.target.removeprefix("self.") == event.target.removeprefix("self.")
+                    and [id(f) for f in first.frames] == [id(f) for f in event.frames]
+                ):  # two steps side by side (one under a guard beside an unguarded one is GL011's)
+                    yield Report(
+                        event.node,
+                        f"`{event.target}` steps {_twice(model, first, event)} in the same iteration with no backward "
+                        f"and no clear between: the second step applies the same gradients again (two updates per "
+                        f"batch, and twice the momentum); drop one of the steps",
+                        event=event, against=(first,),
                     )
             last_step[key] = event
             since[key] = []

@@ -1056,18 +1056,18 @@ class GradSyncSetAfterForward(Rule):
             return
         owner = dotted_name(target.value)
         loop = flag.loops[-1]
-        at = model.position(_anchor(flag))[:2]
+        at = model.position(_in_loop(model, flag, loop))[:2]
         backward = next(
             (b for b in root.events_of(EventKind.BACKWARD, loop) if root.order(b) > root.order(flag)), None
         )
         if owner is None or backward is None:
             return
-        before_backward = model.position(_anchor(backward))[:2]
+        before_backward = model.position(_in_loop(model, backward, loop))[:2]
         forwards = list(_training_forwards(loop.node, owner))
         earlier = sorted((f for f in forwards if model.position(f)[:2] < at), key=lambda f: model.position(f)[:2])
         if not earlier or any(at < model.position(f)[:2] < before_backward for f in forwards):
             return  # no forward before the flag, or the model is called again after it
-        if any(model.position(_anchor(e))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
+        if any(model.position(_in_loop(model, e, loop))[:2] < model.position(earlier[-1])[:2] for e in root.events_of(NO_SYNC, loop)
                if e is not flag and _sets_flag_of(e, owner)):
             return  # the flag was set before the forward as well
         if any(type(n) is cst.Call and callee_name(n) == declared.applied_by for n in walk(loop.node)):
@@ -1076,7 +1076,7 @@ class GradSyncSetAfterForward(Rule):
         yield Report(
             node,
             f"`{model.code(target)}` is set after the forward `{model.code(forward)}` at line {model.line(forward)} "
-            f"and before the backward at line {model.line(_anchor(backward))}: {declared.reader} reads the flag in the forward "
+            f"and before the backward at line {model.line(_in_loop(model, backward, loop))}: {declared.reader} reads the flag in the forward "
             f"(only then does it prepare the all-reduce), so this setting applies to the next micro-batch, and this one "
             f"all-reduces or not as the previous micro-batch's setting said; set it before the forward",
         )

@@ -876,12 +876,15 @@ class OptimizerNeverStepped(Rule):
 
     **Stays quiet when** the optimizer is handed to anything (a call, a
     return, a container, another name: a framework or a helper may step it)
-    but a function of the module that only reads or sets its groups
+    but a learning-rate scheduler (``ReduceLROnPlateau(optimizer)``) or a
+    function of the module that only reads or sets its groups
     (``adjust_learning_rate(lr, optimizer_d, epoch)``), stepped anywhere in
     its scope (the module, or for a local variable its function: two
     functions may each build their own ``optimizer_d``), or only built; when
     another optimizer holds the same network (it may be the one that trains
-    it); when no loop backpropagates a loss that visibly runs through the
+    it), or the optimizer is built anew in a loop that also holds the
+    backward (a fresh network and optimizer per round whose gradients are
+    only read: ``fixtures/realworld/ok_gl019_optimizer_rebuilt_per_round__ROLL.py``); when no loop backpropagates a loss that visibly runs through the
     network it was built over
     (``fixtures/parameters/ok_gl019_optimizer_stepped_elsewhere.py``).
 
@@ -927,15 +930,15 @@ class OptimizerNeverStepped(Rule):
                    for _, other, o_scope in built_once):
                 continue  # another optimizer holds the same network: it may be the one that trains it
             found = _trained_through(model, owners, scope)
-            if found is None:
+            if found is None or _rebuilt_around(model, built, found[0].node):
                 continue
             backward, reach = found
             yield Report(
                 backward.node,
                 f"this backward runs through `{reach.owner}` (it calls `{model.code(reach.call.func)}`), whose "
                 f"parameters `{name}` holds (built at line {model.line(built)}), but nothing in the module steps "
-                f"`{name}` or hands it on: `{reach.owner}` never trains, and its gradients pile up; step `{name}` after "
-                f"this backward",
+                f"`{name}` or hands it on: `{reach.owner}` never trains, and its gradients "
+                f"{'are cleared unused' if _cleared(model, name, scope) else 'pile up'}; step `{name}` after this backward",
                 event=backward,
             )
 
@@ -981,10 +984,28 @@ def _only_built_and_cleared(model: LoopModel, name: str, scope: cst.CSTNode | No
             return False  # ``opt.step()``, or anything else done with it
         if type(node) is cst.Name and type(parent) is cst.Attribute and parent.attr is node:
             continue  # the attribute name of ``self.opt`` (the whole is judged as an Attribute)
-        if type(parent) is cst.Arg and depth == 0 and _handed_to_harmless_function(model, parent):
+        if type(parent) is cst.Arg and (_handed_to_scheduler(model, parent)
+                                        or depth == 0 and _handed_to_harmless_function(model, parent)):
             continue
         return False  # handed, returned, stored, compared: someone else may step it
     return True
+
+
+def _cleared(model: LoopModel, name: str, scope: cst.CSTNode | None) -> bool:
+    return any(
+        type(node) is cst.Call and callee_name(node) == "zero_grad" and type(node.func) is cst.Attribute
+        and dotted_name(node.func.value) == name
+        for node in model.file.every_node(scope if scope is not None else model.module)
+    )
+
+
+def _handed_to_scheduler(model: LoopModel, arg: cst.Arg) -> bool:
+    """Whether the argument builds a learning-rate scheduler of torch (or a known package): it sets the groups' rate,
+    never steps the optimizer (``ReduceLROnPlateau(optimizer)``)."""
+    call = (model.parents or {}).get(arg)
+    return type(call) is cst.Call and any(
+        kind_of_constructor(q) is ObjKind.SCHEDULER for q in model.index.qualified_names(call.func)
+    )
 
 
 def _handed_to_harmless_function(model: LoopModel, arg: cst.Arg) -> bool:
@@ -1004,6 +1025,18 @@ def _handed_to_harmless_function(model: LoopModel, arg: cst.Arg) -> bool:
             position += 1
         param = params[position] if position < len(params) else None
     return param is not None and _only_built_and_cleared(model, param.name.value, target, depth=1)
+
+
+def _rebuilt_around(model: LoopModel, built: cst.CSTNode, backward: cst.CSTNode) -> bool:
+    """Whether the optimizer is built anew in a loop that also holds the backward: a fresh network and optimizer per
+    round, whose gradients are read rather than applied (a test measuring gradient norms), not a training loop."""
+    parents = model.parents or {}
+    node = parents.get(built)
+    while node is not None:
+        if type(node) in (cst.For, cst.While) and _inside(model, backward, node):
+            return True
+        node = parents.get(node)
+    return False
 
 
 def _inside(model: LoopModel, node: cst.CSTNode, scope: cst.CSTNode) -> bool:

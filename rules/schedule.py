@@ -287,8 +287,10 @@ class SchedulerNeverStepped(Rule):
 
     **Stays quiet when** the class calls ``self.lr_schedulers()`` anywhere,
     or steps anything named as a scheduler, or one of the objects
-    ``configure_optimizers`` returns as schedulers; or automatic
-    optimization is on (``fixtures/schedule/ok_gl308_manual_schedulers_stepped.py``).
+    ``configure_optimizers`` returns as schedulers; when it sets a parameter
+    group's ``"lr"`` itself (it anneals the rate by hand:
+    ``fixtures/realworld/ok_gl308_lr_annealed_by_hand__Open-MAGVIT2.py``); or
+    automatic optimization is on (``fixtures/schedule/ok_gl308_manual_schedulers_stepped.py``).
 
     **Bad**::
 
@@ -333,7 +335,7 @@ class SchedulerNeverStepped(Rule):
                     continue
                 returned = [n for n in walk(hook.body) if type(n) is cst.Return and n.value is not None]
                 schedulers = [s for r in returned for s in _returned_schedulers(r.value)]
-                if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch):
+                if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch) or _sets_lr_by_hand(methods):
                     continue
                 statement = next(r for r in returned if _returned_schedulers(r.value))
                 last_step = _last_optimizer_step(methods, left.step_hook)
@@ -347,6 +349,21 @@ class SchedulerNeverStepped(Rule):
                 )
 
 
+
+
+def _sets_lr_by_hand(methods: list[cst.FunctionDef]) -> bool:
+    """Whether the class writes a parameter group's learning rate itself (``group["lr"] = lr * decay``): the rate
+    changes, whatever the returned schedulers do."""
+    for method in methods:
+        for node in walk(method.body):
+            targets = ([t.target for t in node.targets] if type(node) is cst.Assign
+                       else [node.target] if type(node) is cst.AugAssign else [])
+            for target in targets:
+                if type(target) is cst.Subscript and len(target.slice) == 1:
+                    key = target.slice[0].slice
+                    if type(key) is cst.Index and type(key.value) is cst.SimpleString and key.value.evaluated_value == "lr":
+                        return True
+    return False
 
 
 def _last_optimizer_step(methods: list[cst.FunctionDef], hook: str) -> cst.Call | None:
