@@ -774,6 +774,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                     not handled
                     and not any(e.kind is EventKind.BACKWARD for e in between)
                     and first.target.removeprefix("self.") == event.target.removeprefix("self.")
+                    and any(e.kind is EventKind.BACKWARD and not exclusive(e, first) for e in events[:events.index(first)])
                     and [id(f) for f in first.frames] == [id(f) for f in event.frames]
                 ):  # two steps side by side (one under a guard beside an unguarded one is GL011's)
                     yield Report(
