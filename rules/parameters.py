@@ -922,12 +922,15 @@ class OptimizerNeverStepped(Rule):
         if index is None:
             return
         built_once = list(_optimizers_built_once(model))
+        by_scope: dict[int, list[cst.Call]] = {}
+        for _, built, scope in built_once:
+            by_scope.setdefault(id(scope), []).append(built)
         for name, built, scope in built_once:
             owners = owners_of_construction(model, built) if scope is not None else parameter_owners(model, name)
             if not owners or not _only_built_and_cleared(model, name, scope):
                 continue
-            if any(other is not built and o_scope in (scope, None) and owners & owners_of_construction(model, other)
-                   for _, other, o_scope in built_once):
+            others = [c for c in by_scope.get(id(scope), []) + by_scope.get(id(None), []) if c is not built]
+            if any(owners & owners_of_construction(model, other) for other in others):
                 continue  # another optimizer holds the same network: it may be the one that trains it
             found = _trained_through(model, owners, scope)
             if found is None or _rebuilt_around(model, built, found[0].node):
@@ -1170,13 +1173,19 @@ def _given_own_parameters(model: LoopModel, call: cst.Call) -> bool:
 
 def _named_in_optimizers(model: LoopModel) -> set[str]:
     """The attribute names mentioned in any optimizer construction or ``add_param_group`` of the module, also through
-    a name the argument is built in first (``params = [...] + [self.log_std]; Adam(params)``)."""
-    named: set[str] = set()
-    for node in model.file.every_node(model.module):
-        if type(node) is not cst.Call or not (_builds_optimizer(model, node) or callee_name(node) == "add_param_group"):
-            continue
-        pending: list[cst.CSTNode] = [a.value for a in node.args]
+    a name the argument is built in first (``params = [...] + [self.log_std]; Adam(params)``). One set per module: the
+    names followed are shared by all constructions (a union), so each name's values are read once, not once per
+    construction (which made a module of many copies of ``model = ...`` cost the square of its size)."""
+
+    def read() -> set[str]:
+        named: set[str] = set()
         seen: set[str] = set()
+        pending: list[cst.CSTNode] = [
+            a.value
+            for node in model.file.every_node(model.module)
+            if type(node) is cst.Call and (_builds_optimizer(model, node) or callee_name(node) == "add_param_group")
+            for a in node.args
+        ]
         while pending:
             for inner in model.file.walk(pending.pop()):
                 if type(inner) is cst.Attribute:
@@ -1185,7 +1194,9 @@ def _named_in_optimizers(model: LoopModel) -> set[str]:
                 if name is not None and name not in seen:
                     seen.add(name)
                     pending.extend(v for v in model.index.assigned_anywhere(name) if isinstance(v, cst.BaseExpression))
-    return named
+        return named
+
+    return model.file.once((_named_in_optimizers,), read)
 
 
 def _read_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], target: str, built: cst.CSTNode) -> bool:
