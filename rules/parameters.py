@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
 from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor
-from gradlint.queries import frames_inside, function_holding, same_object, steps_with_loops
+from gradlint.queries import frames_inside, function_holding, lies_in, same_object, steps_with_loops
 from gradlint.reach import owners_of_construction, parameter_owners, reaching_call
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Spelled, call_of
 from gradlint.syntax import TRIVIA, bool_literal, comprehension_clauses, callee_name, children, dotted_name, keyword_arg, positional_args, receiver, walk
@@ -1036,17 +1036,10 @@ def _rebuilt_around(model: LoopModel, built: cst.CSTNode, backward: cst.CSTNode)
     parents = model.parents or {}
     node = parents.get(built)
     while node is not None:
-        if type(node) in (cst.For, cst.While) and _inside(model, backward, node):
+        if type(node) in (cst.For, cst.While) and lies_in(model, backward, node):
             return True
         node = parents.get(node)
     return False
-
-
-def _inside(model: LoopModel, node: cst.CSTNode, scope: cst.CSTNode) -> bool:
-    parents = model.parents or {}
-    while node is not None and node is not scope:
-        node = parents.get(node)
-    return node is scope
 
 
 def _trained_through(model: LoopModel, owners: frozenset[str], scope: cst.FunctionDef | None = None):
@@ -1056,7 +1049,7 @@ def _trained_through(model: LoopModel, owners: frozenset[str], scope: cst.Functi
         for backward in root.events_of(EventKind.BACKWARD):
             if not backward.loops or backward.framework is not None:
                 continue
-            if scope is not None and not _inside(model, backward.node, scope):
+            if scope is not None and not lies_in(model, backward.node, scope):
                 continue
             reach = reaching_call(model, backward, owners)
             if reach is not None:
