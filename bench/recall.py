@@ -16,7 +16,8 @@ folder, or for a file at the repository root that file and its sibling
 ``.py`` files, so that helpers imported from beside it are seen too. gradlint
 checks them (no cache, no configuration, default rules, JSON output). The bug
 counts as found when a finding with the expected code is reported in that
-file within ``WINDOW`` lines of the recorded line. The same is done on the fix
+file within ``WINDOW`` lines of the recorded line, or one whose message names
+that line. The same is done on the fix
 commit: a finding that is still there on the fixed code (same code, same file,
 same flagged text) is listed as suspicious.
 
@@ -28,6 +29,7 @@ It is not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,12 +99,15 @@ def scope_of(path: str) -> tuple[str, bool]:
 
 
 def nearest_match(bug: Bug, findings: list[dict]) -> dict | None:
-    """The finding with the expected code in the bug's file closest to its line, within ``WINDOW`` lines."""
+    """The finding with the expected code in the bug's file closest to its line, within ``WINDOW`` lines; else one
+    whose message names the buggy line (``... the step at line 307``): it sends the reader there."""
     if bug.expected == "none":
         return None
-    near = [f for f in findings
-            if f["code"] == bug.expected and _posix(f["path"]) == bug.path and abs(f["line"] - bug.line) <= WINDOW]
-    return min(near, key=lambda f: (abs(f["line"] - bug.line), f["line"]), default=None)
+    same = [f for f in findings if f["code"] == bug.expected and _posix(f["path"]) == bug.path]
+    near = [f for f in same if abs(f["line"] - bug.line) <= WINDOW]
+    named = re.compile(rf"\bline {bug.line}\b")
+    return min(near, key=lambda f: (abs(f["line"] - bug.line), f["line"]), default=None) or next(
+        (f for f in same if named.search(f.get("message", ""))), None)
 
 
 def persists(bug: Bug, found_text: str, fixed_tree: Path, fixed_findings: list[dict]) -> bool:
@@ -221,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = [evaluate(bug, mirror_of(args.mirrors, bug.repository), work, cache) for bug in bugs]
 
     print(f"{len(bugs)} fixed bugs in {len(repositories)} repositories; found = a finding of the expected "
-          f"code in the file within {WINDOW} lines of the buggy line (default rules)\n")
+          f"code in the file within {WINDOW} lines of the buggy line or naming it (default rules)\n")
     print(markdown_table(tally(outcomes)))
     misses = [o for o in outcomes if not o.found]
     if misses:

@@ -208,6 +208,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=(('Parameter', _TOKEN_6),),
     ),
     RuleInfo(
+        code='GL021',
+        name='last-window-of-pass-not-stepped',
+        summary="the accumulation guard restarts every pass and nothing steps the micro-batches left at a pass's end",
+        severity=Severity.WARNING,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -16,7 +16,7 @@ import dataclasses
 import libcst as cst
 
 from gradlint.model import Frame, LoopModel
-from gradlint.queries import function_holding
+from gradlint.queries import counter_and_offset, function_holding
 from gradlint.syntax import callee_name, dotted_name, keyword_arg, number, positional_args, walk
 
 
@@ -36,6 +36,39 @@ def counter_start(model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str) 
     if index is not None and index[0] == name:
         return None if assigned_in(loop.node.body, name) else CounterStart(index[1])
     return _hand_counter(model, loop.node, guard, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemainderTest:
+    """A guard ``(counter + offset) % count == 0``."""
+
+    counter: str
+    offset: int
+    count: cst.BaseExpression
+
+
+def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
+    """``(i + c) % k == 0`` (the whole test, nothing ``or``-ed or ``and``-ed to it) on a plain counter, else None."""
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return None
+    if type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
+        return None
+    remainder = test.left
+    if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
+        return None
+    counter, offset = counter_and_offset(remainder.left)
+    return RemainderTest(counter, offset, remainder.right) if counter is not None else None
+
+
+def window_offset(start: int, test: RemainderTest) -> int | None:
+    """How many micro-batches each window of ``test`` ends early (> 0) or late (< 0) when its counter reads ``start``
+    on the first iteration; 0 when aligned, None when the count is no literal and the windows cannot be told apart
+    from aligned ones (``start + offset == 1`` is aligned for every count)."""
+    off = start + test.offset - 1
+    literal = number(test.count)
+    if literal is not None and literal == int(literal) and literal > 0:
+        return 0 if off % int(literal) == 0 else off
+    return 0 if off == 0 else off
 
 
 def loop_index(node: cst.CSTNode) -> tuple[str, int] | None:

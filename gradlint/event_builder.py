@@ -14,6 +14,7 @@ from gradlint.model import GRAD_DIVIDE, GRAD_READ, HANDOFF, NO_SYNC, Event, Fram
 from gradlint.module_index import ModuleIndex, Unpacked
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.project_index import BackwardHelper
+from gradlint.queries import handoff_may_step
 from gradlint.syntax import (
     SCALING_CALLS,
     bool_literal,
@@ -226,7 +227,7 @@ class EventBuilder:
                     frames[id(frame)] = frame
             if at is None or event.target is None:
                 continue
-            stepping = event.kind is EventKind.STEP or (event.kind == HANDOFF and _may_step(event.node))
+            stepping = event.kind is EventKind.STEP or (event.kind == HANDOFF and handoff_may_step(event.node))
             if not stepping:
                 continue
             if event.kind is EventKind.STEP:
@@ -874,20 +875,6 @@ class EventBuilder:
 
 
 # What a helper handed the optimizer does by its name: stepping, or something else than stepping.
-_STEPPING_WORDS = re.compile(r"step|update|optimi[sz]e|train", re.IGNORECASE)
-_NOT_STEPPING = re.compile(
-    r"clip|learning_rate|(^|_)lr($|_)|schedul|warmup|save|checkpoint|load|log|print|summar|report|state_dict|zero|clear|reset",
-    re.IGNORECASE,
-)
-
-
-def _may_step(call: cst.CSTNode) -> bool:
-    """Whether a call the module cannot see into, handed an optimizer, may step it: unless its name says it does
-    something else (``save_checkpoint(model, optimizer)``, ``adjust_learning_rate(optimizer, epoch)``)."""
-    name = callee_name(call) if type(call) is cst.Call else None
-    return name is None or _STEPPING_WORDS.search(name) is not None or _NOT_STEPPING.search(name) is None
-
-
 def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:
     """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (also ``enumerate(optimizers)``, ``zip(optimizers,
     ...)``, ``optimizers.values()`` or ``.items()``): the element of a named collection the loop is at, so that a clear

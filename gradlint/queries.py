@@ -131,6 +131,39 @@ def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bo
 _CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
 
 
+def handoff_may_step(call: cst.CSTNode) -> bool:
+    """Whether a call the module cannot see into, handed an optimizer, may step it: unless its name says it does
+    something else (``save_checkpoint(model, optimizer)``, ``adjust_learning_rate(optimizer, epoch)``,
+    ``optimizer_eval_mode(optimizer)``, ``save_training_state(path, optimizer)``: a name that starts with such a verb
+    does that whatever follows). "optimizer" in a name names the argument, not the verb ``optimize``."""
+    name = callee_name(call) if type(call) is cst.Call else None
+    if name is None:
+        return True
+    words = _words(name)
+    if words[0] in _NOT_STEPPING_VERBS and not _STEP_VERBS.intersection(words):
+        return False  # the verb comes first: ``save_training_state``, ``log_optimizer_stats`` (not ``log_and_step``)
+    return _STEPPING_WORDS.search(name) is not None or _NOT_STEPPING.search(name) is None
+
+
+def _words(name: str) -> list[str]:
+    """``["save", "training", "state"]`` for ``save_training_state``, ``_saveTrainingState`` or ``SaveTrainingState``."""
+    words = re.split(r"_+|(?<=[a-z0-9])(?=[A-Z])", name.rsplit(".", 1)[-1].lstrip("_"))
+    return [w.lower() for w in words if w] or [""]
+
+
+_STEP_VERBS = frozenset(("step", "steps", "update", "optimize", "optimise"))
+_NOT_STEPPING_VERBS = frozenset((
+    "save", "load", "restore", "store", "dump", "write", "log", "print", "report", "plot", "show", "visualize",
+    "eval", "evaluate", "validate", "test", "clip", "zero", "clear", "reset", "summarize", "checkpoint", "get",
+))
+_STEPPING_WORDS = re.compile(r"step|update|optimi[sz]e(?!r)|train", re.IGNORECASE)
+_NOT_STEPPING = re.compile(
+    r"clip|learning_rate|(^|_)lr($|_)|schedul|warmup|save|checkpoint|load|log|print|summar|report|state_dict|zero|clear|reset"
+    r"|eval",
+    re.IGNORECASE,
+)
+
+
 def order_of(events: Iterable[Event]) -> dict[int, int]:
     """Position of each event (by identity) in a list: program order."""
     return {id(e): i for i, e in enumerate(events)}

@@ -2,6 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
+- ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012, GL018–GL020)
 - ``foreign_gradients``: an optimizer applying the gradients another network's loss left on its parameters (GL017)
 - ``amp``: mixed precision with a ``GradScaler`` (GL101–GL108)
@@ -41,6 +42,7 @@ from gradlint.rules.clearing import (
     ZeroGradBetweenBackwardAndStep,
     ZeroGradInAccumulation,
 )
+from gradlint.rules.pass_end import LastWindowOfPassNotStepped
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
     OptimizerSteppedOnOneSettingBranch,
@@ -86,6 +88,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     UnregisteredParameters,
     OptimizerNeverStepped,
     ParameterInNoOptimizer,
+    LastWindowOfPassNotStepped,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

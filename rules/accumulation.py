@@ -24,7 +24,6 @@ from gradlint.queries import (
     accumulation,
     accumulation_place,
     clears,
-    counter_and_offset,
     exclusive,
     frames_inside,
     home_loop,
@@ -37,7 +36,7 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
-from gradlint.counters import CounterStart, counter_start
+from gradlint.counters import CounterStart, counter_start, remainder_test, window_offset
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
@@ -1373,27 +1372,11 @@ def _window_shift(model: LoopModel, guard: cst.If, loop: Frame) -> tuple[str, Co
     counter (``loop``'s own index, or one kept by hand) that is zero off the window's end: ``start + c`` is the number
     of micro-batches seen when the remainder is taken, which must be 1 past each window's last; None for any other
     test."""
-    test = guard.test
-    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+    test = remainder_test(guard.test)
+    counter = counter_start(model, loop, guard, test.counter) if test is not None else None
+    if counter is None or not window_offset(counter.start, test):
         return None
-    if type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
-        return None
-    remainder = test.left
-    if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
-        return None
-    index, offset = counter_and_offset(remainder.left)
-    counter = counter_start(model, loop, guard, index) if index is not None else None
-    if counter is None:
-        return None
-    start = counter.start
-    count = remainder.right
-    literal = number(count)
-    if literal is not None and literal == int(literal) and literal > 0:
-        if (start + offset - 1) % int(literal) == 0:
-            return None
-    elif start + offset == 1:
-        return None
-    return index, counter, offset, count
+    return test.counter, counter, test.offset, test.count
 
 
 class LossGivenAsItsOwnGradient(Rule):

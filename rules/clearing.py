@@ -31,6 +31,7 @@ from gradlint.queries import (
     in_other_branch,
     innermost_loop,
     leaves_before,
+    counter_and_offset,
     lies_in,
     loop_phrase,
     param_sources,
@@ -2457,10 +2458,10 @@ class InvertedAccumulationGuard(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
-            for step, _, acc in single_branch_guards(root):
+            for step, loop, acc in single_branch_guards(root):
                 guard = acc.frame
                 remainder = _remainder_when_true(guard.node.test)
-                if remainder is None:
+                if remainder is None or not _counts_micro_batches(model, remainder, loop, guard.node):
                     continue
                 yield Report(
                     guard.node.test,
@@ -2469,6 +2470,20 @@ class InvertedAccumulationGuard(Rule):
                     f"steps; the guard is inverted, test `{model.code(remainder)} == 0`",
                     event=step,
                 )
+
+
+def _counts_micro_batches(model: LoopModel, remainder: cst.BinaryOperation, loop: Frame, guard: cst.If) -> bool:
+    """Whether the remainder is taken of a counter that moves on with the micro-batches at the guard: a plain name (not
+    ``len(loader)``), and not the index of an inner loop that has ended before the guard (``if (i + 1) % k != 0:``
+    after ``for i, b in enumerate(loader)`` steps a pass's last, short window)."""
+    counter, _ = counter_and_offset(remainder.left)
+    if counter is None:
+        return False
+    for node in walk(loop.node):
+        if type(node) is cst.For and node is not loop.node and not lies_in(model, guard, node):
+            if counter in {dotted_name(t) for t in walk(node.target) if type(t) in (cst.Name, cst.Attribute)}:
+                return False
+    return True
 
 
 def _remainder_when_true(test: cst.BaseExpression) -> cst.BinaryOperation | None:

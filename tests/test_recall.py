@@ -21,8 +21,8 @@ def _bug(line=40, expected="GL003", path="train.py"):
     return recall.Bug("o/r", "f" * 40, path, line, expected, "what", "https://example.org/pr/1")
 
 
-def _finding(line, code="GL003", path="train.py"):
-    return {"path": path, "line": line, "column": 9, "code": code, "message": "m"}
+def _finding(line, code="GL003", path="train.py", message="m"):
+    return {"path": path, "line": line, "column": 9, "code": code, "message": message}
 
 
 def test_a_finding_within_the_window_is_a_match_and_one_beyond_is_not():
@@ -31,6 +31,15 @@ def test_a_finding_within_the_window_is_a_match_and_one_beyond_is_not():
     assert recall.nearest_match(bug, [_finding(40 - recall.WINDOW)])["line"] == 37
     assert recall.nearest_match(bug, [_finding(40 + recall.WINDOW + 1)]) is None
     assert recall.nearest_match(bug, [_finding(40 - recall.WINDOW - 1)]) is None
+
+
+def test_a_finding_whose_message_names_the_buggy_line_is_a_match_however_far():
+    bug = _bug(line=307)
+    far = _finding(577, message="`optimizer` steps at line 307 and is never cleared")
+    assert recall.nearest_match(bug, [far])["line"] == 577
+    assert recall.nearest_match(bug, [_finding(577, message="steps at line 3070 and at line 30")]) is None
+    assert recall.nearest_match(bug, [_finding(577, code="GL004", message="line 307")]) is None
+    assert recall.nearest_match(bug, [far, _finding(309)])["line"] == 309  # a finding near the line comes first
 
 
 def test_the_code_and_the_file_must_both_match():

@@ -1,0 +1,211 @@
+"""What becomes of the micro-batches left over at the end of a pass over the data (GL021).
+
+An accumulation guard that counts micro-batches from the start of each pass
+(``for i, batch in enumerate(loader)`` inside an epoch loop) closes a window
+every ``k`` micro-batches; when the pass's length is not a multiple of ``k``,
+its last micro-batches are backpropagated and then either added into the next
+pass's first step or thrown away by a clear, unless something steps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint import frameworks
+from gradlint.counters import CounterStart, RemainderTest, counter_start, remainder_test, window_offset
+from gradlint.events import EventKind
+from gradlint.findings import Severity
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, LoopModel, Root
+from gradlint.queries import accumulation, clears, handoff_may_step, lies_in, same_object, steps_with_loops
+from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.syntax import callee_name, dotted_name, walk
+
+
+class LastWindowOfPassNotStepped(Rule):
+    """The accumulation guard starts counting again with every pass over the data, and nothing steps what is left at a pass's end.
+
+    **Why it matters.** ``for i, batch in enumerate(loader)`` restarts ``i``
+    at 0 on every epoch, so ``if (i + 1) % accum == 0:`` steps after
+    micro-batches ``accum``, ``2 accum``, ... of each pass. When the loader's
+    length is not a multiple of ``accum``, the last ``len(loader) % accum``
+    micro-batches of every pass are backpropagated and never stepped on their
+    own: their gradients are added into the next pass's first step (which
+    then sums more micro-batches than the loss was divided by), or thrown away
+    by a clear at the start of the next pass. With fewer batches than
+    ``accum`` in a pass, the optimizer never steps at all. Nothing fails.
+
+    **Fix.** Close the window at the pass's end as well: ``if (i + 1) % accum
+    == 0 or i + 1 == len(loader):`` (and divide that short window's loss by its
+    own length if it must weigh the same), or step what is left after the
+    micro-batch loop.
+
+    **Stays quiet when**
+
+    - the guard holds more than the remainder (``... or i == len(loader) -
+      1``), or the counter runs across passes (a clear at a pass's start then
+      is GL003's finding), or its start is not a literal;
+    - the optimizer is stepped anywhere else in the pass (a flush after the
+      micro-batch loop), or handed to code the module cannot see there;
+    - the micro-batch loop is not inside another loop (one pass: at most
+      ``accum - 1`` micro-batches at the very end of training), iterates a
+      ``range`` (whose length the code sets), or an endless iterator
+      (``itertools.cycle``, a name saying ``infinite``);
+    - the guard's window is shifted (GL014 reports it, the same micro-batches
+      included), or the count exceeds 1 only where a framework's engine steps
+      at its own boundary.
+
+    **Bad**::
+
+        for epoch in range(epochs):
+            for i, (x, y) in enumerate(loader):
+                (loss_fn(model(x), y) / accum).backward()
+                if (i + 1) % accum == 0:
+                    optimizer.step()
+                    optimizer.zero_grad()
+
+    **Good**::
+
+        for epoch in range(epochs):
+            for i, (x, y) in enumerate(loader):
+                (loss_fn(model(x), y) / accum).backward()
+                if (i + 1) % accum == 0 or i + 1 == len(loader):
+                    optimizer.step()
+                    optimizer.zero_grad()
+    """
+
+    code = "GL021"
+    name = "last-window-of-pass-not-stepped"
+    summary = "the accumulation guard restarts every pass and nothing steps the micro-batches left at a pass's end"
+    severity = Severity.WARNING
+    fix = None  # whether the short window is stepped or its loss reweighted is the author's call
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        reported: set[int] = set()
+        for root in model.roots:
+            for step, loop in steps_with_loops(root):
+                if step.framework is not None or step.target is None:
+                    continue
+                acc = accumulation(root, step, loop)
+                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
+                    continue
+                guard = acc.frame.node
+                if id(guard) in reported or not any(root.order(b) < root.order(step) for b in acc.backwards):
+                    continue
+                window = _per_pass_window(model, loop, guard)
+                passes = _pass_loop(step, loop)
+                if window is None or passes is None or _stepped_elsewhere(root, step, passes, acc.frame):
+                    continue
+                test, counter = window
+                if counter.set_at is not None and not lies_in(model, counter.set_at, passes.node):
+                    continue  # counted across passes: the windows run on into the next pass
+                if frameworks.count_above_one_only_under_own_engine(model, test.count):
+                    continue
+                cleared = _cleared_in_pass(model, root, step, loop, passes)
+                if cleared is None and not _divided_by_the_count(root, acc.backwards, loop):
+                    continue  # carried into the next window and normalised there: one larger batch, weighed right
+                reported.add(id(guard))
+                yield Report(guard.test, _message(model, step, loop, passes, guard, counter, cleared), event=step)
+
+
+def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[RemainderTest, CounterStart] | None:
+    """The guard's remainder test and its counter when the counter starts again with every pass over ``loop``'s data
+    (the loop's own index, or a counter set to a literal inside the pass) and the windows are aligned."""
+    node = loop.node
+    if type(node) is not cst.For or type(node.iter) is not cst.Call and type(node.iter) not in (cst.Name, cst.Attribute):
+        return None
+    if _endless_or_counted(node.iter):
+        return None
+    test = remainder_test(guard.test)
+    counter = counter_start(model, loop, guard, test.counter) if test is not None else None
+    if counter is None or window_offset(counter.start, test) != 0:
+        return None
+    return test, counter
+
+
+def _endless_or_counted(iterated: cst.BaseExpression) -> bool:
+    """``range(n)`` (its length is the code's), ``itertools.cycle(loader)``, ``enumerate(infinite_loader)``."""
+    for inner in walk(iterated):
+        if type(inner) is cst.Call and callee_name(inner) in ("range", "cycle", "repeat", "count", "islice"):
+            return True
+        if type(inner) in (cst.Name, cst.Attribute):
+            name = dotted_name(inner)
+            if name is not None and any(w in name.lower() for w in ("infinite", "forever", "endless", "cycle")):
+                return True
+    return False
+
+
+def _pass_loop(step: Event, loop: Frame) -> Frame | None:
+    """The loop around ``loop`` that runs it once per pass over the data (an epoch loop), if any."""
+    loops = step.loops
+    position = next((i for i, f in enumerate(loops) if f is loop), None)
+    if not position:
+        return None
+    outer = loops[position - 1]
+    return outer if type(outer.node) in (cst.For, cst.While) else None
+
+
+def _stepped_elsewhere(root: Root, step: Event, passes: Frame, guard: Frame) -> bool:
+    """Whether the pass steps the optimizer anywhere but under the guard, or hands it to code the module cannot see."""
+    for event in root.events_in(passes):
+        if event is step or event.inside(guard):
+            continue
+        if event.kind is EventKind.STEP and (event.target is None or same_object(event.target, step.target)):
+            return True
+        if event.kind == HANDOFF and same_object(event.target, step.target) and handoff_may_step(event.node):
+            return True
+    return False
+
+
+def _cleared_in_pass(model: LoopModel, root: Root, step: Event, loop: Frame, passes: Frame) -> Event | None:
+    """A clear of the step's optimizer in the pass but outside the micro-batch loop (at the start of each pass): it
+    throws away what the last pass left."""
+    return next(
+        (z for z in root.events_of(EventKind.ZERO, passes) if not z.inside(loop) and clears(model, z, step.target)),
+        None,
+    )
+
+
+def _divided_by_the_count(root: Root, backwards: list[Event], loop: Frame) -> bool:
+    """Whether each micro-batch's loss is divided before its backward and no gradient is divided by hand in the loop:
+    then a window that takes in the last pass's leftovers sums more micro-batches than its loss was divided by. (A
+    loss normalised at the step by a running count, ``scale_grads(model, 1 / num_tokens)``, weighs them right.)"""
+    return bool(backwards) and all(b.normalised for b in backwards) and not root.events_of(GRAD_DIVIDE, loop)
+
+
+def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: cst.If, counter: CounterStart,
+             cleared: Event | None) -> str:
+    test = remainder_test(guard.test)
+    count = model.code(test.count)
+    iterated = _iterated(loop.node)
+    length = f"len({iterated})" if iterated is not None else "the pass's length"
+    if counter.set_at is not None:
+        restart = f"`{test.counter}` is set back to {model.code(counter.set_at.value)} at line {model.line(counter.set_at)}"
+    else:
+        restart = f"`{test.counter}` counts from {counter.start} again each time the loop at line {model.line(loop.node)} starts"
+    if cleared is not None:
+        fate = f"cleared at line {model.line(cleared.node)} without a step"
+    else:
+        fate = (f"added into the next pass's first step, which then sums more micro-batches than the loss was divided "
+                f"by")
+    if iterated is not None and counter.set_at is None:
+        seen = f"{test.counter} + {1 - counter.start}" if counter.start < 1 else test.counter
+        close = f"`... or {seen} == len({iterated})`"
+    else:
+        close = "a step after the micro-batch loop"
+    return (f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(guard.test)}`, and "
+            f"{restart}, once per pass of the loop at line {model.line(passes.node)}: when {length} is not a multiple "
+            f"of `{count}`, the last {length} % {count} micro-batches of each pass are {fate}; close each pass's last "
+            f"window too ({close})")
+
+
+def _iterated(node: cst.CSTNode) -> str | None:
+    """``loader`` for ``for i, b in enumerate(loader)`` or ``for b in loader``."""
+    if type(node) is not cst.For:
+        return None
+    iterated = node.iter
+    if type(iterated) is cst.Call and callee_name(iterated) == "enumerate" and iterated.args:
+        iterated = iterated.args[0].value
+    return dotted_name(iterated)
