@@ -252,9 +252,9 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
             target = dotted_name(args[0].value) if args else None
             if target is not None:
                 wrapped.setdefault(target, wrap)
-    one_process = {wrap.key for wrap in set(wrapped.values()) if wrap.one_process is not None and wrap.one_process(model)}
-    if one_process:  # ``ScalingConfig(num_workers=1)``: the wrap runs on one process, nothing is all-reduced
-        wrapped = {name: wrap for name, wrap in wrapped.items() if wrap.key not in one_process}
+    idle = {wrap.key for wrap in set(wrapped.values()) if wrap.reduces_nothing is not None and wrap.reduces_nothing(model)}
+    if idle:  # ``ScalingConfig(num_workers=1)``, a DeepSpeed plugin the module requires: nothing is all-reduced as DDP does
+        wrapped = {name: wrap for name, wrap in wrapped.items() if wrap.key not in idle}
     return wrapped, scopes
 
 

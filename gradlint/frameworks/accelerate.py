@@ -85,6 +85,39 @@ def _not_ddp_plugin(arguments: dict[str, object]) -> bool:
     return any(keyword in arguments for keyword in _NOT_DDP_PLUGINS)
 
 
+def _requires_deepspeed(model: LoopModel) -> bool:
+    """The module reads a setting of the DeepSpeed plugin outside any test of it
+    (``accelerator.state.deepspeed_plugin.deepspeed_config["train_batch_size"] = ...``): without the plugin
+    ``deepspeed_plugin`` is None and that line raises, so every run that trains has one, and ``prepare`` hands the model
+    to a DeepSpeed engine, which reduces at its own accumulation boundary (no DDP wrap)."""
+    def read() -> bool:
+        parents = model.parents or {}
+        for node in model.file.every_node(model.module):
+            if type(node) is not cst.Attribute or type(node.value) is not cst.Attribute:
+                continue
+            if node.value.attr.value != "deepspeed_plugin" or dotted_name(node.value) is None:
+                continue
+            if not _under_deepspeed_test(model, parents, node):
+                return True
+        return False
+
+    return model.file.once(_requires_deepspeed, read)
+
+
+def _under_deepspeed_test(model: LoopModel, parents: dict, node: cst.CSTNode) -> bool:
+    """Whether an ``if``/``while`` test, a conditional expression or a ``try`` around ``node`` may keep it from running
+    without DeepSpeed."""
+    child, current = node, parents.get(node)
+    while current is not None:
+        if type(current) in (cst.If, cst.While, cst.IfExp) and child is not current.test:
+            if "deepspeed" in model.code(current.test).lower() or "distributed_type" in model.code(current.test):
+                return True
+        if type(current) in (cst.Try, cst.BooleanOperation):
+            return True
+        child, current = current, parents.get(current)
+    return False
+
+
 def _count_from_deepspeed(model: LoopModel, count: cst.BaseExpression | None) -> bool:
     """Whether the accumulation count is 1 unless read from a DeepSpeed config
     (``steps = plugin.deepspeed_config["gradient_accumulation_steps"]`` / ``else: steps = 1``): above 1 only under
@@ -437,6 +470,7 @@ FRAMEWORK = Framework(
         Wrap(
             "accelerate", _wrap_message, prepare_methods=frozenset({"prepare", "prepare_model"}),
             owner_names=frozenset({"accelerator"}), quiet_when_built=_not_ddp_plugin, quiet_for_count=_count_from_deepspeed,
+            reduces_nothing=_requires_deepspeed,
         ),
     ),
     accumulation_settings={

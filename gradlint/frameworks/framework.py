@@ -224,8 +224,9 @@ class Wrap:
     # ``arguments of the wrapping call -> bool``: this call wraps nothing (``prepare_model(model, parallel_strategy=None)``),
     # or what it wraps in cannot be told (a strategy held in a variable): not read as a wrap
     leaves_unwrapped: Callable[[dict[str, object]], bool] | None = None
-    # ``model -> bool``: the module runs the wrap on one process only (``ScalingConfig(num_workers=1)``): nothing to all-reduce
-    one_process: Callable[[LoopModel], bool] | None = None
+    # ``model -> bool``: the module runs the wrap where it all-reduces nothing as DDP does: on one process only
+    # (``ScalingConfig(num_workers=1)``), or under another engine the module's own code requires (a DeepSpeed plugin)
+    reduces_nothing: Callable[[LoopModel], bool] | None = None
     # ``arguments of the wrapping call -> bool``: the wrapper decides in the forward whether the coming backward
     # all-reduces (torch DDP's ``_post_forward`` arms the reducer only while ``require_backward_grad_sync`` is true),
     # so a ``no_sync()`` entered after the forward changes nothing (GL306). None: it decides in the backward (FSDP,

@@ -89,7 +89,7 @@ FRAMEWORK = Framework(
     wraps=(
         Wrap(
             "ray_train", _message, constructors=_PREPARE_MODEL, wrapper_object=True, short="Ray Train's DDP",
-            leaves_unwrapped=_leaves_unwrapped, one_process=_one_worker, arms_in_forward=_arms_in_forward,
+            leaves_unwrapped=_leaves_unwrapped, reduces_nothing=_one_worker, arms_in_forward=_arms_in_forward,
             forward_decides=FORWARD_DECIDES,
             tokens=("prepare_model",),
         ),
