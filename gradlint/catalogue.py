@@ -217,6 +217,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, STEP),),
     ),
     RuleInfo(
+        code='GL022',
+        name='step-without-backward',
+        summary='an optimizer is cleared and stepped with no backward of the loss computed between',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((STEP, 'zero_grad', 'loss'),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -781,7 +781,21 @@ class EventBuilder:
                     return True
             if self._weighted_by_divided(value, scope):
                 return True
-        return False
+        return name not in through and self._summed_from_divided(name, scope, through | {name})
+
+    def _summed_from_divided(self, name: str, scope: _Scope, through: frozenset[str]) -> bool:
+        """``total = None`` / ``total = loss`` / ``total += loss`` with every ``loss`` divided: a sum of divided losses
+        (one per adapter or task) is divided too."""
+        values = [v for v in self._assigned(name, scope.function) if not (type(v) is cst.Name and v.value == "None")]
+        added = [
+            a.value for a in self.index.augmented.get(scope.function, ())
+            if type(a.operator) is cst.AddAssign and tracked_name(a.target) == name
+        ]
+        summed = values + added
+        return bool(added) and all(
+            not isinstance(v, Unpacked) and tracked_name(v) is not None and self._normalised(v, scope, through)
+            for v in summed
+        )
 
     def _divided_by_no_count(self, name: str, function: cst.FunctionDef | None) -> bool:
         """Whether every way ``name`` is scaled down in the function divides by the world size or a running counter."""

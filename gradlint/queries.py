@@ -17,7 +17,7 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, is_grad, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -391,6 +391,51 @@ def steps_with_loops(root: Root) -> Iterator[tuple[Event, Frame]]:
             loop = home_loop(root, event)
             if loop is not None:
                 yield event, loop
+
+
+def steps_after_loops(model: LoopModel, root: Root) -> Iterator[tuple[Event, Accumulation]]:
+    """Each plain optimizer step outside any loop that follows a loop whose iterations backpropagate: a function run
+    once per epoch or per task (``for b in loader: ...; loss.backward()`` then ``optimizer.step()``), with nothing
+    writing the gradients between the loop and the step. The loop's micro-batches accumulate for that step."""
+    probes = probe_events(root)
+    for step in root.events_of(EventKind.STEP):
+        if step.loops or step.framework is not None or step.target is None:
+            continue
+        at = root.order(step)
+        before = [
+            b for b in root.events_of(EventKind.BACKWARD)
+            if root.order(b) < at and id(b) not in probes and not split_by_setting(b, step)
+        ]
+        if not before or not before[-1].loops:
+            continue
+        micro = before[-1].loops[0]
+        if root.events_of(EventKind.STEP, micro) or _gradients_written_after(model, micro.node, step.node):
+            continue
+        yield step, Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def _gradients_written_after(model: LoopModel, loop: cst.CSTNode, step: cst.CSTNode) -> bool:
+    """Whether a statement between the end of ``loop`` and ``step`` in their block writes gradients (``p.grad = g``,
+    ``p.grad.copy_(g)``): gradients gathered in the loop and set for the step, not accumulated by it."""
+    parents = model.parents or {}
+    block = parents.get(loop)
+    if block is None:
+        return True
+    statements = list(getattr(block, "body", ()))
+    position = next((i for i, s in enumerate(statements) if s is loop), None)
+    if position is None:
+        return True
+    for statement in statements[position + 1:]:
+        for node in model.file.walk(statement):
+            if type(node) in (cst.Assign, cst.AugAssign):
+                targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+                if any(is_grad(t) for t in targets):
+                    return True
+            if type(node) is cst.Call and type(node.func) is cst.Attribute and is_grad(node.func.value):
+                return True
+        if lies_in(model, step, statement):
+            break
+    return False
 
 
 def single_branch_guards(root: Root) -> Iterator[tuple[Event, Frame, Accumulation]]:

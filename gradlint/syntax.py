@@ -43,8 +43,8 @@ def tracked_name(node: cst.CSTNode | None) -> str | None:
 
 
 def element_name(node: cst.Subscript) -> str | None:
-    """``opts[1]``, ``optimizers['g']``, ``opts[i]``: an element of a named collection, by a number, a string or a
-    name; None for anything else (a slice, ``self.optimizers()[0]``)."""
+    """``opts[1]``, ``optimizers['g']``, ``opts[i]``, ``opts[cfg.name]``: an element of a named collection, by a number,
+    a string or a (dotted) name; None for anything else (a slice, ``self.optimizers()[0]``)."""
     base = dotted_name(node.value)
     if base is None or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
         return None
@@ -53,8 +53,9 @@ def element_name(node: cst.Subscript) -> str | None:
         return f"{base}[{key.value}]"
     if type(key) is cst.SimpleString and "." not in key.evaluated_value:
         return f"{base}[{key.evaluated_value!r}]"
-    if type(key) is cst.Name:
-        return f"{base}[{key.value}]"
+    if type(key) in (cst.Name, cst.Attribute):  # ``opts[name]``, ``opts[cfg.adapter_name]``
+        name = dotted_name(key)
+        return f"{base}[{name}]" if name is not None else None
     return None
 
 

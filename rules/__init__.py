@@ -2,6 +2,7 @@
 
 - ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
+- ``steps``: whether a step has gradients to apply (GL022)
 - ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012, GL018–GL020)
 - ``foreign_gradients``: an optimizer applying the gradients another network's loss left on its parameters (GL017)
@@ -43,6 +44,7 @@ from gradlint.rules.clearing import (
     ZeroGradInAccumulation,
 )
 from gradlint.rules.pass_end import LastWindowOfPassNotStepped
+from gradlint.rules.steps import StepWithoutBackward
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
     OptimizerSteppedOnOneSettingBranch,
@@ -89,6 +91,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     OptimizerNeverStepped,
     ParameterInNoOptimizer,
     LastWindowOfPassNotStepped,
+    StepWithoutBackward,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

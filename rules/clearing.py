@@ -39,6 +39,7 @@ from gradlint.queries import (
     same_object,
     single_branch_guards,
     split_by_setting,
+    steps_after_loops,
     steps_with_loops,
 )
 from gradlint.event_builder import running_division
@@ -787,6 +788,45 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                     )
             last_step[key] = event
             since[key] = []
+        yield from _step_reapplying_last_iteration(model, root, loop, events)
+
+
+def _step_reapplying_last_iteration(model: LoopModel, root: Root, loop: Frame, events: list[Event]) -> Iterator[Report]:
+    """The first of two steps of one optimizer in an iteration, when nothing clears it after the last one: it applies
+    the gradients the previous iteration's last step used, again, with its own backward's.
+
+    ``vae_loss.backward(); opt_g.step(); net_g.zero_grad(); adv_loss.backward(); opt_g.step()``: the clear sits
+    between the two steps, so the next iteration's first step applies ``adv_loss``'s gradients a second time.
+    Both steps run on every iteration (no branch around either inside the loop).
+    """
+    steps: dict[str, list[Event]] = {}
+    for event in events:
+        if (event.kind is EventKind.STEP and event.target is not None and event.framework is None
+                and innermost_loop(event) is loop and not any(f.kind is FrameKind.BRANCH for f in frames_inside(event, loop))):
+            steps.setdefault(last_name(event.target), []).append(event)
+    for same in steps.values():
+        first, last = same[0], same[-1]
+        if first is last or first.node is last.node or not _in_one_run_of(model, loop, first, last):
+            continue
+        at_first, at_last = events.index(first), events.index(last)
+        between = events[at_last + 1:] + events[:at_first]
+        if any(
+            (e.kind is EventKind.ZERO and clears(model, e, first.target))
+            or (e.kind == HANDOFF and same_object(e.target, first.target) and handoff_may_clear(e, model.keeps_handed))
+            for e in between
+        ):
+            continue
+        backward = next((e for e in reversed(events[:at_first]) if e.kind is EventKind.BACKWARD), None)
+        if backward is None or not any(e.kind is EventKind.ZERO and clears(model, e, first.target) for e in events[at_first:at_last]):
+            continue  # no clear of it anywhere in the iteration: the loop's own finding above
+        yield Report(
+            first.node,
+            f"`{first.target}` steps at line {model.line(first.node)} and again at line {model.line(last.node)} in each "
+            f"iteration, but nothing clears it after the second step: the next iteration's first step applies the "
+            f"gradients the second step used again, with those of the backward at line {model.line(backward.node)}; "
+            f"clear `{first.target}` before that backward",
+            event=first, against=(last, backward),
+        )
 
 
 def _twice(model: LoopModel, first: Event, second: Event) -> str:
@@ -1008,8 +1048,8 @@ class ZeroGradInAccumulation(Rule):
                         )
                     )
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
-            for step, loop in steps_with_loops(root):
-                acc = accumulation(root, step, loop)
+            after_loops = [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root)]
+            for step, loop, acc in [(s, l, accumulation(root, s, l)) for s, l in steps_with_loops(root)] + after_loops:
                 if acc is None:
                     continue
                 if acc.style == "guard":
@@ -1038,9 +1078,11 @@ class ZeroGradInAccumulation(Rule):
                         Report(
                             zero.node,
                             f"`{model.code(zero.node)}` runs on every micro-batch but `{step.target}` only steps "
-                            f"{accumulation_place(model, acc)}: only the last micro-batch's gradients reach the step"
+                            f"{_step_place(model, step, acc)}: only the last micro-batch's gradients reach the step"
                             f"{_undivided_too(model, root, acc, zero)}",
-                            fix=fixes.move_after_step(model, zero, step),
+                            # After a loop of a function run once per epoch, whether the step belongs in the loop
+                            # or the clear after the step (the epoch one window) is the author's call.
+                            fix=fixes.move_after_step(model, zero, step) if step.loops else None,
                             event=zero, against=(step,),
                         )
                     )
@@ -1118,6 +1160,12 @@ def _plain_backward_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 backward.node, declared.plain_backward_message(model.code(backward.node), model.line(block.node)),
                 event=backward, against=(step,),
             )
+
+
+def _step_place(model: LoopModel, step: Event, acc) -> str:
+    """Where the step sits, for GL003's message: its line too when no loop holds it (a function run once per epoch)."""
+    place = accumulation_place(model, acc)
+    return place if step.loops else f"at line {model.line(step.node)}, {place}"
 
 
 def _under_window_start_flag(model: LoopModel, zero: Event, step: Event, loop: Frame) -> bool:
