@@ -57,6 +57,8 @@ class ModuleIndex:
         self.nested: dict[cst.FunctionDef | None, dict[str, cst.FunctionDef]] = {None: {}}
         # Per function (None: module level): name -> every expression assigned to it.
         self.assignments: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
+        # ``nets.append(Mlp(...))``: what each function puts into a named list, by the list's name
+        self.appended: dict[cst.FunctionDef | None, dict[str, list[cst.BaseExpression]]] = {}
         self._anywhere: dict[str, list[cst.BaseExpression]] | None = None  # assigned_anywhere's table, once built
         self._only_from: dict[str, set[str]] | None = None  # names_assigned_only_from's table, once built
         self._outside_loops: frozenset[str] | None = None  # called_outside_loops, once built
@@ -236,6 +238,10 @@ class ModuleIndex:
             if type(func) is cst.Attribute and func.attr.value in ("mul_", "div_") and type(func.value) is cst.Name and node.args:
                 if func.attr.value == "div_" or scales_down(node.args[0].value) or _is_fraction(node.args[0].value):
                     self.divided_names.setdefault(function, set()).add(func.value.value)
+            if type(func) is cst.Attribute and func.attr.value == "append" and len(node.args) == 1 and node.args[0].keyword is None:
+                collection = dotted_name(func.value)
+                if collection is not None:
+                    self.appended.setdefault(function, {}).setdefault(collection, []).append(node.args[0].value)
         elif kind is cst.WithItem and node.asname is not None:
             self._assign(node.asname.name, node.item, function)
         elif kind is cst.Return and node.value is not None and function is not None:
@@ -305,6 +311,10 @@ class ModuleIndex:
                     self._anywhere.setdefault(each, []).extend(values)
         return self._anywhere.get(name, []) if name is not None else []
 
+    def appended_anywhere(self, name: str | None) -> list[cst.BaseExpression]:
+        """Every value the module appends to the list ``name`` (``name.append(value)``), in any function."""
+        return [value for table in self.appended.values() for value in table.get(name or "", [])]
+
     def names_assigned_only_from(self, source: str) -> set[str]:
         """The attributes some function assigns only the bare name ``source`` (``self.batch_index = b_idx``).
 
@@ -373,6 +383,22 @@ class ModuleIndex:
                     info = self._classify_built_by_helper(value, function)
                 if info is not None and (name not in self.objects or self.objects[name].kind is ObjKind.UNKNOWN):
                     self.objects[name] = info
+        self._classify_filled_lists()
+
+    def _classify_filled_lists(self) -> None:
+        """``self.q_optimizers = []`` then ``self.q_optimizers.append(Adam(net.parameters()))`` in a loop: a list the
+        module fills only with optimizers (or schedulers, or scalers) holds that kind, as a list written out does."""
+        filled: dict[str, list[cst.BaseExpression]] = {}
+        for table in self.appended.values():
+            for name, values in table.items():
+                filled.setdefault(name, []).extend(values)
+        for name, values in filled.items():
+            if name in self.objects and self.objects[name].kind is not ObjKind.UNKNOWN:
+                continue
+            infos = [self._classify_value(value) for value in values]
+            kinds = {info.kind if info is not None else None for info in infos}
+            if len(kinds) == 1 and (kind := kinds.pop()) in (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER):
+                self.objects[name] = ObjInfo(kind)
 
     def _classify_built_by_helper(self, call: cst.Call, function: cst.FunctionDef | None) -> ObjInfo | None:
         """``self._accelerator = self._create_accelerator()``: a function of this module whose every return builds one kind.

@@ -7,13 +7,18 @@ list(b.parameters())``), the left side of a set difference (``set(vae.parameters
 ``model.discr_parameters()`` (``model.discr``), or a framework's list by
 position (Lightning's ``opt_g, opt_d = self.optimizers()`` from what
 ``configure_optimizers`` returns). Networks are named by their dotted path
-without ``self.``.
+without ``self.``; an element of a list of networks picked by a variable as
+``q_nets[*]`` (every element in turn: ``q_opts.append(Adam(q_nets[i].parameters()))``
+in a loop, and ``q_opts[i]`` stands for all that was appended), by a constant
+as ``q_nets[0]``.
 
 A loss reaches a network's parameters when the code that computes it, followed
 back through the assignments of its function (and into the returns of a
 function of the module it calls), calls the network (``netD(fake)``) or a
 network that holds it (``self.vae(img)`` for ``vae.discr``), outside
-``.detach()`` and ``torch.no_grad()``. Unknown code is never read as reaching:
+``.detach()`` and ``torch.no_grad()``; a list read by the loss is followed into
+what the function appended to it above the read (``q_values.append(q_nets[j](x))``),
+and a call of any element of ``q_nets[*]`` reaches it. Unknown code is never read as reaching:
 what this module answers makes a rule speak, so it answers only what the code
 shows.
 """
@@ -49,6 +54,45 @@ def _path(name: str) -> str:
     return ".".join(parts)
 
 
+def _network(node: cst.BaseExpression | None) -> str | None:
+    """The network an expression names, as :func:`_path` spells it; an element of a collection of networks
+    (``self.q_nets[i]``) as ``q_nets[*]`` when picked by a variable (built, stepped or called for every element in
+    turn), as ``q_nets[0]`` when picked by a constant; None for anything else."""
+    if type(node) is cst.Subscript:
+        base = dotted_name(node.value)
+        if base is None or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+            return None
+        key = node.slice[0].slice.value
+        if type(key) is cst.Name:
+            return f"{_path(base)}[*]"
+        if type(key) in (cst.Integer, cst.SimpleString):
+            return f"{_path(base)}[{key.value}]"
+        return None
+    name = dotted_name(node) if node is not None else None
+    return _path(name) if name is not None else None
+
+
+def _element_key(name: str) -> tuple[str, str | None]:
+    """``q_nets[*]`` → ``("q_nets", "*")``; ``netD`` → ``("netD", None)``."""
+    if name.endswith("]") and "[" in name:
+        base, key = name[:-1].split("[", 1)
+        return base, key
+    return name, None
+
+
+def _calls_network(called: str, owner: str) -> bool:
+    """Whether a call of the network ``called`` runs the parameters of ``owner``: the same network (also by its last
+    name, ``self.netD`` and ``netD``), or an element of a collection whose every element ``owner`` stands for."""
+    if called == owner or called.rsplit(".", 1)[-1] == owner.rsplit(".", 1)[-1]:
+        return True
+    called_base, called_key = _element_key(called)
+    owner_base, owner_key = _element_key(owner)
+    return (
+        owner_key == "*" and called_key is not None
+        and (called_base == owner_base or called_base.rsplit(".", 1)[-1] == owner_base.rsplit(".", 1)[-1])
+    )
+
+
 def parameter_owners(model: "LoopModel", optimizer: str) -> frozenset[str]:
     """The networks whose parameters ``optimizer`` was visibly built over (dotted paths without ``self.``)."""
     if model.index is None:
@@ -71,7 +115,12 @@ def _owners_of_name(model: "LoopModel", name: str, found: set[str], seen: set[st
     if name in seen or depth > 4:
         return
     seen.add(name)
-    for value in model.index.assigned_anywhere(name):
+    base, key = _element_key(name)
+    if key is not None and not key.isdigit() and key[:1] not in "'\"" and not model.index.assigned_anywhere(name):
+        # ``self.q_optimizers[q_i]``, stepped for every element in turn: what any element of the list was built over
+        _owners_of_name(model, base, found, seen, depth + 1)
+        return
+    for value in [*model.index.assigned_anywhere(name), *model.index.appended_anywhere(name)]:
         if type(value) is Unpacked:
             _owners_of_unpacked(model, value, found, seen, depth)
         elif isinstance(value, cst.BaseExpression):
@@ -127,13 +176,13 @@ def _owners_in(
             continue
         if kind is cst.Call:
             method = callee_name(node)
-            owner = dotted_name(receiver(node))
+            owner = _network(receiver(node))
             if owner is not None and method in ("parameters", "named_parameters"):
-                found.add(_path(owner))
+                found.add(owner)
                 continue
             part = _PART_PARAMETERS.match(method or "")
-            if owner is not None and part is not None:
-                found.add(_path(f"{owner}.{part.group(1)}"))
+            if owner is not None and part is not None and not owner.endswith("]"):
+                found.add(f"{owner}.{part.group(1)}")
                 continue
             if method in frameworks.RETURNS_GIVEN_ALONE and len(node.args) == 1:
                 stack.append(node.args[0].value)
@@ -186,14 +235,13 @@ def reaching_call(
         return None
     function = function_holding(model, backward.node)
     for call in _calls_computing(model, backward.loss, function, helpers=True):
-        callee = dotted_name(call.func)
-        if callee is None or _under_no_grad(model, call):
+        called = _network(call.func)
+        if called is None or _under_no_grad(model, call):
             continue
-        called = _path(callee)
         if any(other.startswith(called + ".") for other in others):
             continue
         for owner in sorted(owners):
-            if called == owner or called.rsplit(".", 1)[-1] == owner.rsplit(".", 1)[-1]:
+            if _calls_network(called, owner):
                 return Reach(call, owner, None)
             if owner.startswith(called + "."):
                 return Reach(call, owner, called)
@@ -207,6 +255,7 @@ def _calls_computing(
     name, the latest assignment above the line that reads it (all of them when none is above: set in an earlier pass
     of a loop)."""
     table = model.index.assignments.get(function, {})
+    filled = model.index.appended.get(function, {})
     pending: list[tuple[cst.BaseExpression, int]] = [(loss, model.line(loss))]
     followed: set[int] = set()
     calls: list[cst.Call] = []
@@ -224,7 +273,8 @@ def _calls_computing(
             elif kind is cst.Name or kind is cst.Attribute:
                 name = dotted_name(node)
                 values = table.get(name) if name is not None else None
-                for value in _latest_above(model, values or [], line):
+                appended = [v for v in filled.get(name, []) if model.line(v) < line] if name is not None else []
+                for value in [*_latest_above(model, values or [], line), *appended]:
                     if id(value) in followed:
                         continue
                     followed.add(id(value))

@@ -12,7 +12,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, LoopModel
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import clears, exclusive, same_object
+from gradlint.queries import clears, exclusive, opposite_sides_of_settings, same_object
 from gradlint.reach import parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, call_of
 
@@ -29,11 +29,22 @@ class StepTakesAnotherLossGradients(Rule):
     opt_d.zero_grad()``), or before the generator's backward, those leftovers
     are still there at its next step, which applies the sum: the
     discriminator also moves to help the generator fool it. Training goes on;
-    the adversarial game is quietly broken.
+    the adversarial game is quietly broken. The same happens when the other
+    loss is backpropagated after the optimizer's own and before its step
+    (``q_opt.zero_grad(); q_loss.backward(); pi_opt.zero_grad();
+    pi_loss.backward(); q_opt.step()``): a backward counts as another
+    optimizer's when that optimizer, stepped after it, is cleared between the
+    earlier backward and it. Optimizers and networks kept in lists
+    (``q_opts.append(Adam(q_nets[i].parameters()))``) are read element by
+    element: a loss calling any ``q_nets[j]`` reaches them. When a setting
+    picks which of an optimizer's steps runs (``if amp: scaler.step(opt_d)
+    else: opt_d.step()``), each step is reported with the backward of its
+    own side.
 
-    **Fix.** Clear the optimizer right before its own backward, or switch the
-    other network's ``requires_grad`` off while the other loss is
-    backpropagated (Lightning: ``toggle_optimizer``).
+    **Fix.** Clear the optimizer right before its own backward (or step it
+    before the other loss's backward), or switch the other network's
+    ``requires_grad`` off while the other loss is backpropagated (Lightning:
+    ``toggle_optimizer``).
 
     **Stays quiet when**
 
@@ -55,6 +66,15 @@ class StepTakesAnotherLossGradients(Rule):
       no such evidence, its forward decides what the other loss reaches;
     - the other loss is stepped by this optimizer too (one loss for two
       optimizers), or the optimizer has no backward of its own before its step;
+      a backward between the optimizer's own and its step is another's only
+      when a clear of that other optimizer, not of this one, runs between the
+      earlier backward and it (``fixtures/parameters/ok_gl017_critic_list_stepped_before_actor_loss.py``,
+      ``fixtures/realworld/ok_gl017_q_requires_grad_off_for_policy_loss__REDQ.py``);
+    - the other loss's backward sits on the other side of a setting from the
+      step (``if amp:`` / ``else:``): they never run in one pass
+      (``fixtures/realworld/ok_gl017_disc_cleared_after_generator_step__encodec-pytorch.py``);
+    - a list of optimizers is picked by a constant (``opts[0]``) with no
+      assignment of that element: which network it holds is not read;
     - the optimizer is never cleared (GL001), steps twice with no clear between
       (GL001), or is handed to code the module cannot see.
 
@@ -95,7 +115,7 @@ class StepTakesAnotherLossGradients(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.index is None:
             return
-        reported: set[tuple[int, str]] = set()
+        reported: dict[tuple[int, str], list] = {}  # the steps reported, per loop and optimizer
         switched_off: dict[frozenset[str], bool] = {}
         for root in model.roots:
             for loop in _outer_loops(root):
@@ -105,20 +125,20 @@ class StepTakesAnotherLossGradients(Rule):
                     continue
                 for step in steps:
                     key = (id(loop), last_name(step.target))
-                    if key in reported:
-                        continue
+                    if any(not opposite_sides_of_settings(model, step, earlier) for earlier in reported.get(key, [])):
+                        continue  # one finding per optimizer, unless a setting picks which of its steps runs
                     found = _leak_into(model, events, step)
                     if found is None:
                         continue
-                    clear, foreign, stepper, own, reach = found
+                    clear, foreign, stepper, own, reach, after_own = found
                     owners = frozenset({reach.owner})
                     if owners not in switched_off:
                         switched_off[owners] = requires_grad_switched_off(model, owners)
                     if switched_off[owners]:
                         continue
-                    reported.add(key)
+                    reported.setdefault(key, []).append(step)
                     yield Report(
-                        step.node, _leak_message(model, events, clear, foreign, stepper, own, step, reach),
+                        step.node, _leak_message(model, events, clear, foreign, stepper, own, step, reach, after_own),
                         event=step, against=(clear, foreign),
                     )
 
@@ -138,9 +158,10 @@ def _plain_optimizer_step(model: LoopModel, event) -> bool:
 
 
 def _leak_into(model: LoopModel, events: list, step):
-    """``(clear, foreign backward, the optimizer it is stepped for, own backward, reach)`` when a backward stepped by
-    another optimizer, since the last clear of ``step``'s optimizer (read back from the step, around the iteration),
-    reaches that optimizer's network."""
+    """``(clear, foreign backward, the optimizer it is stepped for, own backward, reach, after own)`` when a backward
+    stepped by another optimizer, since the last clear of ``step``'s optimizer (read back from the step, around the
+    iteration), reaches that optimizer's network; ``after own`` when that backward runs between the optimizer's own
+    latest backward and its step (then clearing earlier cannot help)."""
     optimizer = step.target
     position = next(i for i, e in enumerate(events) if e is step)
     window: list = []  # backwards since the last clear, latest first
@@ -155,9 +176,11 @@ def _leak_into(model: LoopModel, events: list, step):
         if event.kind is EventKind.ZERO and clears(model, event, optimizer) and not any(f.branch == "except" for f in event.frames):
             clear = event
             break
-        if event.kind in (EventKind.STEP, HANDOFF) and (event.target is None or same_object(event.target, optimizer)):
+        if event.kind in (EventKind.STEP, HANDOFF) and (event.target is None or same_object(event.target, optimizer)) and not (
+            exclusive(event, step) or opposite_sides_of_settings(model, event, step)
+        ):
             return None  # stepped again with no clear between (GL001), or handed to code that may clear
-        if event.kind is EventKind.BACKWARD and (wrapped or not exclusive(event, step)):
+        if event.kind is EventKind.BACKWARD and (wrapped or not exclusive(event, step)) and not opposite_sides_of_settings(model, event, step):
             window.append(event)
     if clear is None or len(window) < 2:
         return None
@@ -165,28 +188,52 @@ def _leak_into(model: LoopModel, events: list, step):
     if not owners:
         return None
     own: list = []
+    later: list = []  # other optimizers' backwards after the optimizer's own, each marked by its optimizer's clear
     for backward in window:  # latest first: the optimizer's own backwards come before the other losses'
-        stepped = _stepped_after(model, events, backward)
+        stepped, marked = _stepped_after(model, events, backward)
         if not stepped:
             continue
         if any(same_object(s, optimizer) for s in stepped):
             own.append(backward)
             continue
         if not own:
-            return None  # a foreign backward nearest the step: no backward of its own to clear before
-        others = frozenset().union(*(parameter_owners(model, s) for s in stepped))
-        reach = reaching_call(model, backward, owners, others)
-        if reach is None:
+            if not marked:
+                return None  # a foreign backward nearest the step: no backward of its own to clear before
+            later.append((backward, stepped))
             continue
-        if others and any(reaching_call(model, mine, others, owners) is not None for mine in own):
-            continue  # its own loss runs through the other network too: the losses are mixed both ways, maybe on purpose
-        return clear, backward, stepped[0], own[-1], reach
+        found = _reaching(model, backward, stepped, owners, own)
+        if found is not None:
+            return clear, backward, stepped[0], own[-1], found, False
+    if own:
+        for backward, stepped in later:  # its own loss backpropagated, then another's, then its step
+            found = _reaching(model, backward, stepped, owners, own)
+            if found is not None:
+                return clear, backward, stepped[0], own[0], found, True
     return None
 
 
-def _stepped_after(model: LoopModel, events: list, backward) -> list[str]:
+def _reaching(model: LoopModel, backward, stepped: list[str], owners: frozenset[str], own: list):
+    """How another optimizer's backward reaches ``owners``, unless the optimizer's own losses run through that
+    optimizer's networks too (the losses mixed both ways, maybe on purpose)."""
+    others = frozenset().union(*(parameter_owners(model, s) for s in stepped))
+    reach = reaching_call(model, backward, owners, others)
+    if reach is None:
+        return None
+    if others and any(reaching_call(model, mine, others, owners) is not None for mine in own):
+        return None
+    return reach
+
+
+def _stepped_after(model: LoopModel, events: list, backward) -> tuple[list[str], bool]:
     """The optimizers whose steps take this backward's gradients: those stepped after it, up to the next backward that
-    follows a step (backwards piling up for one step share its optimizers)."""
+    follows a step (backwards piling up for one step share its optimizers); and whether a clear marks it as the loss
+    of some of them only.
+
+    When clears of some of those optimizers run after the backward before it
+    (``opt_q.zero_grad(); q_loss.backward(); opt_pi.zero_grad();
+    pi_loss.backward(); opt_q.step(); opt_pi.step()``), the backward starts
+    their accumulation, not that of the optimizers cleared before the earlier
+    backward: it is theirs alone."""
     stepped: list[str] = []
     start = next(i for i, e in enumerate(events) if e is backward)
     for event in events[start + 1:]:
@@ -194,24 +241,48 @@ def _stepped_after(model: LoopModel, events: list, backward) -> list[str]:
             break
         if event.kind is EventKind.STEP and event.target is not None and not exclusive(event, backward):
             stepped.append(event.target)
-    return stepped
+    cleared: list = []
+    for event in reversed(events[:start]):
+        if event.kind is EventKind.BACKWARD and not exclusive(event, backward):
+            break
+        if event.kind is EventKind.ZERO and event.target is not None and not exclusive(event, backward):
+            cleared.append(event)
+    if not cleared or not any(e.kind is EventKind.BACKWARD and not exclusive(e, backward) for e in events[:start]):
+        return stepped, False  # no earlier backward of the iteration whose optimizers it could be told apart from
+    marked = [s for s in stepped if any(clears(model, zero, s) for zero in cleared)]
+    if not marked or len(marked) == len(stepped):
+        return stepped, False
+    return marked, True
 
 
-def _leak_message(model: LoopModel, events: list, clear, foreign, stepper: str, own, step, reach) -> str:
+def _leak_message(model: LoopModel, events: list, clear, foreign, stepper: str, own, step, reach, after_own: bool) -> str:
     optimizer = step.target
+    if reach.owner.endswith("[*]"):  # every element of a list of networks, one optimizer each
+        network = f"the networks of `{reach.owner[:-3]}`"
+        how = f"it calls `{model.code(reach.call.func)}` at line {model.line(reach.call)}"
+        switch = f"switch `requires_grad` off for {network} during the other loss"
+    else:
+        network = f"`{reach.owner}`"
+        how = (
+            f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
+            else f"it calls {network} at line {model.line(reach.call)}"
+        )
+        switch = f"switch {network}'s `requires_grad` off for the other loss"
+    taken = (
+        f"this step of `{optimizer}` also applies the gradients that the loss backpropagated at line "
+        f"{model.line(foreign.node)} for `{stepper}` left on {network} ({how})"
+    )
+    if after_own:
+        return (
+            f"{taken}: that backward runs after `{optimizer}`'s own at line {model.line(own.node)} and before this "
+            f"step; step `{optimizer}` before it, or {switch}"
+        )
     after_step = events.index(clear) > events.index(step)
     cleared = (
         f"only after its step, at line {model.line(clear.node)}" if after_step
         else f"at line {model.line(clear.node)}, before that backward"
     )
-    network = f"`{reach.owner}`"
-    how = (
-        f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
-        else f"it calls {network} at line {model.line(reach.call)}"
-    )
     return (
-        f"this step of `{optimizer}` also applies the gradients that the loss backpropagated at line "
-        f"{model.line(foreign.node)} for `{stepper}` left on {network} ({how}): `{optimizer}` is cleared {cleared}; "
-        f"clear it just before its own backward at line {model.line(own.node)}, or switch {network}'s "
-        f"`requires_grad` off for the other loss"
+        f"{taken}: `{optimizer}` is cleared {cleared}; clear it just before its own backward at line "
+        f"{model.line(own.node)}, or {switch}"
     )
