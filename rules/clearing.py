@@ -11,6 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
 from gradlint import frameworks
+from gradlint.reach import parameter_owners, reaching_call
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.module_index import Unpacked
@@ -951,6 +952,12 @@ class ZeroGradInAccumulation(Rule):
     - the clear runs only with accumulation off and the step only with it on,
       whether in two branches of one ``if`` on the setting or in two ``if``s
       (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``).
+    - the backwards of the micro-batches that do not step are visibly another
+      optimizer's (their loss reaches only the networks of an optimizer cleared
+      before and stepped after them): an actor cleared, backpropagated and
+      stepped every ``policy_update_delay`` updates while the critics update on
+      every one accumulates nothing (GL004 is quiet there too:
+      ``fixtures/realworld/ok_gl003_policy_cleared_under_its_own_delay__REDQ.py``).
 
     **Bad**::
 
@@ -1234,8 +1241,48 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
                 b for b in acc.backwards
                 if root.order(zero) < root.order(b) < at and not exclusive(b, zero) and _in_one_run_of(model, loop, zero, b)
             ]
-            if later:
+            if later and not _others_backwards_only(model, root, loop, step, _off_the_guards_test(model, acc, loop)):
                 yield zero, later[0], step, acc.frame
+
+
+def _off_the_guards_test(model: LoopModel, acc, loop: Frame) -> list[Event]:
+    """The accumulated backwards that run on the micro-batches the guard does not select: under no branch testing
+    what the step's guard tests (``if (i + 1) % k == 0:`` written twice selects the same micro-batches)."""
+    selects = _micro_batches_selected(model, acc.frame)
+    return [
+        b for b in acc.backwards
+        if not any(
+            f.kind is FrameKind.BRANCH and type(f.node) is cst.If and _micro_batches_selected(model, f) == selects
+            for f in frames_inside(b, loop)
+        )
+    ]
+
+
+def _others_backwards_only(model: LoopModel, root: Root, loop: Frame, step: Event, backwards: list[Event]) -> bool:
+    """Whether each backward of the micro-batches that do not step is visibly another optimizer's: its loss reaches
+    networks of an optimizer cleared before it and stepped after it, and none of ``step``'s optimizer's. Then nothing
+    accumulates for this step between its windows (REDQ: the Q loss on every update, the policy's clear, backward and
+    step only every ``policy_update_delay`` updates)."""
+    mine = parameter_owners(model, step.target or "")
+    if not backwards or not mine:
+        return False
+    others = {
+        s.target: parameter_owners(model, s.target)
+        for s in root.events_of(EventKind.STEP, loop) if s.target is not None and not same_object(s.target, step.target)
+    }
+    for backward in backwards:
+        if reaching_call(model, backward, mine) is not None:
+            return False
+        at = root.order(backward)
+        owner = next((
+            name for name, owners in others.items()
+            if owners and reaching_call(model, backward, owners) is not None
+            and any(root.order(z) < at and clears(model, z, name) for z in root.events_of(EventKind.ZERO, loop))
+            and any(root.order(s) > at and same_object(s.target, name) for s in root.events_of(EventKind.STEP, loop))
+        ), None)
+        if owner is None:
+            return False
+    return True
 
 
 def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool | None]:
@@ -1755,6 +1802,9 @@ class UnscaledAccumulatedLoss(Rule):
                     wiped = {id(s) for _, _, s, _ in _boundary_clears_before_backward(model, root)}
                 if id(step) in wiped:
                     continue  # nothing accumulates either: GL003 reports the clear before the stepping backward
+                if (acc.style == "guard" and type(acc.frame.node) is cst.If
+                        and _others_backwards_only(model, root, loop, step, _off_the_guards_test(model, acc, loop))):
+                    continue  # the other micro-batches backpropagate other optimizers' losses only: nothing accumulates
                 yield from _wrong_divisors(model, acc, step)
                 yield from _divided_twice(model, acc, step)
                 if _deliberate_sum(model, root, acc):
