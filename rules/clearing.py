@@ -40,6 +40,7 @@ from gradlint.queries import (
     same_object,
     single_branch_guards,
     split_by_setting,
+    calls_unseen_inherited_method,
     steps_after_loops,
     steps_with_loops,
 )
@@ -197,7 +198,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
-                if _inherited_method_may_clear(model, step, loop):
+                if calls_unseen_inherited_method(model, step, loop):
                     continue
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
@@ -296,48 +297,6 @@ def _clears_in(model: LoopModel, body: cst.CSTNode) -> bool:
             return True
         if type(node) is cst.Assign and any(type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets):
             return True
-    return False
-
-
-def _inherited_method_may_clear(model: LoopModel, step: Event, loop: Frame) -> bool:
-    """Whether the loop calls a method of ``self`` that no class of this module defines, on a class deriving from a class
-    of another module (torch's aside): that inherited method cannot be read here, and it may clear ``self``'s optimizer
-    (habitat-lab's ``HRLPPO._update_from_batch`` calls ``self._set_grads_to_none()``, which its base ``PPO``, in
-    another file, defines as ``p.grad = None`` over the optimizer's parameters)."""
-    index = model.index
-    if index is None or not (step.target or "").startswith("self."):
-        return False
-    method = index.method_holding(function_holding(model, step.node))
-    owner = index.class_of.get(method) if method is not None else None
-    if owner is None or not _derives_from_another_module(model, owner):
-        return False
-    for node in walk(loop.node):
-        if type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name:
-            if node.func.value.value == "self" and index.method_of(owner, node.func.attr.value) is None:
-                return True
-    return False
-
-
-def _derives_from_another_module(model: LoopModel, class_name: str) -> bool:
-    """Whether a class of this module has, among its bases and theirs in this module, one this module does not define and
-    torch does not (``torch.nn.Module``'s methods are known: only ``zero_grad`` clears, and it is read as a clear)."""
-    index = model.index
-    classes = {c.name.value: c for c in index.module.body if type(c) is cst.ClassDef}
-    seen: set[str] = set()
-    pending = [class_name]
-    while pending:
-        current = pending.pop()
-        if current in seen or current not in classes:
-            continue
-        seen.add(current)
-        for argument in classes[current].bases:
-            base = dotted_name(argument.value)
-            if base is None or base == "object":
-                continue
-            if base in classes:
-                pending.append(base)
-            elif not any(q == "torch" or q.startswith("torch.") for q in index.qualified_names(argument.value)):
-                return True
     return False
 
 

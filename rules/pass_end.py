@@ -18,7 +18,15 @@ from gradlint.counters import CounterStart, RemainderTest, counter_start, remain
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, LoopModel, Root
-from gradlint.queries import accumulation, clears, handoff_may_step, lies_in, same_object, steps_with_loops
+from gradlint.queries import (
+    accumulation,
+    calls_unseen_inherited_method,
+    clears,
+    handoff_may_step,
+    lies_in,
+    same_object,
+    steps_with_loops,
+)
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, dotted_name, walk
 
@@ -47,7 +55,9 @@ class LastWindowOfPassNotStepped(Rule):
       1``), or the counter runs across passes (a clear at a pass's start then
       is GL003's finding), or its start is not a literal;
     - the optimizer is stepped anywhere else in the pass (a flush after the
-      micro-batch loop), or handed to code the module cannot see there;
+      micro-batch loop), or handed to code the module cannot see there, or
+      the pass calls a method of ``self`` that a base class of another module
+      defines (it may step ``self``'s optimizer);
     - the micro-batch loop is not inside another loop (one pass: at most
       ``accum - 1`` micro-batches at the very end of training), iterates a
       ``range`` (whose length the code sets), or an endless iterator
@@ -98,6 +108,8 @@ class LastWindowOfPassNotStepped(Rule):
                 passes = _pass_loop(step, loop)
                 if window is None or passes is None or _stepped_elsewhere(root, step, passes, acc.frame):
                     continue
+                if calls_unseen_inherited_method(model, step, passes):
+                    continue  # ``self.finish_epoch()`` of a base class in another module may step what is left
                 test, counter = window
                 if counter.set_at is not None and not lies_in(model, counter.set_at, passes.node):
                     continue  # counted across passes: the windows run on into the next pass
