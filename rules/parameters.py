@@ -725,11 +725,13 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
             continue  # not a store of layers the forward runs: replaced later, or never called
         if _frozen_by_hand(model, methods, target):
             continue  # ``self.block[0].requires_grad_(False)``: hidden from parameters() on purpose (a fixed filter)
+        where = f" where `{target}` is made (line {model.line(containers[target])})" if type(node) is cst.Call else ""
         yield Report(
             node,
             f"`{target}` is a plain Python container holding `{layer}` layers: the module does not register "
             f"them, so `model.parameters()` never holds their weights and no optimizer built from it updates them "
-            f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`",
+            f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`"
+            f"{where}",
         )
 
 
