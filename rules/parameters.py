@@ -563,6 +563,8 @@ _TENSOR_FACTORIES = frozenset({
 _UNREGISTERED = Spelled(
     "self",
     r"self\.\w+\s*=\s*[\[{][^\n]*\bnn\.[A-Z]|self\.\w+\.append\(\s*(?:torch\.)?nn\.[A-Z]"
+    r"|self\.\w+\.append\(\s*(?:self\.)?\w+\(|self\.\w+\s*=\s*\[\s*(?:self\.)?\w+\("
+    r"|self\.\w+\s*=\s*\{[^\n]*:\s*(?:self\.)?\w+\("
     r"|Parameter\([^\n]*\)\s*\.\s*(?:to|cuda|half|float|double|bfloat16|type)\s*\("
     r"|self\.\w+\s*=\s*torch\.\w+\([^\n]*requires_grad\s*=\s*True",
 )
@@ -581,7 +583,13 @@ class UnregisteredParameters(Rule):
     ``model.parameters()``. The optimizer built from it never updates them,
     nothing clears their gradients, ``model.to(device)`` does not move them
     and ``state_dict()`` does not save them. The forward still uses them, so
-    training runs with those weights frozen at their initial values.
+    training runs with those weights frozen at their initial values. A
+    layer is known to be built, not only held, when the container is handed
+    ``nn.Conv2d(...)`` (also in ``nn.Sequential``), an instance of a class of
+    the module deriving from a ``Module`` that builds a layer with parameters
+    (``[Highway(size) for _ in range(depth)]``), or the value of a function of
+    the module whose every return builds one, or of a module-level factory
+    annotated to return a module (``-> nn.Module``: ``get_layer(hparams)``).
 
     **Fix.** ``nn.ModuleList`` / ``nn.ModuleDict`` for layers,
     ``nn.Parameter(...)`` for tensors, built on the device:
@@ -591,10 +599,16 @@ class UnregisteredParameters(Rule):
     ``nn.ModuleDict``, ``nn.Sequential`` or a parameter list, calls
     ``add_module``, ``register_module`` or ``register_parameter``, or defines
     its own ``parameters``; the list holds layers without parameters
-    (``nn.ReLU``, ``nn.Dropout``) or layers already registered under another
-    attribute; the tensor is wrapped in ``nn.Parameter`` or named in an
-    optimizer's construction in the module
-    (``fixtures/parameters/ok_gl018_registered_layers.py``).
+    (``nn.ReLU``, ``nn.Dropout``, a class of the module that builds none) or
+    layers already registered under another attribute; a factory is handed
+    something of ``self`` or a value an enclosing ``isinstance(x, nn.Module)``
+    knows to be a module (it may hand back a module someone else registers),
+    or a factory known only by its annotation is a method (it may hand back
+    a submodule the class registers); the
+    tensor is wrapped in ``nn.Parameter`` or named in an optimizer's
+    construction in the module
+    (``fixtures/parameters/ok_gl018_registered_layers.py``,
+    ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``).
 
     **Bad**::
 
@@ -664,7 +678,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 if type(value) in (cst.List, cst.Dict) and not value.elements:
                     containers.setdefault(target, node)
                     continue
-                layer = _plain_container_of_layers(model, value)
+                layer = _plain_container_of_layers(model, value, method)
                 if layer is not None:
                     fresh.setdefault(target, (value, layer))
                     continue
@@ -693,7 +707,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 owner = dotted_name(receiver(node))
                 if owner is None or owner.count(".") != 1 or not owner.startswith("self."):
                     continue
-                layer = next((l for a in node.args if (l := _layer_built(model, a.value)) is not None), None)
+                layer = next((l for a in node.args if (l := _layer_built(model, a.value, method)) is not None), None)
                 if layer is not None:
                     fresh.setdefault(owner, (node, layer))
             elif kind is cst.Call and _registering_call(model, node):
@@ -703,7 +717,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                         if name is not None and name.startswith("self."):
                             registered_later.add(name)
     for target, (node, layer) in fresh.items():
-        if target in registered_later or layer == "Parameter":
+        if target in registered_later or layer == "nn.Parameter":
             continue  # a plain list of parameters is as often a list of placeholders (deepchem's GAN inputs)
         if type(node) is cst.Call and target not in containers:
             continue  # appended to something not known to be a plain list
@@ -711,11 +725,13 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
             continue  # not a store of layers the forward runs: replaced later, or never called
         if _frozen_by_hand(model, methods, target):
             continue  # ``self.block[0].requires_grad_(False)``: hidden from parameters() on purpose (a fixed filter)
+        where = f" where `{target}` is made (line {model.line(containers[target])})" if type(node) is cst.Call else ""
         yield Report(
             node,
-            f"`{target}` is a plain Python container holding `nn.{layer}` layers: the module does not register "
+            f"`{target}` is a plain Python container holding `{layer}` layers: the module does not register "
             f"them, so `model.parameters()` never holds their weights and no optimizer built from it updates them "
-            f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`",
+            f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`"
+            f"{where}",
         )
 
 
@@ -785,29 +801,119 @@ def _registering_call(model: LoopModel, value: cst.CSTNode) -> bool:
     return type(value) is cst.Call and _torch_nn_name(model, value.func) in _REGISTERING
 
 
-def _layer_built(model: LoopModel, value: cst.BaseExpression) -> str | None:
-    """The ``torch.nn`` layer with parameters a call builds (``nn.Conv2d(...)``, ``nn.Sequential(nn.Linear(...))``)."""
+def _layer_built(
+    model: LoopModel, value: cst.BaseExpression, function: cst.FunctionDef | None = None, seen: frozenset = frozenset()
+) -> str | None:
+    """The layer with parameters a call builds, in the words of the message: ``nn.Conv2d`` for ``nn.Conv2d(...)``
+    (also inside ``nn.Sequential(...)``); ``Block`` for a class of this module deriving from a ``Module`` that builds
+    one; ``make_block(...)`` for a function of this module whose every return builds one, or a function of the module
+    (not a method) annotated to return a module and handed nothing that is already a module (a factory reading a
+    specification: ``get_layer(hparams)``). ``function`` holds the call; ``seen`` stops a recursion."""
     if type(value) is not cst.Call:
         return None
     layer = _torch_nn_name(model, value.func)
     if layer in _PARAMETER_LAYERS:
-        return layer
+        return f"nn.{layer}"
     if layer == "Sequential":
-        return next((l for a in value.args if (l := _layer_built(model, a.value)) is not None), None)
+        return next((l for a in value.args if (l := _layer_built(model, a.value, function, seen)) is not None), None)
+    if layer is not None or model.index is None:
+        return None
+    index = model.index
+    if type(value.func) is cst.Name and value.func.value in index.class_methods:
+        name = value.func.value
+        return name if name not in seen and _module_class_with_parameters(model, name, seen | {name}) else None
+    helper = index.resolve_function(value, function)
+    if helper is None or helper in seen:
+        return None
+    seen = seen | {helper}
+    returned = index.returned(helper)
+    if returned and all(_returns_layer(model, helper, r, seen) for r in returned):
+        return f"{callee_name(value)}(...)"
+    if (
+        index.class_of.get(helper) is None and index.parent_function.get(helper) is None
+        and helper.returns is not None and _names_module_class(model, helper.returns.annotation, seen)
+        and not _handed_a_module(model, value)
+    ):
+        return f"{callee_name(value)}(...)"
     return None
 
 
-def _plain_container_of_layers(model: LoopModel, value: cst.BaseExpression) -> str | None:
+def _returns_layer(model: LoopModel, helper: cst.FunctionDef, value: cst.BaseExpression, seen: frozenset) -> bool:
+    """Whether a returned value is a layer the helper builds: a call that builds one, or a name every assignment in
+    the helper gives one (``block = nn.Sequential(...)``; ``return block``)."""
+    if type(value) is cst.Name:
+        values = model.index.assignments.get(helper, {}).get(value.value, [])
+        return bool(values) and all(isinstance(v, cst.BaseExpression) and _layer_built(model, v, helper, seen) for v in values)
+    return _layer_built(model, value, helper, seen) is not None
+
+
+def _module_class_with_parameters(model: LoopModel, class_name: str, seen: frozenset) -> bool:
+    """Whether a class of this module derives from a ``Module`` and builds a layer with parameters (or an
+    ``nn.Parameter``) in one of its methods, or those of its bases in the module."""
+    index = model.index
+    if not index.derives_from(class_name, lambda base: base.endswith("Module")):
+        return False
+    pending, visited = [class_name], set()
+    while pending:
+        current = pending.pop()
+        if current in visited:
+            continue
+        visited.add(current)
+        pending.extend(index.class_bases.get(current, []))
+        for method in index.class_methods.get(current, {}).values():
+            for node in model.file.walk(method.body):
+                if type(node) is cst.Call and _layer_built(model, node, method, seen) is not None:
+                    return True
+    return False
+
+
+def _names_module_class(model: LoopModel, annotation: cst.BaseExpression, seen: frozenset) -> bool:
+    """Whether a return annotation names ``nn.Module`` itself, or a class of this module built as a layer with
+    parameters (not ``Optional[...]``, a container, or a string)."""
+    if any(q in ("torch.nn.Module", "torch.nn.modules.module.Module") for q in model.index.qualified_names(annotation)):
+        return True
+    return (
+        type(annotation) is cst.Name and annotation.value in model.index.class_methods
+        and annotation.value not in seen and _module_class_with_parameters(model, annotation.value, seen | {annotation.value})
+    )
+
+
+def _handed_a_module(model: LoopModel, call: cst.Call) -> bool:
+    """Whether a call is handed something of ``self`` or a name an enclosing ``if isinstance(name, nn.Module):``
+    (its body, not its ``else``) knows to be a module: a factory may hand such a module back as it is, and a module
+    the caller holds may be registered there."""
+    modules: set[str] = set()
+    child: cst.CSTNode = call
+    parent = model.file.parent_map().get(child)
+    while parent is not None and type(parent) not in (cst.FunctionDef, cst.Module):
+        if type(parent) is cst.If and child is parent.body and type(parent.test) is cst.Call:
+            test = parent.test
+            if callee_name(test) == "isinstance" and len(test.args) == 2 and type(test.args[0].value) is cst.Name:
+                if any(
+                    q in ("torch.nn.Module", "torch.nn.modules.module.Module")
+                    for n in walk(test.args[1].value) if type(n) in (cst.Name, cst.Attribute)
+                    for q in model.index.qualified_names(n)
+                ):
+                    modules.add(test.args[0].value.value)
+        child, parent = parent, model.file.parent_map().get(parent)
+    for arg in call.args:
+        for node in walk(arg.value):
+            if type(node) is cst.Name and (node.value in ("self", "cls") or node.value in modules):
+                return True
+    return False
+
+
+def _plain_container_of_layers(model: LoopModel, value: cst.BaseExpression, function: cst.FunctionDef | None) -> str | None:
     """``[nn.Linear(...), ...]``, ``[nn.Linear(...) for _ in range(n)]``, ``{k: nn.Linear(...) ...}``: the layer."""
     kind = type(value)
     if kind is cst.List:
-        return next((l for e in value.elements if type(e) is cst.Element and (l := _layer_built(model, e.value))), None)
+        return next((l for e in value.elements if type(e) is cst.Element and (l := _layer_built(model, e.value, function))), None)
     if kind is cst.ListComp:
-        return _layer_built(model, value.elt)
+        return _layer_built(model, value.elt, function)
     if kind is cst.Dict:
-        return next((l for e in value.elements if type(e) is cst.DictElement and (l := _layer_built(model, e.value))), None)
+        return next((l for e in value.elements if type(e) is cst.DictElement and (l := _layer_built(model, e.value, function))), None)
     if kind is cst.DictComp:
-        return _layer_built(model, value.value)
+        return _layer_built(model, value.value, function)
     return None
 
 
