@@ -223,7 +223,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, 'zero_grad', 'loss'),),
+        needs=((STEP, _TOKEN_1, 'loss'),),
     ),
     RuleInfo(
         code='GL101',

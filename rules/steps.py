@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import Event, LoopModel
 from gradlint.queries import clears
-from gradlint.rule import STEP, Report, Rule
+from gradlint.rule import STEP, Report, Rule, call_of
 from gradlint.syntax import callee_name, dotted_name, is_grad, method_name
 
 # What reading a loss for a log does: none of these hands its graph to anything.
@@ -64,7 +64,7 @@ class StepWithoutBackward(Rule):
     summary = "an optimizer is cleared and stepped with no backward of the loss computed between"
     severity = Severity.ERROR
     fix = None  # which loss the step should follow is the author's
-    needs = ((STEP, "zero_grad", "loss"),)
+    needs = ((STEP, call_of("zero_grad"), "loss"),)
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         seen: set[int] = set()
