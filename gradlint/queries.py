@@ -728,8 +728,10 @@ def calls_unseen_inherited_method(model: LoopModel, step: Event, loop: Frame) ->
         return False
     for node in walk(loop.node):
         if type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name:
-            if node.func.value.value == "self" and index.method_of(owner, node.func.attr.value) is None:
-                return True
+            name = node.func.attr.value
+            if node.func.value.value == "self" and index.method_of(owner, name) is None:
+                if not index.assigned_anywhere(f"self.{name}"):  # ``self.model = ...``: a callable held, no method
+                    return True
     return False
 
 
