@@ -256,6 +256,8 @@ def _clip_opening_backward_helper(model: LoopModel, root: Root, clip: Event) -> 
         return None
     if any(e.kind in (EventKind.STEP, EventKind.ZERO, HANDOFF) for e in events):
         return None  # the function steps or clears itself: the loop rules judge it
+    if not any(r.events_of(EventKind.STEP) for r in model.roots):
+        return None  # nothing in the module steps after it: no step applies the unclipped gradients here
     backward = events[1]
     if exclusive(backward, clip) or leaves_before(clip, backward):
         return None
