@@ -18,13 +18,15 @@ _TOKEN_3 = Spelled('grad', '\\.(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*grad(?!\\w)(?:[
 _TOKEN_4 = re.compile('zeros_like|(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*\\*|\\*(?:[\\s\\\\(]|#[^\\n]*(?![^\\n]))*(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])')
 _TOKEN_5 = Spelled('requires_grad', '\\.[\\s\\\\]*requires_grad[\\s\\\\]*=[\\s\\\\]*False|requires_grad_[\\s\\\\]*\\([\\s\\\\]*(?:requires_grad[\\s\\\\]*=[\\s\\\\]*)?False')
 _TOKEN_6 = call_of('parameters')
-_TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True')
-_TOKEN_8 = call_of('update')
-_TOKEN_9 = call_of('unscale_')
-_TOKEN_10 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
-_TOKEN_11 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_12 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_13 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True')
+_TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(')
+_TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
+_TOKEN_10 = call_of('update')
+_TOKEN_11 = call_of('unscale_')
+_TOKEN_12 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
+_TOKEN_13 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_14 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_15 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -187,7 +189,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_7,),),
+        needs=((_TOKEN_7,), (_TOKEN_8, _TOKEN_9)),
     ),
     RuleInfo(
         code='GL019',
@@ -232,7 +234,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_8, SCALER), (BACKWARD, _TOKEN_9, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_10, SCALER), (BACKWARD, _TOKEN_11, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -268,7 +270,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_9, SCALER), (BACKWARD, STEP, _TOKEN_8, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_11, SCALER), (BACKWARD, STEP, _TOKEN_10, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -277,7 +279,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_8, SCALER),),
+        needs=((BACKWARD, _TOKEN_10, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -286,7 +288,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_9, SCALER),),
+        needs=((BACKWARD, _TOKEN_11, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -295,7 +297,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_8, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_10, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -304,7 +306,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_10, SCALER), (_TOKEN_10, 'autocast')),
+        needs=((_TOKEN_12, SCALER), (_TOKEN_12, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -313,7 +315,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_10, _TOKEN_11), (_TOKEN_10, BACKWARD, STEP), (_TOKEN_10, BACKWARD, _TOKEN_12), (_TOKEN_10, BACKWARD, _TOKEN_2), (_TOKEN_10, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_12, _TOKEN_13), (_TOKEN_12, BACKWARD, STEP), (_TOKEN_12, BACKWARD, _TOKEN_14), (_TOKEN_12, BACKWARD, _TOKEN_2), (_TOKEN_12, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -322,7 +324,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_10, 'clip'),),
+        needs=((_TOKEN_12, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -349,7 +351,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_13)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_15)),
     ),
     RuleInfo(
         code='GL303',

@@ -563,11 +563,17 @@ _TENSOR_FACTORIES = frozenset({
 _UNREGISTERED = Spelled(
     "self",
     r"self\.\w+\s*=\s*[\[{][^\n]*\bnn\.[A-Z]|self\.\w+\.append\(\s*(?:torch\.)?nn\.[A-Z]"
-    r"|self\.\w+\.append\(\s*(?:self\.)?\w+\(|self\.\w+\s*=\s*\[\s*(?:self\.)?\w+\("
-    r"|self\.\w+\s*=\s*\{[^\n]*:\s*(?:self\.)?\w+\("
     r"|Parameter\([^\n]*\)\s*\.\s*(?:to|cuda|half|float|double|bfloat16|type)\s*\("
     r"|self\.\w+\s*=\s*torch\.\w+\([^\n]*requires_grad\s*=\s*True",
 )
+# A layer built by a class or a function of the module, put in a plain container: read only where the module defines
+# a class on a ``...Module`` base (the rule judges those classes), or the pattern alone lets in most library code.
+_BUILT_BY_CALL = Spelled(
+    "self",
+    r"self\.\w+\.append\(\s*(?:self\.)?\w+\(|self\.\w+\s*=\s*\[\s*(?:self\.)?\w+\("
+    r"|self\.\w+\s*=\s*\{[^\n]*:\s*(?:self\.)?\w+\(",
+)
+_MODULE_CLASS = Spelled("Module", r"class\s+\w+\s*\([^)]*Module\b")
 
 
 class UnregisteredParameters(Rule):
@@ -634,7 +640,7 @@ class UnregisteredParameters(Rule):
     summary = "layers in a plain list, or tensors that are no `nn.Parameter`: `parameters()` never holds them"
     severity = Severity.ERROR
     fix = None  # ModuleList or Parameter: the author's container, the author's call
-    needs = ((_UNREGISTERED,),)
+    needs = ((_UNREGISTERED,), (_BUILT_BY_CALL, _MODULE_CLASS))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         index = model.index
