@@ -60,15 +60,15 @@ def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
     return RemainderTest(counter, offset, remainder.right) if counter is not None else None
 
 
-def window_offset(start: int, test: RemainderTest) -> int | None:
+def window_offset(start: int, test: RemainderTest) -> int:
     """How many micro-batches each window of ``test`` ends early (> 0) or late (< 0) when its counter reads ``start``
-    on the first iteration; 0 when aligned, None when the count is no literal and the windows cannot be told apart
-    from aligned ones (``start + offset == 1`` is aligned for every count)."""
+    on the first iteration; 0 when aligned (for a count that is no literal, only ``start + offset == 1`` is aligned
+    whatever the count)."""
     off = start + test.offset - 1
     literal = number(test.count)
-    if literal is not None and literal == int(literal) and literal > 0:
-        return 0 if off % int(literal) == 0 else off
-    return 0 if off == 0 else off
+    if literal is not None and literal == int(literal) and literal > 0 and off % int(literal) == 0:
+        return 0
+    return off
 
 
 def loop_index(node: cst.CSTNode) -> tuple[str, int] | None:

@@ -888,7 +888,6 @@ class EventBuilder:
         return type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER
 
 
-# What a helper handed the optimizer does by its name: stepping, or something else than stepping.
 def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:
     """``optimizers[opt]`` for ``opt`` in ``for opt in optimizers:`` (also ``enumerate(optimizers)``, ``zip(optimizers,
     ...)``, ``optimizers.values()`` or ``.items()``): the element of a named collection the loop is at, so that a clear

@@ -640,10 +640,15 @@ def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
 
 
 def _clears_or_steps(model: LoopModel, event: Event, optimizer: str) -> bool:
-    if event.kind is EventKind.ZERO:
-        return clears(model, event, optimizer)
     if event.kind is EventKind.STEP:
         return event.target is None or same_object(event.target, optimizer)
+    return _clears_or_may_clear(model, event, optimizer)
+
+
+def _clears_or_may_clear(model: LoopModel, event: Event, optimizer: str | None) -> bool:
+    """A clear of ``optimizer``'s gradients, or a handoff of it to code the module cannot see that may clear them."""
+    if event.kind is EventKind.ZERO:
+        return clears(model, event, optimizer)
     return event.kind == HANDOFF and same_object(event.target, optimizer) and handoff_may_clear(event, model.keeps_handed)
 
 
@@ -719,11 +724,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
             ):
                 between = since[key][:-1]
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
-                handled = any(
-                    (e.kind is EventKind.ZERO and clears(model, e, event.target))
-                    or (e.kind == HANDOFF and same_object(e.target, event.target) and handoff_may_clear(e, model.keeps_handed))
-                    for e in between
-                )
+                handled = any(_clears_or_may_clear(model, e, event.target) for e in between)
                 if backward is not None and not handled:
                     yield Report(
                         event.node,
@@ -770,11 +771,7 @@ def _step_reapplying_last_iteration(model: LoopModel, root: Root, loop: Frame, e
             continue
         at_first, at_last = events.index(first), events.index(last)
         between = events[at_last + 1:] + events[:at_first]
-        if any(
-            (e.kind is EventKind.ZERO and clears(model, e, first.target))
-            or (e.kind == HANDOFF and same_object(e.target, first.target) and handoff_may_clear(e, model.keeps_handed))
-            for e in between
-        ):
+        if any(_clears_or_may_clear(model, e, first.target) for e in between):
             continue
         backward = next((e for e in reversed(events[:at_first]) if e.kind is EventKind.BACKWARD), None)
         if backward is None or not any(e.kind is EventKind.ZERO and clears(model, e, first.target) for e in events[at_first:at_last]):

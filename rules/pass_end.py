@@ -119,7 +119,7 @@ class LastWindowOfPassNotStepped(Rule):
                 if cleared is None and not _divided_by_the_count(root, acc.backwards, loop):
                     continue  # carried into the next window and normalised there: one larger batch, weighed right
                 reported.add(id(guard))
-                yield Report(guard.test, _message(model, step, loop, passes, guard, counter, cleared), event=step)
+                yield Report(guard.test, _message(model, step, loop, passes, guard, test, counter, cleared), event=step)
 
 
 def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[RemainderTest, CounterStart] | None:
@@ -187,9 +187,8 @@ def _divided_by_the_count(root: Root, backwards: list[Event], loop: Frame) -> bo
     return bool(backwards) and all(b.normalised for b in backwards) and not root.events_of(GRAD_DIVIDE, loop)
 
 
-def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: cst.If, counter: CounterStart,
-             cleared: Event | None) -> str:
-    test = remainder_test(guard.test)
+def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: cst.If, test: RemainderTest,
+             counter: CounterStart, cleared: Event | None) -> str:
     count = model.code(test.count)
     iterated = _iterated(loop.node)
     length = f"len({iterated})" if iterated is not None else "the pass's length"
@@ -200,8 +199,7 @@ def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: c
     if cleared is not None:
         fate = f"cleared at line {model.line(cleared.node)} without a step"
     else:
-        fate = (f"added into the next pass's first step, which then sums more micro-batches than the loss was divided "
-                f"by")
+        fate = "added into the next pass's first step, which then sums more micro-batches than the loss was divided by"
     if iterated is not None and counter.set_at is None:
         seen = f"{test.counter} + {1 - counter.start}" if counter.start < 1 else test.counter
         close = f"`... or {seen} == len({iterated})`"
