@@ -357,7 +357,8 @@ def _with_handed_and_wrapped(calls: FileCalls, text: str, tree: FiledTree) -> Fi
 def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> frozenset[str]:
     """``function:wrapper`` for each module-level function of the file every ``return`` of which hands back a wrapper class's
     construction (``return DistributedDataParallel(model, ...)``, or a name the function assigned one to), the same
-    wrapper each time: a project's own way to wrap (``smart_DDP(model)``), which another file may call."""
+    wrapper each time, or the model it was handed unchanged (the one-process path): a project's own way to wrap
+    (``smart_DDP(model)``), which another file may call."""
     class_names = _wrapper_names(from_imports)
     found = set()
     for function in tree.tree.body:
@@ -365,6 +366,7 @@ def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> froz
             continue  # a module's own functions: a method is no callee of a plain call
         built: dict[str, str] = {}
         returned: set[str | None] = set()
+        handed = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
         for node in _own_nodes(function):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 by = _wrapper(node.value, class_names)
@@ -373,6 +375,8 @@ def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> froz
                         built[_dotted(target)] = by
             elif isinstance(node, ast.Return) and node.value is not None:
                 value = node.value
+                if isinstance(value, ast.Name) and value.id in handed and value.id not in built:
+                    continue  # ``if world_size == 1: return model``: the one-process path hands the model back unwrapped
                 returned.add(_wrapper(value, class_names) if isinstance(value, ast.Call) else built.get(_dotted(value) or ""))
         if len(returned) == 1 and None not in returned:
             found.add(f"{function.name}:{returned.pop()}")

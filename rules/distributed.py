@@ -1748,7 +1748,10 @@ class NormClippedOnShards(Rule):
     by its own factor: the update is no longer a clipped gradient, it
     differs from rank to rank in scale, and the norm it returns (and logs)
     is not the model's. FSDP's own ``model.clip_grad_norm_(max_norm)``
-    reduces the norm over the ranks first.
+    reduces the norm over the ranks first. The wrap is read where the model
+    is assigned, or in the module's helper that returns it (``self.model =
+    do_fsdp(self.model)``, a helper that returns the model unwrapped on one
+    GPU and ``FullyShardedDataParallel(model)`` otherwise).
 
     **Fix.** Call the wrapper's method: ``model.clip_grad_norm_(max_norm)``.
 
@@ -1842,14 +1845,35 @@ def _sharded_wrap(model: LoopModel, clip: cst.Call, owner: str, sharded) -> tupl
     else:
         values = [*index.assignments.get(function, {}).get(owner, ()), *index.assignments.get(None, {}).get(owner, ())]
     for value in values:
-        if type(value) is not cst.Call or not index.qualified_names(value.func) & sharded.constructors:
+        if type(value) is not cst.Call:
             continue
-        if owner.startswith("self.") and not _same_instance_runs(model, function_holding(model, value), function):
+        wrapping = function_holding(model, value)
+        if owner.startswith("self.") and not _same_instance_runs(model, wrapping, function):
             continue
-        strategy = _strategy(model, value, sharded)
-        if strategy is not None:
-            return value, strategy
+        for wrap in _constructions(model, value, wrapping, sharded):
+            strategy = _strategy(model, wrap, sharded)
+            if strategy is not None:
+                return wrap, strategy
     return None
+
+
+def _constructions(model: LoopModel, value: cst.Call, function: cst.FunctionDef | None, sharded) -> list[cst.Call]:
+    """The wrapper constructions an assigned call stands for: itself, or those a helper of the module it calls
+    returns (``def do_fsdp(m): if world_size == 1: return m; return FullyShardedDataParallel(m, ...)``): the wrapped
+    path is the one that shards, whatever the other returns hand back."""
+    index = model.index
+    if index.qualified_names(value.func) & sharded.constructors:
+        return [value]
+    helper = index.resolve_function(value, function)
+    if helper is None:
+        return []
+    found = []
+    for returned in index.returned(helper):
+        candidates = [returned] if type(returned) is cst.Call else [
+            v for v in index.assignments.get(helper, {}).get(dotted_name(returned) or "", ()) if type(v) is cst.Call
+        ]
+        found.extend(c for c in candidates if index.qualified_names(c.func) & sharded.constructors)
+    return found
 
 
 def _same_instance_runs(model: LoopModel, wrapping: cst.FunctionDef | None, clipping: cst.FunctionDef | None) -> bool:
