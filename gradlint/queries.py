@@ -26,6 +26,18 @@ def same_object(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and last_name(a) == last_name(b)
 
 
+def local_of_its_own(model: LoopModel, a: str, b: str, at: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` are a bare name and an attribute of the same last name (``meta_opt`` and
+    ``self.meta_opt``) while the function holding ``at`` assigns the bare name something other than the attribute
+    (``meta_opt = AdamW(meta_model.parameters())``): a local of its own, another object, whatever
+    :func:`same_object` says of the spelling."""
+    bare, attribute = (a, b) if "." not in a else (b, a)
+    if "." in bare or "." not in attribute or last_name(attribute) != bare or model.index is None:
+        return False
+    values = model.index.assignments.get(function_holding(model, at), {}).get(bare, ())
+    return any(not isinstance(v, cst.BaseExpression) or dotted_name(v) != attribute for v in values)
+
+
 def _holds(outer: str, inner: str) -> bool:
     """Whether ``inner`` is an attribute of ``outer`` (``self.optim`` holds ``self.optim.optimizer``)."""
     return inner.startswith(outer + ".")
@@ -411,7 +423,29 @@ def steps_after_loops(model: LoopModel, root: Root) -> Iterator[tuple[Event, Acc
         micro = before[-1].loops[0]
         if root.events_of(EventKind.STEP, micro) or _gradients_written_after(model, micro.node, step.node):
             continue
+        if _retry_loop(micro.node):
+            continue  # its backward completes once; the iterations before it were retries it clears after
         yield step, Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def _retry_loop(loop: cst.CSTNode) -> bool:
+    """A loop whose iteration that gets through ends it: its body ends with ``break``, or with a ``try`` whose body or
+    ``else`` does (``while chunk_size: try: ...backward() except OOM: chunk_size //= 2 else: break``). It retries one
+    pass until it succeeds; it is no loop of micro-batches."""
+    body = getattr(getattr(loop, "body", None), "body", ())
+    if not body:
+        return False
+    last = body[-1]
+    if type(last) is cst.Try:
+        return _ends_with_break(last.body) or (last.orelse is not None and _ends_with_break(last.orelse.body))
+    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
+
+
+def _ends_with_break(block: cst.BaseSuite) -> bool:
+    last = block.body[-1] if block.body else None
+    if type(block) is cst.SimpleStatementSuite:
+        return type(last) is cst.Break
+    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
 
 
 def _gradients_written_after(model: LoopModel, loop: cst.CSTNode, step: cst.CSTNode) -> bool:

@@ -31,6 +31,7 @@ from gradlint.queries import (
     handoff_may_clear,
     in_other_branch,
     innermost_loop,
+    local_of_its_own,
     leaves_before,
     counter_and_offset,
     lies_in,
@@ -718,6 +719,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
             if (
                 first is not None
                 and first.loops == event.loops
+                and not local_of_its_own(model, first.target, event.target, event.node)
                 and not exclusive(first, event)
                 and not leaves_before(first, event)
                 and _in_one_run_of(model, loop, first, event)
@@ -907,13 +909,17 @@ class ZeroGradInAccumulation(Rule):
       optimizer.zero_grad()`` flushes a last partial accumulation);
     - the clear runs only with accumulation off and the step only with it on,
       whether in two branches of one ``if`` on the setting or in two ``if``s
-      (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``).
+      (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``);
     - the backwards of the micro-batches that do not step are visibly another
       optimizer's (their loss reaches only the networks of an optimizer cleared
       before and stepped after them): an actor cleared, backpropagated and
       stepped every ``policy_update_delay`` updates while the critics update on
       every one accumulates nothing (GL004 is quiet there too:
-      ``fixtures/realworld/ok_gl003_policy_cleared_under_its_own_delay__REDQ.py``).
+      ``fixtures/realworld/ok_gl003_policy_cleared_under_its_own_delay__REDQ.py``);
+    - the loop before a step outside any loop is a retry loop: the pass that
+      gets through ends it (``try: ...backward() except OOM: chunk_size //= 2
+      else: break``), so its clear drops only what a failed try left
+      (``fixtures/realworld/ok_gl003_retry_loop_on_out_of_memory__tab-ddpm.py``).
 
     **Bad**::
 

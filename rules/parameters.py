@@ -612,9 +612,10 @@ class UnregisteredParameters(Rule):
     or a factory known only by its annotation is a method (it may hand back
     a submodule the class registers); the
     tensor is wrapped in ``nn.Parameter`` or named in an optimizer's
-    construction in the module
-    (``fixtures/parameters/ok_gl018_registered_layers.py``,
-    ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``).
+    construction in the module, or the attribute is never read in the module
+    (a leftover) (``fixtures/parameters/ok_gl018_registered_layers.py``,
+    ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``,
+    ``fixtures/realworld/ok_gl018_moved_parameter_never_read__SSLRec.py``).
 
     **Bad**::
 
@@ -689,7 +690,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                     fresh.setdefault(target, (value, layer))
                     continue
                 moved = _moved_parameter(model, value)
-                if moved is not None:
+                if moved is not None and _read_anywhere(model, target):
                     yield Report(
                         value,
                         f"`{target}` is assigned `nn.Parameter(...).{moved}(...)`: `.{moved}` returns a plain tensor copy "
@@ -701,7 +702,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                     continue
                 if (
                     method.name.value == "__init__" and _tensor_asking_for_gradients(model, value)
-                    and not _named_elsewhere(model, target, methods)
+                    and not _named_elsewhere(model, target, methods) and _read_anywhere(model, target)
                 ):  # built once with the module, as a weight is (not a forward's intermediate kept on ``self``)
                     yield Report(
                         value,
@@ -739,6 +740,25 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
             f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`"
             f"{where}",
         )
+
+
+def _read_anywhere(model: LoopModel, target: str) -> bool:
+    """Whether the module reads the attribute ``self.x`` names anywhere but where it is assigned (by any object's
+    spelling: ``self.x``, ``model.x``). One never read is a leftover: what it is registered as changes nothing."""
+
+    def count() -> dict[str, int]:
+        reads: dict[str, int] = {}
+        for node in model.file.every_node(model.module):
+            if type(node) is cst.Attribute:
+                reads[node.attr.value] = reads.get(node.attr.value, 0) + 1
+            elif type(node) in (cst.Assign, cst.AnnAssign, cst.AugAssign):
+                targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+                for written in targets:
+                    if type(written) is cst.Attribute and type(node) is not cst.AugAssign:
+                        reads[written.attr.value] = reads.get(written.attr.value, 0) - 1
+        return reads
+
+    return model.file.once((_read_anywhere,), count).get(target.rsplit(".", 1)[-1], 0) > 0
 
 
 def _frozen_by_hand(model: LoopModel, methods: list[cst.FunctionDef], target: str) -> bool:
