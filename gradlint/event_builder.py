@@ -274,13 +274,16 @@ class EventBuilder:
         return True
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
-        """``if not boundary: continue`` puts the rest of the block under an accumulation guard."""
+        """``if not boundary: continue`` puts the rest of the block under an accumulation guard; so does a branch that
+        does something else first and ends with ``continue`` (``if is_accumulating: last_batch_time = time.time();
+        continue``)."""
         if type(statement) is not cst.If or statement.orelse is not None:
             return None
         body = statement.body.body
-        smalls = body if type(statement.body) is cst.SimpleStatementSuite else (
-            body[0].body if len(body) == 1 and type(body[0]) is cst.SimpleStatementLine else ())
-        if not smalls or not all(type(s) is cst.Continue for s in smalls):
+        last = body[-1] if body else None
+        if type(statement.body) is not cst.SimpleStatementSuite:
+            last = last.body[-1] if type(last) is cst.SimpleStatementLine and last.body else None
+        if type(last) is not cst.Continue:
             return None
         accumulation, count = self._guard(statement.test, function)
         if not accumulation:
@@ -763,7 +766,11 @@ class EventBuilder:
         name = tracked_name(loss)
         if name is None:
             return False
-        if name in self.index.divided_names.get(scope.function, set()) and not self._divided_by_no_count(name, scope.function):
+        if (
+            name in self.index.divided_names.get(scope.function, set())
+            and not self._divided_by_no_count(name, scope.function)
+            and not self._rebound_undivided_before(loss, name, self.index.divided_names.get(scope.function, set()))
+        ):
             return True
         for value in self._assigned(name, scope.function):
             if type(value) is cst.Call and callee_name(value) in frameworks.LOSS_SCALERS and positional_args(value) and name not in through:
@@ -782,6 +789,37 @@ class EventBuilder:
             if self._weighted_by_divided(value, scope):
                 return True
         return name not in through and self._summed_from_divided(name, scope, through | {name})
+
+    def _rebound_undivided_before(self, use: cst.CSTNode, name: str, divided: set[str]) -> bool:
+        """Whether the statement just before ``use``'s that binds ``name``, in the block that holds it, binds it to
+        something not scaled down and made of no name in ``divided`` nor of itself (``loss = output.loss`` then
+        ``loss.backward()``): a division written elsewhere in the function (``loss = sum(losses) / len(losses)`` after
+        the micro-batch loop, for a log) never reaches this use. False when a compound statement may bind it first,
+        or nothing in the block does."""
+        parents = self.index.file.parent_map()
+        statement = use
+        while statement is not None and type(statement) not in (cst.SimpleStatementLine, cst.If, cst.For, cst.While, cst.With):
+            statement = parents.get(statement)
+        block = parents.get(statement) if statement is not None else None
+        body = list(getattr(block, "body", ()))
+        if statement not in body:
+            return False
+        for earlier in reversed(body[: body.index(statement)]):
+            if type(earlier) is not cst.SimpleStatementLine:
+                if any(type(n) in (cst.Assign, cst.AugAssign) for n in self._walk(earlier)):
+                    return False  # it may bind the name on some path
+                continue
+            for small in reversed(earlier.body):
+                if type(small) is cst.AugAssign and tracked_name(small.target) == name:
+                    return False
+                if type(small) is cst.Expr and _reads_name(list(self._walk(small)), name):
+                    return False  # ``loss.mul_(size / batch_size)``: it may be scaled in place
+                if type(small) is cst.Assign and any(tracked_name(t.target) == name for t in small.targets):
+                    nodes = list(self._walk(small.value))
+                    if any(_reads_name(nodes, each) for each in divided | {name}):
+                        return False  # ``loss = loss.float() * scale``, ``loss = seg + aux``: made from divided names
+                    return not scales_down(small.value, self._children)
+        return False
 
     def _summed_from_divided(self, name: str, scope: _Scope, through: frozenset[str]) -> bool:
         """``total = None`` / ``total = loss`` / ``total += loss`` with every ``loss`` divided: a sum of divided losses
@@ -886,6 +924,16 @@ class EventBuilder:
     def _scales(self, value: cst.BaseExpression) -> bool:
         """``scaler.scale(loss)``: a grad scaler's scaling of a loss."""
         return type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER
+
+
+def _reads_name(nodes: list[cst.CSTNode], name: str) -> bool:
+    """Whether the expression whose nodes are ``nodes`` reads ``name`` (``loss`` in ``loss.float() * scale``, not in
+    ``output.loss``, whose ``loss`` is an attribute's name)."""
+    attributes = {id(n.attr) for n in nodes if type(n) is cst.Attribute}
+    return any(
+        tracked_name(n) == name for n in nodes
+        if type(n) in (cst.Name, cst.Attribute, cst.Subscript) and id(n) not in attributes
+    )
 
 
 def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:

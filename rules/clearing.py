@@ -1665,7 +1665,11 @@ class UnscaledAccumulatedLoss(Rule):
       optimizer=optimizer)``); a sum of divided terms (``loss = ce_loss + z_loss``, both divided;
       not ``l1 + 0.5 * l2``, where only one term is scaled)
       and a divided element of a tuple a helper returns (``loss, ce_loss =
-      self.train_micro_batch(...)``) count as divided;
+      self.train_micro_batch(...)``) count as divided; a division of the loss's
+      name written where it cannot reach the backward does not (``loss =
+      output.loss`` right before ``loss.backward()``, and ``loss =
+      sum(losses) / len(losses)`` after the loop, for a log:
+      ``fixtures/realworld/gl004_loss_averaged_for_log_after_micro_batch_loop__flame.py``);
     - a framework divides: ``accelerator.backward`` (inside ``accumulate()``
       too; a plain ``loss.backward()`` there is flagged, for ``accumulate()``
       divides nothing: ``fixtures/frameworks/gl004_plain_backward_in_accumulate.py``),
