@@ -28,14 +28,44 @@ class CounterStart:
     set_at: cst.CSTNode | None = None  # the literal assignment of a counter kept by hand
     incremented_at: cst.CSTNode | None = None  # its increment in the loop body
     after_guard: bool = False  # the increment follows the guard
+    # ``enumerate(loader, start=start_step + 1)`` in ``def train_epoch(..., start_step=0)``: the parameter whose
+    # literal default (a fresh run's value) the start was read with
+    from_default: str | None = None
 
 
 def counter_start(model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str) -> CounterStart | None:
     """The value ``name`` holds where ``guard`` (in ``loop``'s body) reads it on the first iteration, or None."""
-    index = loop_index(loop.node)
+    defaults = _literal_defaults(function_holding(model, loop.node))
+    index = loop_index(loop.node, defaults)
     if index is not None and index[0] == name:
-        return None if assigned_in(loop.node.body, name) else CounterStart(index[1])
+        if assigned_in(loop.node.body, name):
+            return None
+        given = _start_given(loop.node)
+        default = counter_and_offset(given.value)[0] if given is not None and number(given.value) is None else None
+        return CounterStart(index[1], from_default=default)
     return _hand_counter(model, loop.node, guard, name)
+
+
+def _literal_defaults(function: cst.FunctionDef | None) -> dict[str, int]:
+    """The parameters of ``function`` whose default is an integer literal (``start_step=0``): what a fresh run passes."""
+    if function is None:
+        return {}
+    found = {}
+    for param in (*function.params.params, *function.params.kwonly_params):
+        value = number(param.default) if param.default is not None else None
+        if value is not None and value == int(value):
+            found[param.name.value] = int(value)
+    return found
+
+
+def _start_given(node: cst.CSTNode) -> cst.Arg | None:
+    """The start argument of ``enumerate(xs, start)`` / ``range(start, n)`` in a loop's header, if given."""
+    if type(node) is not cst.For or type(node.iter) is not cst.Call:
+        return None
+    args = positional_args(node.iter)
+    if callee_name(node.iter) == "enumerate":
+        return keyword_arg(node.iter, "start") or (args[1] if len(args) > 1 else None)
+    return args[0] if callee_name(node.iter) == "range" and len(args) == 2 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +101,9 @@ def window_offset(start: int, test: RemainderTest) -> int:
     return off
 
 
-def loop_index(node: cst.CSTNode) -> tuple[str, int] | None:
-    """``for i, b in enumerate(xs[, start])`` or ``for i in range([start, ]n)`` with a literal start: (``i``, start)."""
+def loop_index(node: cst.CSTNode, defaults: dict[str, int] | None = None) -> tuple[str, int] | None:
+    """``for i, b in enumerate(xs[, start])`` or ``for i in range([start, ]n)`` with a literal start: (``i``, start).
+    A start ``p + c`` of a parameter in ``defaults`` (its literal default) reads as the default plus ``c``."""
     if type(node) is not cst.For or type(node.iter) is not cst.Call:
         return None
     name, args = callee_name(node.iter), positional_args(node.iter)
@@ -89,6 +120,10 @@ def loop_index(node: cst.CSTNode) -> tuple[str, int] | None:
     if given is None:
         return index, 0
     start = number(given.value)
+    if start is None and defaults:
+        name, offset = counter_and_offset(given.value)
+        if name in defaults:
+            return index, defaults[name] + offset
     return (index, int(start)) if start is not None and start == int(start) else None
 
 

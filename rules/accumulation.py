@@ -1297,7 +1297,9 @@ class ShiftedAccumulationWindow(Rule):
       steps the window that has just ended);
     - the guard holds more than the remainder (``... or i == len(loader) -
       1``, ``... and i > 0``), or the index starts at a value that is not a
-      literal (``start=start_step``), or the loop body assigns the index;
+      literal (``start=start_step``; ``start=start_step + 1`` is read with
+      ``start_step`` at its literal default, ``def train_epoch(...,
+      start_step=0)``: a fresh run), or the loop body assigns the index;
     - a counter kept by hand (``step = 0`` before the loop, ``step += 1`` in
       it) is judged only when it is set to a literal (a restore from a
       checkpoint under an ``if`` aside) and incremented once in every
@@ -1353,12 +1355,19 @@ class ShiftedAccumulationWindow(Rule):
                 yield Report(
                     guard.node.test,
                     f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, with "
-                    f"`{index}` counted from {start}{_kept_by_hand(model, counter)}: {shape}, so the last micro-batches "
+                    f"`{index}` counted from {start}{_kept_by_hand(model, counter)}{_fresh_run(counter)}: {shape}, so the "
+                    f"last micro-batches "
                     f"of a pass wait for the next "
                     f"pass's first step (or, after the last pass, are never stepped); test "
                     f"`{counted} % {model.code(count)} == 0`",
                     event=step,
                 )
+
+
+def _fresh_run(counter: CounterStart) -> str:
+    if counter.from_default is None:
+        return ""
+    return f" on a fresh run (`{counter.from_default}` at its default)"
 
 
 def _kept_by_hand(model: LoopModel, counter: CounterStart) -> str:
