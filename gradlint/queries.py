@@ -135,7 +135,7 @@ def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bo
     ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(model, optimizer)``).
     """
     name = callee_name(handoff.node) if type(handoff.node) is cst.Call else None
-    if name is not None and name in keeps:
+    if name is not None and (name in keeps or name in frameworks.KEEPS_GRADIENTS):
         return False
     return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
 
@@ -151,6 +151,8 @@ def handoff_may_step(call: cst.CSTNode) -> bool:
     name = callee_name(call) if type(call) is cst.Call else None
     if name is None:
         return True
+    if name in frameworks.KEEPS_GRADIENTS:
+        return False
     words = _words(name)
     if words[0] in _NOT_STEPPING_VERBS and not _STEP_VERBS.intersection(words):
         return False  # the verb comes first: ``save_training_state``, ``log_optimizer_stats`` (not ``log_and_step``)

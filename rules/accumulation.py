@@ -152,6 +152,9 @@ class ClipPerMicroBatch(Rule):
                     continue
                 if leaves_before(clip, step) or exclusive(clip, step) or _clips_another_model(model, clip, step):
                     continue
+                named = _clipped_optimizer(clip)
+                if named is not None and not same_object(named, step.target):
+                    continue  # ``self.clip_gradients(opt_d, ...)``: judged against ``opt_d``'s own step
                 seen.add(id(clip))
                 yield Report(
                     clip.node,
@@ -291,6 +294,16 @@ def _clips_another_model(model: LoopModel, clip: Event, step: Event) -> bool:
     sources = param_sources(model, step.target or "")
     clipped = _clipped_model(clip.node)
     return bool(sources) and clipped is not None and clipped not in sources
+
+
+def _clipped_optimizer(clip: Event) -> str | None:
+    """The optimizer a framework's clip method is handed first (Lightning's ``self.clip_gradients(opt_d, ...)`` clips
+    the parameters ``opt_d`` holds), or None."""
+    call = clip.node
+    if type(call) is not cst.Call or callee_name(call) not in frameworks.CLIP_METHODS:
+        return None
+    first = next(iter(positional_args(call)), None) or keyword_arg(call, "optimizer")
+    return dotted_name(first.value) if first is not None else None
 
 
 def _clipped_model(call: cst.CSTNode) -> str | None:

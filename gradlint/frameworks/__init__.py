@@ -254,6 +254,7 @@ EPOCH_END_FLAGS: frozenset[str] = frozenset(_joined("epoch_end_flags"))
 LOSS_SCALERS: frozenset[str] = frozenset(_joined("loss_scalers"))
 OPTIMIZERS_OF_HOOK: dict[str, str] = _merged("optimizers_of_hook")
 GRAD_TOGGLES: frozenset[str] = frozenset(_joined("grad_toggles"))
+KEEPS_GRADIENTS: frozenset[str] = frozenset(_joined("keeps_gradients"))
 HOOKS_BEFORE_STEP: frozenset[str] = frozenset(_joined("hooks_before_step"))
 
 

@@ -412,6 +412,9 @@ class Framework:
     # Methods that set ``requires_grad = False`` on parameters other than an optimizer's for the next backward
     # (Lightning's ``toggle_optimizer``): another loss's backward leaves those parameters alone
     grad_toggles: frozenset[str] = frozenset()
+    # Methods handed an optimizer that neither step nor clear it (Lightning's ``toggle_optimizer`` and
+    # ``untoggle_optimizer`` only switch ``requires_grad`` of parameters: ``core/module.py``)
+    keeps_gradients: frozenset[str] = frozenset()
     # Methods the framework calls between the backward and the optimizer step (``on_before_optimizer_step``): what
     # they do to the gradients, the step sees
     hooks_before_step: frozenset[str] = frozenset()

@@ -125,7 +125,9 @@ def _fabric_message(name: str, where: str) -> str:
 
 
 def _manual_optimization(cls: cst.ClassDef) -> bool:
-    """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property)."""
+    """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property), or
+    calls ``self.manual_backward``, which raises under automatic optimization (``_verify_is_manual_optimization`` in
+    ``core/module.py``): a base class whose subclass, in another file, turns it off."""
     for function in class_methods(cls):
         if function.name.value == "automatic_optimization":
             return True
@@ -133,11 +135,19 @@ def _manual_optimization(cls: cst.ClassDef) -> bool:
             if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
                 if bool_literal(node.value) is not True:
                     return True
+            if type(node) is cst.Call and _manual_backward_of_self(node):
+                return True
     return False
 
 
+def _manual_backward_of_self(call: cst.Call) -> bool:
+    """``self.manual_backward(loss)``."""
+    return type(call.func) is cst.Attribute and call.func.attr.value == "manual_backward" and dotted_name(call.func.value) == "self"
+
+
 def _manual_training_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
-    """The ``training_step`` of each class that turns automatic optimization off.
+    """The ``training_step`` of each class that turns automatic optimization off, or calls ``self.manual_backward``
+    (which raises under automatic optimization).
 
     Lightning calls ``training_step`` once per batch; under manual
     optimization it leaves backward, step and clearing to that method (its
@@ -152,6 +162,8 @@ def _manual_training_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
         values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
         if any(bool_literal(v) is False for v in values):
             manual_classes.add(owner)
+        elif any(type(n) is cst.Call and _manual_backward_of_self(n) for n in index.file.walk(function.body)):
+            manual_classes.add(owner)  # it raises under automatic optimization: the class runs under manual
     steps = {}
     for owner in manual_classes:
         step = index.class_methods.get(owner, {}).get("training_step")
@@ -191,6 +203,7 @@ FRAMEWORK = Framework(
     epoch_end_flags=frozenset({"is_last_batch"}),
     optimizers_of_hook={"optimizers": "configure_optimizers"},
     grad_toggles=frozenset({"toggle_optimizer"}),
+    keeps_gradients=frozenset({"toggle_optimizer", "untoggle_optimizer", "toggled_optimizer"}),
     hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
     schedulers_left=(
         SchedulersLeftToModule(
