@@ -228,6 +228,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((STEP, _TOKEN_1, 'loss'),),
     ),
     RuleInfo(
+        code='GL023',
+        name='guard-remainder-precedence',
+        summary="a step's guard writes `i + 1 % k`, which is `i + (1 % k)`: `%` binds tighter than `+`",
+        severity=Severity.ERROR,
+        fix=FixKind.SAFE,
+        enabled_by_default=True,
+        needs=((STEP, '%'),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

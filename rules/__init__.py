@@ -3,6 +3,7 @@
 - ``clearing``: when gradients are cleared (GL001–GL005), and an inverted accumulation guard (GL013)
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
 - ``steps``: whether a step has gradients to apply (GL022)
+- ``guard_precedence``: whether a step's guard computes the remainder it means (GL023)
 - ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012, GL018–GL020)
 - ``foreign_gradients``: an optimizer applying the gradients another network's loss left on its parameters (GL017)
@@ -45,6 +46,7 @@ from gradlint.rules.clearing import (
 )
 from gradlint.rules.pass_end import LastWindowOfPassNotStepped
 from gradlint.rules.steps import StepWithoutBackward
+from gradlint.rules.guard_precedence import RemainderPrecedenceInGuard
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
     OptimizerSteppedOnOneSettingBranch,
@@ -92,6 +94,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ParameterInNoOptimizer,
     LastWindowOfPassNotStepped,
     StepWithoutBackward,
+    RemainderPrecedenceInGuard,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
