@@ -225,7 +225,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, _TOKEN_1, 'loss'),),
+        needs=((STEP, _TOKEN_1, 'loss'), (STEP, 'backward', 'accum')),
     ),
     RuleInfo(
         code='GL023',

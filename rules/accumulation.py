@@ -1312,7 +1312,9 @@ class ShiftedAccumulationWindow(Rule):
       1``, ``... and i > 0``), or the index starts at a value that is not a
       literal (``start=start_step``; ``start=start_step + 1`` is read with
       ``start_step`` at its literal default, ``def train_epoch(...,
-      start_step=0)``: a fresh run), or the loop body assigns the index;
+      start_step=0)``: a fresh run), or the loop body assigns the index, or
+      a test inside the guard reads the counter again (``if not (accum > 1
+      and total_step == 0):``: the windows are no longer the guard's);
     - a counter kept by hand (``step = 0`` before the loop, ``step += 1`` in
       it) is judged only when it is set to a literal (a restore from a
       checkpoint under an ``if`` aside) and incremented once in every
@@ -1355,6 +1357,8 @@ class ShiftedAccumulationWindow(Rule):
                 if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
                     continue
                 index, counter, offset, count = shift
+                if _counter_tested_again(step, loop, guard, index):
+                    continue  # ``if not (accum > 1 and step == 0):`` inside the guard: the windows are not the guard's
                 start = counter.start
                 off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
                 plural = "es" if abs(off) > 1 else ""
@@ -1375,6 +1379,17 @@ class ShiftedAccumulationWindow(Rule):
                     f"`{counted} % {model.code(count)} == 0`",
                     event=step,
                 )
+
+
+def _counter_tested_again(step: Event, loop: Frame, guard: Frame, counter: str) -> bool:
+    """Whether a branch between the guard and the step tests the counter again (``if total_step > 0:``)."""
+    inner = frames_inside(step, loop)
+    after = inner[next((i for i, f in enumerate(inner) if f is guard), len(inner)) + 1:]
+    return any(
+        f.kind is FrameKind.BRANCH and type(f.node) is cst.If
+        and any(type(n) is cst.Name and n.value == counter for n in walk(f.node.test))
+        for f in after
+    )
 
 
 def _fresh_run(counter: CounterStart) -> str:

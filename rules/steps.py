@@ -9,8 +9,8 @@ import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import Severity
-from gradlint.model import Event, LoopModel
-from gradlint.queries import clears
+from gradlint.model import HANDOFF, Event, LoopModel
+from gradlint.queries import clears, frames_inside
 from gradlint.rule import STEP, Report, Rule, call_of
 from gradlint.syntax import callee_name, dotted_name, is_grad, method_name
 
@@ -43,6 +43,13 @@ class StepWithoutBackward(Rule):
       ``amp.scale_loss(loss, opt)``, ``engine.step(loss)`` may be one);
     - the clear and the step are not statements of one block.
 
+    The same holds for a step whose loop backpropagates only inside a test
+    of the accumulation setting (``if gradient_accumulation_steps > 1: loss
+    = loss / gradient_accumulation_steps; loss.backward()``) while the step
+    runs with the setting off too: with a count of 1, the default, nothing is
+    ever backpropagated. Quiet when the step sits on the same side of the
+    setting, or the loop backpropagates anywhere else.
+
     **Bad**::
 
         for images, targets in loader:
@@ -64,9 +71,10 @@ class StepWithoutBackward(Rule):
     summary = "an optimizer is cleared and stepped with no backward of the loss computed between"
     severity = Severity.ERROR
     fix = None  # which loss the step should follow is the author's
-    needs = ((STEP, call_of("zero_grad"), "loss"),)
+    needs = ((STEP, call_of("zero_grad"), "loss"), (STEP, "backward", "accum"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
+        yield from _backward_only_with_accumulation_on(model)
         seen: set[int] = set()
         for root in model.roots:
             for step in root.events_of(EventKind.STEP):
@@ -92,6 +100,44 @@ class StepWithoutBackward(Rule):
                     f"`{loss[0]}.backward()` before the step",
                     event=step,
                 )
+
+
+def _backward_only_with_accumulation_on(model: LoopModel) -> Iterator[Report]:
+    """A step whose loop backpropagates only under ``if accum > 1:`` while the step also runs with the setting off."""
+    seen: set[int] = set()
+    for root in model.roots:
+        for step in root.events_of(EventKind.STEP):
+            if id(step.node) in seen or step.framework is not None or step.target is None or not step.loops:
+                continue
+            loop = step.loops[-1]
+            events = root.events_in(loop)
+            backwards = [e for e in events if e.kind is EventKind.BACKWARD]
+            if not backwards or any(e.kind is HANDOFF for e in events):
+                continue
+            sides = [_accumulation_on_side(b, loop) for b in backwards]
+            if any(side is None for side in sides) or len({name for name, _ in sides}) != 1:
+                continue
+            setting = sides[0][0]
+            if any(f.accumulation_on is not None and f.accumulation_on[0] == setting for f in frames_inside(step, loop)):
+                continue  # the step is on one side of the setting too
+            seen.add(id(step.node))
+            backward = backwards[0]
+            yield Report(
+                step.node,
+                f"`{step.target}` steps at line {model.line(step.node)} whatever `{setting}` is, but the loop "
+                f"backpropagates only with accumulation on (the backward at line {model.line(backward.node)} runs under "
+                f"the test of `{setting}`): with a count of 1 every step applies empty gradients; backpropagate outside "
+                f"that test",
+                event=step,
+            )
+
+
+def _accumulation_on_side(event: Event, loop) -> tuple[str, bool] | None:
+    """``(setting, True)`` when ``event`` runs only with accumulation on (inside ``if accum > 1:`` within ``loop``)."""
+    for frame in frames_inside(event, loop):
+        if frame.accumulation_on is not None and frame.accumulation_on[1]:
+            return frame.accumulation_on
+    return None
 
 
 def _clear_before(model: LoopModel, events: list[Event], step: Event) -> Event | None:
