@@ -117,7 +117,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, 'accum'),),
+        needs=((BACKWARD, STEP, 'accum'), (BACKWARD, STEP, '.grad')),
     ),
     RuleInfo(
         code='GL011',

@@ -38,7 +38,7 @@ from gradlint.queries import (
 )
 from gradlint.counters import CounterStart, counter_start, remainder_test, window_offset
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, is_grad, keyword_arg, method_name, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -957,6 +957,12 @@ class LossDividedWithoutAccumulation(Rule):
     or the loss backpropagated is a sum built from divided parts
     (``loss += part / accum``) rather than the divided loss itself
     (``fixtures/accumulation/ok_loss_divided_with_accumulation.py``).
+
+    The same when the division is written on the gradients under the
+    accumulation's boundary test (``if i % iter_size == 0: for p in params:
+    p.grad /= iter_size``) while the step and the clear run on every
+    micro-batch outside it
+    (``fixtures/realworld/gl010_gradients_divided_under_guard_step_outside__action-detection.py``).
     """
 
     code = "GL010"
@@ -964,7 +970,7 @@ class LossDividedWithoutAccumulation(Rule):
     summary = "the loss is divided by the accumulation count but the step and the clear run on every micro-batch"
     severity = Severity.ERROR
     fix = None  # guard the step or drop the division: which one was meant is the author's call
-    needs = ((BACKWARD, STEP, "accum"),)
+    needs = ((BACKWARD, STEP, "accum"), (BACKWARD, STEP, ".grad"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
@@ -972,6 +978,7 @@ class LossDividedWithoutAccumulation(Rule):
                 if backward.framework is not None or backward.loss is None or not backward.loops:
                     continue
                 yield from self._every_micro_batch(model, root, backward, backward.loops[-1])
+            yield from _gradients_divided_under_guard(model, root)
 
     def _every_micro_batch(self, model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
         events = root.events_in(loop)
@@ -1005,6 +1012,52 @@ class LossDividedWithoutAccumulation(Rule):
             f"accumulates, so each step is "
             f"`{model.code(divisor)}` times too small; step and clear under an accumulation guard, or drop the division",
         )
+
+
+def _gradients_divided_under_guard(model: LoopModel, root: Root) -> Iterator[Report]:
+    """``if i % iter_size == 0: for p in params: p.grad /= iter_size`` in a loop that steps and clears on every
+    micro-batch: the accumulation's division of the gradients is written, its step is not."""
+    seen: set[int] = set()
+    for step, loop in steps_with_loops(root):
+        if id(step.node) in seen or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
+            continue
+        if not _unconditional(step, loop) or step.loops[-1] is not loop:
+            continue
+        events = root.events_in(loop)
+        at = root.order(step)
+        if not any(e.kind is EventKind.BACKWARD and root.order(e) < at for e in events):
+            continue
+        clear = next((z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop)), None)
+        if clear is None:
+            continue
+        guard = _guard_dividing_gradients(model, loop.node)
+        if guard is None or any(lies_in(model, e.node, guard[0]) for e in events if e.kind is EventKind.STEP):
+            continue
+        seen.add(id(step.node))
+        test, division = guard[0].test, guard[1]
+        yield Report(
+            step.node,
+            f"`{model.code(step.node)}` steps and `{model.code(clear.node)}` at line {model.line(clear.node)} clears on "
+            f"every micro-batch, but the gradients are divided at line {model.line(division)} under "
+            f"`if {model.code(test)}:` (line {model.line(guard[0])}), the accumulation's boundary: nothing accumulates, "
+            f"and the step on that micro-batch applies its own gradient divided; step and clear under that test",
+            event=step,
+        )
+
+
+def _guard_dividing_gradients(model: LoopModel, loop: cst.CSTNode) -> tuple[cst.If, cst.CSTNode] | None:
+    """An ``if`` among the loop body's statements whose test is a remainder of a counter (``i % k == 0``) and whose
+    body divides gradients in place (``p.grad /= k``, ``p.grad.div_(k)``): (that ``if``, the division)."""
+    body = getattr(getattr(loop, "body", None), "body", ())
+    for statement in body:
+        if type(statement) is not cst.If or remainder_test(statement.test) is None:
+            continue
+        for node in model.file.walk(statement.body):
+            if type(node) is cst.AugAssign and type(node.operator) in (cst.DivideAssign, cst.MultiplyAssign) and is_grad(node.target):
+                return statement, node
+            if type(node) is cst.Call and method_name(node) in ("div_", "mul_") and is_grad(receiver(node)):
+                return statement, node
+    return None
 
 
 def _unconditional(event: Event, loop: Frame) -> bool:
