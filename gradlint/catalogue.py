@@ -237,6 +237,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((STEP, '%'),),
     ),
     RuleInfo(
+        code='GL024',
+        name='gradient-read-without-clear',
+        summary="a loop backpropagates and reads the parameters' gradients each iteration, and nothing clears them",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, '.grad', 'parameters'),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

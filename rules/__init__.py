@@ -4,6 +4,7 @@
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
 - ``steps``: whether a step has gradients to apply (GL022)
 - ``guard_precedence``: whether a step's guard computes the remainder it means (GL023)
+- ``gradient_reads``: whether gradients read in a loop are that iteration's own (GL024)
 - ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
 - ``parameters``: which parameters an optimizer holds and updates (GL009, GL012, GL018–GL020)
 - ``foreign_gradients``: an optimizer applying the gradients another network's loss left on its parameters (GL017)
@@ -47,6 +48,7 @@ from gradlint.rules.clearing import (
 from gradlint.rules.pass_end import LastWindowOfPassNotStepped
 from gradlint.rules.steps import StepWithoutBackward
 from gradlint.rules.guard_precedence import RemainderPrecedenceInGuard
+from gradlint.rules.gradient_reads import GradientReadWithoutClear
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
     OptimizerSteppedOnOneSettingBranch,
@@ -95,6 +97,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     LastWindowOfPassNotStepped,
     StepWithoutBackward,
     RemainderPrecedenceInGuard,
+    GradientReadWithoutClear,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
