@@ -14,6 +14,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, LoopModel
+from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.queries import clears, exclusive, function_holding, opposite_sides_of_settings, same_object
 from gradlint.reach import loss_reaching_call, parameter_owners, reaching_call, requires_grad_switched_off
@@ -345,11 +346,14 @@ def _summed_terms(model: LoopModel, backward) -> list[tuple[str, cst.BaseExpress
         name = dotted_name(loss)
         function = function_holding(model, backward.node)
         line = model.line(backward.node)
-        values = [v for v in model.index.assignments.get(function, {}).get(name, []) if model.line(v) < line]
+        values = [
+            v for v in model.index.assignments.get(function, {}).get(name, [])
+            if model.line(v.value if type(v) is Unpacked else v) < line
+        ]
         if not values:
             return None
-        loss = max(values, key=model.line)
-        if not isinstance(loss, cst.BaseExpression) or any(
+        loss = max(values, key=lambda v: model.line(v.value if type(v) is Unpacked else v))
+        if type(loss) is Unpacked or any(
             dotted_name(a.target) == name and model.line(loss) < model.line(a) < line
             for a in model.index.augmented.get(function, [])
         ):
