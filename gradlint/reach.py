@@ -38,7 +38,7 @@ from gradlint.syntax import bool_literal, callee_name, children, comprehension_c
 if TYPE_CHECKING:
     from gradlint.model import Event, LoopModel
 
-__all__ = ["Reach", "owners_of_construction", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
+__all__ = ["Reach", "loss_reaching_call", "owners_of_construction", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
 
 _PART_PARAMETERS = re.compile(r"^(\w+)_parameters$")  # ``model.discr_parameters()``: the parameters of ``model.discr``
 _CUTS_GRAPH = frozenset({"detach", "detach_", "item", "tolist", "numpy", "cpu_detach"})
@@ -231,10 +231,20 @@ def reaching_call(
     as its forward decides (``vae(img, return_discr_loss=True)`` may detach
     what ``vae`` generates): it does not count as reaching the rest.
     """
-    if backward.loss is None or model.index is None or not owners:
+    if backward.loss is None:
         return None
-    function = function_holding(model, backward.node)
-    for call in _calls_computing(model, backward.loss, function, helpers=True):
+    return loss_reaching_call(model, backward.loss, owners, others)
+
+
+def loss_reaching_call(
+    model: "LoopModel", loss: cst.BaseExpression, owners: frozenset[str], others: frozenset[str] = frozenset()
+) -> Reach | None:
+    """:func:`reaching_call` for a loss expression of the module (one term of a summed loss: ``lossG`` in
+    ``loss = lossD + lossG``), followed back from where it is read."""
+    if model.index is None or not owners:
+        return None
+    function = function_holding(model, loss)
+    for call in _calls_computing(model, loss, function, helpers=True):
         called = _network(call.func)
         if called is None or _under_no_grad(model, call):
             continue

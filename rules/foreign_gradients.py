@@ -6,15 +6,20 @@ Which networks an optimizer was built over, which a loss reaches, and whether
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+
+import libcst as cst
 
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, LoopModel
+from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import clears, exclusive, opposite_sides_of_settings, same_object
-from gradlint.reach import parameter_owners, reaching_call, requires_grad_switched_off
+from gradlint.queries import clears, exclusive, function_holding, opposite_sides_of_settings, same_object
+from gradlint.reach import loss_reaching_call, parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, call_of
+from gradlint.syntax import dotted_name
 
 
 class StepTakesAnotherLossGradients(Rule):
@@ -40,6 +45,14 @@ class StepTakesAnotherLossGradients(Rule):
     picks which of an optimizer's steps runs (``if amp: scaler.step(opt_d)
     else: opt_d.step()``), each step is reported with the backward of its
     own side.
+
+    One backward of a sum of losses counts the same way: when every term of
+    ``loss = lossDreal + lossDfake + lossG`` (or ``(actor_loss +
+    critic_loss).backward()``) is named for exactly one of the optimizers
+    stepped after it (``lossG`` and ``optimizerG``, ``d_loss_real`` and
+    ``opt_d``, ``actor_loss`` and ``actor_optimizer``), each optimizer's step
+    applies the gradients of the terms named for the others; a term that
+    reaches its network is reported.
 
     **Fix.** Clear the optimizer right before its own backward (or step it
     before the other loss's backward), or switch the other network's
@@ -73,6 +86,17 @@ class StepTakesAnotherLossGradients(Rule):
     - the other loss's backward sits on the other side of a setting from the
       step (``if amp:`` / ``else:``): they never run in one pass
       (``fixtures/realworld/ok_gl017_disc_cleared_after_generator_step__encodec-pytorch.py``);
+    - for one backward of a sum of losses: a term is not a plain name (times a
+      number), a term's name is not that of exactly one optimizer stepped after
+      it, or no term is named for this optimizer (the pairing is not shown:
+      ``loss = recon_loss + 0.1 * kl_loss``); the other optimizer is built over
+      this optimizer's network too (one network trained by both); the other
+      term does not reach this optimizer's network (detached, as above:
+      ``fixtures/parameters/ok_gl017_summed_losses_meant_for_both.py``,
+      ``fixtures/realworld/ok_gl017_generator_then_discriminator_losses__Realistic-Neural-Talking-Head-Models.py``),
+      or ``requires_grad`` is switched off for it
+      (``fixtures/parameters/ok_gl017_summed_losses_critic_frozen.py``); the
+      losses mixed both ways are no excuse here, the names say which is whose;
     - a list of optimizers is picked by a constant (``opts[0]``) with no
       assignment of that element: which network it holds is not read;
     - the optimizer is never cleared (GL001), steps twice with no clear between
@@ -127,20 +151,28 @@ class StepTakesAnotherLossGradients(Rule):
                     key = (id(loop), last_name(step.target))
                     if any(not opposite_sides_of_settings(model, step, earlier) for earlier in reported.get(key, [])):
                         continue  # one finding per optimizer, unless a setting picks which of its steps runs
-                    found = _leak_into(model, events, step)
-                    if found is None:
+                    since = _since_clear(model, events, step)
+                    if since is None:
                         continue
-                    clear, foreign, stepper, own, reach, after_own = found
+                    found = _leak_into(model, events, step, *since)
+                    summed = None if found is not None else _summed_leak(model, events, step, since[1])
+                    if found is None and summed is None:
+                        continue
+                    reach = found[4] if found is not None else summed[3]
                     owners = frozenset({reach.owner})
                     if owners not in switched_off:
                         switched_off[owners] = requires_grad_switched_off(model, owners)
                     if switched_off[owners]:
                         continue
                     reported.setdefault(key, []).append(step)
-                    yield Report(
-                        step.node, _leak_message(model, events, clear, foreign, stepper, own, step, reach, after_own),
-                        event=step, against=(clear, foreign),
-                    )
+                    if found is not None:
+                        clear, foreign, stepper, own, reach, after_own = found
+                        message = _leak_message(model, events, clear, foreign, stepper, own, step, reach, after_own)
+                        yield Report(step.node, message, event=step, against=(clear, foreign))
+                    else:
+                        backward, term, stepper, reach = summed
+                        message = _summed_message(model, backward, term, stepper, step, reach)
+                        yield Report(step.node, message, event=step, against=(backward,))
 
 
 _BOOKKEEPING = frozenset({EventKind.BACKWARD, EventKind.STEP, EventKind.ZERO, HANDOFF})
@@ -157,11 +189,10 @@ def _plain_optimizer_step(model: LoopModel, event) -> bool:
     return event.target_kind is ObjKind.OPTIMIZER or model.info(event.target).kind is ObjKind.OPTIMIZER
 
 
-def _leak_into(model: LoopModel, events: list, step):
-    """``(clear, foreign backward, the optimizer it is stepped for, own backward, reach, after own)`` when a backward
-    stepped by another optimizer, since the last clear of ``step``'s optimizer (read back from the step, around the
-    iteration), reaches that optimizer's network; ``after own`` when that backward runs between the optimizer's own
-    latest backward and its step (then clearing earlier cannot help)."""
+def _since_clear(model: LoopModel, events: list, step) -> tuple | None:
+    """``(clear, backwards)``: the last clear of ``step``'s optimizer, read back from the step around the iteration,
+    and the backwards between it and the step whose gradients the step applies, latest first; None when the
+    optimizer is never cleared, steps again with no clear between (GL001) or is handed to code that may clear."""
     optimizer = step.target
     position = next(i for i, e in enumerate(events) if e is step)
     window: list = []  # backwards since the last clear, latest first
@@ -182,7 +213,16 @@ def _leak_into(model: LoopModel, events: list, step):
             return None  # stepped again with no clear between (GL001), or handed to code that may clear
         if event.kind is EventKind.BACKWARD and (wrapped or not exclusive(event, step)) and not opposite_sides_of_settings(model, event, step):
             window.append(event)
-    if clear is None or len(window) < 2:
+    return (clear, window) if clear is not None else None
+
+
+def _leak_into(model: LoopModel, events: list, step, clear, window: list):
+    """``(clear, foreign backward, the optimizer it is stepped for, own backward, reach, after own)`` when a backward
+    stepped by another optimizer, among the ``window`` of backwards since the ``clear`` of ``step``'s optimizer,
+    reaches that optimizer's network; ``after own`` when that backward runs between the optimizer's own latest
+    backward and its step (then clearing earlier cannot help)."""
+    optimizer = step.target
+    if len(window) < 2:
         return None
     owners = parameter_owners(model, optimizer)
     if not owners:
@@ -253,6 +293,127 @@ def _stepped_after(model: LoopModel, events: list, backward) -> tuple[list[str],
     if not marked or len(marked) == len(stepped):
         return stepped, False
     return marked, True
+
+
+def _summed_leak(model: LoopModel, events: list, step, window: list):
+    """``(backward, term, the optimizer it is named for, reach)`` when the latest backward before ``step`` (since its
+    optimizer's clear) backpropagates one sum of losses whose every term is named for exactly one of the optimizers
+    stepped after it (``loss = lossDreal + lossDfake + lossG`` before ``optimizerG.step(); optimizerD.step()``), some
+    for this one, and a term named for another optimizer reaches this optimizer's network, which that optimizer is
+    not built over too."""
+    if not window:
+        return None
+    backward = window[0]
+    optimizer = step.target
+    stepped, _ = _stepped_after(model, events, backward)
+    distinct = {last_name(s): s for s in stepped}
+    if len(distinct) < 2 or last_name(optimizer) not in distinct:
+        return None
+    terms = _summed_terms(model, backward)
+    if terms is None:
+        return None
+    paired: list[tuple[str, cst.BaseExpression, str]] = []  # (term's name, term, the optimizer it is named for)
+    for name, term in terms:
+        named_for = [s for s in distinct.values() if _named_for(name, s)]
+        if len(named_for) != 1:
+            return None  # the pairing of this term to an optimizer is not shown
+        paired.append((name, term, named_for[0]))
+    if len({last_name(s) for _, _, s in paired}) < 2 or not any(same_object(s, optimizer) for _, _, s in paired):
+        return None
+    owners = parameter_owners(model, optimizer)
+    if not owners:
+        return None
+    for name, term, stepper in paired:
+        if same_object(stepper, optimizer):
+            continue
+        others = parameter_owners(model, stepper)
+        if not others or others & owners:
+            continue  # one network under both optimizers: its own optimizer trains it with this loss too
+        reach = loss_reaching_call(model, term, owners, others)
+        if reach is not None:
+            return backward, name, stepper, reach
+    return None
+
+
+def _summed_terms(model: LoopModel, backward) -> list[tuple[str, cst.BaseExpression]] | None:
+    """The named terms of the sum a backward's loss is (``(actor_loss + critic_loss).backward()``, or ``loss`` last
+    assigned ``lossD + 0.5 * lossG`` above the backward and not added to since); None when it is no such sum or a term
+    is not a plain name (times a number)."""
+    loss = backward.loss
+    if loss is None:
+        return None
+    if type(loss) in (cst.Name, cst.Attribute):
+        name = dotted_name(loss)
+        function = function_holding(model, backward.node)
+        line = model.line(backward.node)
+        values = [
+            v for v in model.index.assignments.get(function, {}).get(name, [])
+            if model.line(v.value if type(v) is Unpacked else v) < line
+        ]
+        if not values:
+            return None
+        loss = max(values, key=lambda v: model.line(v.value if type(v) is Unpacked else v))
+        if type(loss) is Unpacked or any(
+            dotted_name(a.target) == name and model.line(loss) < model.line(a) < line
+            for a in model.index.augmented.get(function, [])
+        ):
+            return None
+    if type(loss) is not cst.BinaryOperation or type(loss.operator) is not cst.Add:
+        return None
+    terms: list[tuple[str, cst.BaseExpression]] = []
+    pending: list[cst.BaseExpression] = [loss]
+    while pending:
+        node = pending.pop()
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Add:
+            pending.extend((node.right, node.left))
+            continue
+        term = node
+        if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply:
+            factors = [f for f in (node.left, node.right) if type(f) not in (cst.Integer, cst.Float)]
+            term = factors[0] if len(factors) == 1 else None
+        name = dotted_name(term) if term is not None and type(term) in (cst.Name, cst.Attribute) else None
+        if name is None:
+            return None
+        terms.append((name, term))
+    return terms
+
+
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_LOSS_WORDS = frozenset({"loss", "losses", "err", "error"})
+_OPTIMIZER_WORDS = frozenset({"opt", "optim", "optimizer", "optimiser", "optimizers", "optimisers", "self"})
+
+
+def _named_for(term: str, optimizer: str) -> bool:
+    """Whether a loss's name says which optimizer it is for: the words left of each name without ``loss`` / ``opt``
+    words begin alike (``d_loss_real`` and ``opt_d``, ``actor_loss`` and ``actor_optimizer``), or the optimizer's is one
+    capital letter that begins the loss's first word (``lossDfake`` and ``optimizerD``)."""
+    mine = [w for w in _WORDS.findall(last_name(optimizer)) if w.lower() not in _OPTIMIZER_WORDS]
+    theirs = [w for w in _WORDS.findall(last_name(term)) if w.lower() not in _LOSS_WORDS]
+    if not mine or not theirs:
+        return False
+    if [w.lower() for w in theirs[: len(mine)]] == [w.lower() for w in mine]:
+        return True
+    letter = mine[0]
+    return len(mine) == 1 and len(letter) == 1 and letter.isupper() and theirs[0][:1] == letter and theirs[0][1:2].islower()
+
+
+def _summed_message(model: LoopModel, backward, term: str, stepper: str, step, reach) -> str:
+    optimizer = step.target
+    if reach.owner.endswith("[*]"):
+        network = f"the networks of `{reach.owner[:-3]}`"
+        how = f"it calls `{model.code(reach.call.func)}` at line {model.line(reach.call)}"
+    else:
+        network = f"`{reach.owner}`"
+        how = (
+            f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
+            else f"it calls {network} at line {model.line(reach.call)}"
+        )
+    return (
+        f"this step of `{optimizer}` also applies the gradients of `{term}`, the loss of `{stepper}`, on {network} "
+        f"({how}): the two losses are summed into the one backward at line {model.line(backward.node)}; backpropagate "
+        f"each optimizer's loss on its own and clear between them, detach what `{term}` reads of {network}, or switch "
+        f"{network}'s `requires_grad` off for it"
+    )
 
 
 def _leak_message(model: LoopModel, events: list, clear, foreign, stepper: str, own, step, reach, after_own: bool) -> str:
