@@ -178,6 +178,11 @@ def run_gradlint(tree: Path, select: str | None) -> list[dict]:
     result = subprocess.run(command, cwd=tree, capture_output=True, text=True)
     if result.returncode not in (0, 2):
         raise RuntimeError(f"gradlint failed on {tree}: {result.stderr.strip()}")
+    # Exit 2 also means a file that does not parse (real trees hold Python 2 files); an internal error of a rule is
+    # a bug of gradlint, and a count that skips its file's findings would be wrong: stop and say where.
+    crashed = [line for line in result.stderr.splitlines() if "internal error" in line]
+    if crashed:
+        raise RuntimeError(f"gradlint hit an internal error on {tree}:\n" + "\n".join(crashed))
     return json.loads(result.stdout or "[]")
 
 

@@ -143,3 +143,18 @@ def test_a_mirror_is_found_bare_or_as_a_git_folder(tmp_path, layout):
     (git_dir / "HEAD").write_text("ref: refs/heads/main\n")
     assert sweep.mirror_of(tmp_path, "o/r") == git_dir
     assert sweep.mirror_of(tmp_path, "o/other") is None
+
+
+def test_an_internal_error_stops_the_sweep_while_an_unparsable_file_does_not(tmp_path, monkeypatch):
+    """Exit 2 is also a file that does not parse; an internal error of a rule would silently drop its file's
+    findings from the counts, so the sweep stops on it."""
+    import subprocess
+
+    def fake_run(stderr):
+        return lambda *args, **kwargs: subprocess.CompletedProcess(args, 2, stdout="[]", stderr=stderr)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run("old.py: cannot parse: invalid syntax (line 3)\n"))
+    assert sweep.run_gradlint(tmp_path, None) == []
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run("train.py: internal error in GL017: KeyError: 'x'\n"))
+    with pytest.raises(RuntimeError, match="internal error in GL017"):
+        sweep.run_gradlint(tmp_path, None)
