@@ -58,6 +58,7 @@ from gradlint.rules.distributed import (
     DdpModelChangedAfterWrap,
     GradSyncSetAfterForward,
     NoSyncAfterForward,
+    ForwardAroundWrapper,
     NoSyncOnSteppingMicroBatch,
     NormClippedOnShards,
 )
@@ -111,6 +112,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     NoSyncOnSteppingMicroBatch,
     NoSyncAfterForward,
     NormClippedOnShards,
+    ForwardAroundWrapper,
     SchedulerNeverStepped,
 )
 
