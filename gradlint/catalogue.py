@@ -417,6 +417,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=(('clip_grad_norm', 'FullyShardedDataParallel'),),
     ),
     RuleInfo(
+        code='GL309',
+        name='forward-around-data-parallel-wrapper',
+        summary="a data-parallel model's loss comes from the module it wraps: its gradients are never all-reduced",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, STEP),),
+    ),
+    RuleInfo(
         code='GL308',
         name='scheduler-never-stepped',
         summary='under manual optimization nothing steps the schedulers `configure_optimizers` returns',

@@ -62,6 +62,7 @@ from gradlint.rules.distributed import (
     DdpModelChangedAfterWrap,
     GradSyncSetAfterForward,
     NoSyncAfterForward,
+    ForwardAroundWrapper,
     NoSyncOnSteppingMicroBatch,
     NormClippedOnShards,
 )
@@ -117,6 +118,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     NoSyncOnSteppingMicroBatch,
     NoSyncAfterForward,
     NormClippedOnShards,
+    ForwardAroundWrapper,
     SchedulerNeverStepped,
 )
 

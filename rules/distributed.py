@@ -1,4 +1,4 @@
-"""Rules about distributed data-parallel training (GL302–GL307)."""
+"""Rules about distributed data-parallel training (GL302–GL307, GL309)."""
 
 from __future__ import annotations
 
@@ -1909,3 +1909,289 @@ def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
     if names and all(n is not None and last_name(n) in sharded.unsharded for n in names):
         return None
     return f"`{sharded.strategy_keyword}={named}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))
+
+
+class ForwardAroundWrapper(Rule):
+    """A data-parallel model is trained through the module it wraps: its own forward never runs, nothing is all-reduced.
+
+    **Why it matters.** ``DistributedDataParallel`` all-reduces the gradients
+    of a backward only when its own forward prepared the reducer for it
+    (``_post_forward`` calls ``reducer.prepare_for_backward``; the reducer's
+    gradient hooks return at once while it expects none). A training step
+    whose loss is computed through ``model.module.encode(...)``, or through
+    the object the wrapper was built from, never runs that forward: each
+    process steps its own replica on its own shard of the data, and the
+    replicas drift apart with no error. A model prepared by accelerate is the
+    same (``accelerator.prepare`` wraps it in DDP when the script runs on
+    several processes): forwarding through ``pipeline.unet`` while
+    ``prepare`` was handed ``trainable_layers = pipeline.unet`` trains the
+    unwrapped object.
+
+    **Fix.** Call the wrapper itself (``model(x)``); when training needs
+    several methods of the module, give it a ``forward`` that runs them and
+    call the wrapper.
+
+    **Stays quiet when**
+
+    - the wrapper is called anywhere in the iteration that backpropagates (or in
+      a function of the module the iteration calls), or named there other than
+      through one of its attributes or as the model of a framework's
+      ``accumulate()`` / ``no_sync()`` (handed to a helper, which may call it:
+      ``fixtures/distributed/ok_gl309_wrapper_handed_to_helper.py``; handed only
+      to ``accumulate()``, it runs nothing:
+      ``fixtures/distributed/gl309_prepared_model_handed_only_to_accumulate.py``);
+    - the backpropagated loss is not computed, in the same iteration, from
+      what a forward around the wrapper returned, other than through
+      ``.detach()`` (a forward under ``no_grad`` for evaluation,
+      ``model.module.state_dict()``, a detached teacher's target:
+      ``fixtures/distributed/ok_gl309_detached_teacher_module.py``), or the
+      backward is a helper's (the code does not show which object produced its loss);
+    - the optimizer stepped is known to train other parameters than the wrapped
+      model's, or its parameters are unknown and the iteration calls another
+      data-parallel model (it may train that one alone);
+    - the iteration calls a collective (``all_reduce``) or anything whose name
+      holds ``reduce``, ``sync`` or ``average`` and that names gradients,
+      parameters or the model (``average_gradients(net)``:
+      ``fixtures/distributed/ok_gl309_gradients_averaged_by_hand.py``; not
+      ``accelerator.reduce(metrics)``);
+    - the wrap is not one read as reducing only after its own forward: torch's
+      DDP and accelerate's ``prepare`` are (apex's ``DistributedDataParallel``,
+      Fabric, Ray Train and ``fully_shard`` are not read so here);
+    - one process only is certain, or the framework does not wrap in DDP
+      (``Accelerator`` given an FSDP, DeepSpeed or Megatron-LM plugin,
+      ``Fabric(devices=1)``, as GL302:
+      ``fixtures/distributed/ok_gl309_accelerator_with_fsdp_plugin.py``).
+
+    **Bad**::
+
+        model = DistributedDataParallel(model, device_ids=[rank])
+        for batch in loader:
+            out = model.module.decode(model.module.encode(batch["x"]))
+            loss_fn(out, batch["y"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    **Good**::
+
+        model = DistributedDataParallel(model, device_ids=[rank])
+        for batch in loader:
+            out = model(batch["x"])  # the module's forward runs encode and decode
+            loss_fn(out, batch["y"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    """
+
+    code = "GL309"
+    name = "forward-around-data-parallel-wrapper"
+    summary = "a data-parallel model's loss comes from the module it wraps: its gradients are never all-reduced"
+    severity = Severity.ERROR
+    fix = None  # calling the wrapper may need a forward the module lacks: left to the author
+    needs = ((BACKWARD, STEP),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        wrapped, scopes = _wrapped_models(model)
+        if not wrapped and not model.wrapped_by_caller:
+            return
+        reported: set[int] = set()
+        for root in model.roots:
+            handed = _handed_in(model, root)
+            # Only a name the module assigns a wrap to (or a caller hands one): not a name the object table took for an
+            # alias of one (``raw_model = model.module``).
+            seen = {name: by for name, by in _models_seen_by(model, root, wrapped, scopes).items() if name in scopes}
+            seen.update(handed)
+            if not seen:
+                continue
+            function = root.node if type(root.node) is cst.FunctionDef else None
+            for step, loop in steps_with_loops(root):
+                called = {last_name(c) for c in _called_names(model, loop.node, function)}
+                for name, by in seen.items():
+                    others_called = any(last_name(other) in called for other in seen if other != name)
+                    if not by.around_forward or not _trains(model, step, name, others_called):
+                        continue  # a wrap not read as skipping its reduction when forwarded around, or not this optimizer's
+                    found = _forward_around(model, root, loop, name, function)
+                    if found is None or id(found[0]) in reported:
+                        continue
+                    forward, backward = found
+                    reported.add(id(forward))
+                    yield Report(
+                        forward,
+                        f"`{model.code(forward.func)}` forwards around `{name}`, and the loss the backward at line "
+                        f"{model.line(backward.node)} backpropagates comes from it while `{name}` itself is never called in "
+                        f"this iteration: {by.around_forward}; call `{name}(...)` (give the module a `forward` that runs what "
+                        f"the step needs)",
+                        event=backward,
+                    )
+
+
+# Calls of a module that run no forward whose output becomes a loss (state, modes, moves).
+_NOT_A_FORWARD_METHOD = frozenset({
+    "parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval", "to", "cuda", "cpu",
+    "zero_grad", "requires_grad_", "buffers", "named_buffers", "modules", "named_modules", "children", "apply",
+})
+
+
+def _trains(model: LoopModel, step: Event, name: str, others_called: bool) -> bool:
+    """Whether the optimizer ``step`` steps may train ``name``'s parameters: known sources must name the wrapper or
+    the module it wraps; unknown ones count unless the iteration calls another data-parallel model (a student beside a
+    teacher forwarded through ``teacher.module``: the optimizer may train the other one alone)."""
+    info = model.info(step.target) if step.target else None
+    sources = info.param_sources if info is not None else frozenset()
+    if not sources:
+        return not others_called
+    names = {last_name(name), last_name(model.info(name).wraps or name)} | {last_name(o) for o in _origins(model, name)}
+    return bool({last_name(s) for s in sources} & names)
+
+
+def _origins(model: LoopModel, name: str) -> set[str]:
+    """The objects ``name``'s wrapper was built from: the module a wrapper class was handed
+    (``ddp = DistributedDataParallel(model)``), and what the name held before a framework prepared it
+    (``trainable_layers = pipeline.unet`` then ``trainable_layers, opt = accelerator.prepare(trainable_layers, opt)``)."""
+    found = set()
+    wraps = model.info(name).wraps
+    if wraps:
+        found.add(wraps)
+    if model.index is not None:
+        settings = framework_settings(model)
+        constructions = {id(call) for key, calls in settings.wraps.items() if frameworks.WRAPS[key].constructors for call in calls}
+        for value in model.index.assigned_anywhere(name):
+            if isinstance(value, Unpacked):
+                continue
+            if type(value) in (cst.Name, cst.Attribute):
+                held = dotted_name(value)
+                if held is not None:
+                    found.add(held)
+            elif id(value) in constructions:
+                args = positional_args(value)
+                held = dotted_name(args[0].value) if args else None
+                if held is not None:
+                    found.add(held)
+    found.discard(name)
+    if model.index is not None:  # ``model = ddp_model`` later: calling the origin calls the wrapper
+        found = {
+            origin for origin in found
+            if not any(_mentions(value.value if isinstance(value, Unpacked) else value, {name}) for value in model.index.assigned_anywhere(origin))
+        }
+    return found
+
+
+def _forward_around(
+    model: LoopModel, root: Root, loop: Frame, name: str, function: cst.FunctionDef | None
+) -> tuple[cst.Call, Event] | None:
+    """A call in ``loop`` that forwards around the wrapper ``name`` (``name.module.<method>(...)`` or the object the
+    wrapper was built from) whose result becomes the loss of a backward of the loop, while the loop never calls
+    ``name`` nor hands it anywhere; with that backward. None when any of it is not shown."""
+    origins = _origins(model, name)
+    module = f"{name}.module"
+    forwards: list[cst.Call] = []
+    pending: list[tuple[cst.CSTNode, cst.FunctionDef | None]] = [(loop.node, function)]
+    visited: set[int] = set()
+    while pending:
+        node, scope = pending.pop()
+        for sub in model.file.walk(node):
+            if type(sub) in (cst.Name, cst.Attribute) and dotted_name(sub) == name:
+                parent = (model.parents or {}).get(sub)
+                if not (type(parent) is cst.Attribute and parent.value is sub) and not _handed_to_context(model, parent):
+                    return None  # called, or handed on: the wrapper may run
+            if type(sub) is not cst.Call:
+                continue
+            callee = dotted_name(sub.func)
+            last = callee_name(sub) or ""
+            if _reduces_by_hand(model, sub, name, origins):
+                return None  # gradients or parameters reduced by hand
+            if callee is not None and (callee in origins or (callee.startswith(module + ".") and last not in _NOT_A_FORWARD_METHOD) or callee == module):
+                forwards.append(sub)
+            helper = model.index.resolve_function(sub, scope) if model.index is not None else None
+            if helper is not None and id(helper) not in visited:
+                visited.add(id(helper))
+                pending.append((helper.body, helper))
+    forwards = [call for call in forwards if lies_in(model, call, loop.node) and not _under_no_grad(model, call, loop.node)]
+    if not forwards:
+        return None
+    derived = _derived_from(model, loop.node, forwards)
+    for backward in root.events_of(EventKind.BACKWARD, loop):
+        if backward.call_chain or backward.loss is None:
+            continue
+        if _mentions(backward.loss, derived) or any(lies_in(model, call, backward.loss) for call in forwards):
+            return forwards[0], backward
+    return None
+
+
+def _reduces_by_hand(model: LoopModel, call: cst.Call, name: str, origins: set[str]) -> bool:
+    """Whether a call may reduce gradients or parameters over the processes: a collective (``all_reduce``), or a call
+    whose name holds ``reduce``, ``sync`` or ``average`` and that names gradients, parameters or the model
+    (``average_gradients(model)``; not ``accelerator.reduce(metrics)``)."""
+    last = (callee_name(call) or "").lower()
+    if any(word in last for word in ("all_reduce", "allreduce", "reduce_scatter", "all_gather")):
+        return True
+    if not any(word in last for word in ("reduce", "sync", "average")):
+        return False
+    if any(word in last for word in ("grad", "param", "model")):
+        return True
+    handed = " ".join(model.code(arg.value) for arg in call.args)
+    return "grad" in handed or "param" in handed or any(n in handed for n in (name, *origins))
+
+
+def _handed_to_context(model: LoopModel, parent: cst.CSTNode | None) -> bool:
+    """Whether a name is an argument of a framework's ``no_sync`` or ``accumulate`` context (``accumulate(model)``),
+    which runs no forward of it."""
+    call = (model.parents or {}).get(parent) if type(parent) is cst.Arg else None
+    return type(call) is cst.Call and callee_name(call) in frameworks.CONTEXTS
+
+
+def _under_no_grad(model: LoopModel, node: cst.CSTNode, stop: cst.CSTNode) -> bool:
+    """Whether ``node`` runs in a ``with torch.no_grad()`` / ``inference_mode()`` block inside ``stop``."""
+    table = model.parents or {}
+    node = table.get(node)
+    while node is not None and node is not stop:
+        if type(node) is cst.With and any(callee_name(item.item) in ("no_grad", "inference_mode") for item in node.items if type(item.item) is cst.Call):
+            return True
+        node = table.get(node)
+    return False
+
+
+# Methods whose result carries no gradient of the tensor they are called on.
+_DETACHING = frozenset({"detach", "item", "tolist", "numpy"})
+
+
+def _detached(model: LoopModel, node: cst.CSTNode, stop: cst.CSTNode) -> bool:
+    """Whether ``node`` reaches ``stop`` only through a ``.detach()`` (``.item()``) of something it is part of."""
+    table = model.parents or {}
+    while node is not None and node is not stop:
+        parent = table.get(node)
+        if type(parent) is cst.Attribute and parent.value is node and parent.attr.value in _DETACHING:
+            return True
+        node = parent
+    return False
+
+
+def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
+    return any(type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in names for n in walk(node))
+
+
+def _derived_from(model: LoopModel, body: cst.CSTNode, forwards: list[cst.Call]) -> set[str]:
+    """The names assigned in ``body``, in any order and to a fixed point, from the result of one of ``forwards`` or
+    from a name so assigned."""
+    ids = {id(call) for call in forwards}
+    assigns = [n for n in model.file.walk(body) if type(n) in (cst.Assign, cst.AugAssign, cst.AnnAssign)]
+    derived: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for assign in assigns:
+            value = assign.value
+            if value is None:
+                continue
+            if not any(
+                (id(n) in ids or (type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in derived))
+                and not _detached(model, n, value)
+                for n in walk(value)
+            ):
+                continue
+            targets = [t.target for t in assign.targets] if type(assign) is cst.Assign else [assign.target]
+            for target in targets:
+                for n in walk(target):
+                    held = dotted_name(n) if type(n) in (cst.Name, cst.Attribute) else None
+                    if held is not None and held not in derived:
+                        derived.add(held)
+                        changed = True
+    return derived

@@ -67,6 +67,7 @@ from gradlint.frameworks.framework import (
     UnscalingClip,
     Wrap,
 )
+from gradlint.frameworks.torch_ddp import AROUND_FORWARD
 from gradlint.kinds import ObjKind
 from gradlint.syntax import dotted_name, keyword_arg, number, terminal
 
@@ -471,6 +472,10 @@ FRAMEWORK = Framework(
             "accelerate", _wrap_message, prepare_methods=frozenset({"prepare", "prepare_model"}),
             owner_names=frozenset({"accelerator"}), quiet_when_built=_not_ddp_plugin, quiet_for_count=_count_from_deepspeed,
             reduces_nothing=_requires_deepspeed,
+            around_forward=(
+                "accelerate's `prepare` wrapped it in DistributedDataParallel (on several processes, with no FSDP, "
+                f"DeepSpeed or Megatron-LM plugin): {AROUND_FORWARD}"
+            ),
         ),
     ),
     accumulation_settings={

@@ -233,6 +233,9 @@ class Wrap:
     # fairscale's ShardedDataParallel), or it cannot be told.
     arms_in_forward: Callable[[dict[str, object]], bool] | None = None
     forward_decides: str = ""  # how GL306's message says the wrapper decides in the forward (its own names)
+    # What a training loss computed around the wrapped model (through ``wrapped.module``, or the object it was built
+    # from) skips, in the framework's words, for GL309; empty: not known to skip its reduction that way.
+    around_forward: str = ""
     # ``model, count -> bool``: the accumulation count says another engine of the framework, not this wrap, reduces
     quiet_for_count: Callable[[LoopModel, cst.BaseExpression | None], bool] | None = None
     tokens: tuple[str, ...] = ()  # what a file must spell to wrap a model so (a rule's prefilter tokens)

@@ -6,7 +6,12 @@ hooks every parameter's gradient accumulator: each backward all-reduces
 forward that prepared it: ``_post_forward`` calls
 ``reducer.prepare_for_backward`` only while ``require_backward_grad_sync``
 is true, and ``no_sync()`` sets that attribute to False for its block and
-restores it on exit. So DDP decides in the forward whether the coming
+restores it on exit. A backward after no forward of the wrapper (a loss
+computed through ``ddp.module.encode(...)`` or through the module the
+wrapper was built from) all-reduces nothing: ``Reducer::autograd_hook``
+(``torch/csrc/distributed/c10d/reducer.cpp``) returns at once while
+``expect_autograd_hooks_`` is false, and only ``prepare_for_backward`` sets
+it (GL309). So DDP decides in the forward whether the coming
 backward all-reduces: a ``no_sync()`` entered after the forward, around the
 backward alone, changes nothing (``no_sync``'s own docstring: "The forward
 pass should be included inside the context manager, or else gradients will
@@ -82,6 +87,14 @@ FORWARD_DECIDES = (
     "(`_post_forward` calls `reducer.prepare_for_backward`), and `no_sync()` only sets that flag for its block"
 )
 
+# What a loss computed around a DDP model skips (``Reducer::autograd_hook`` returns while ``expect_autograd_hooks_`` is
+# false; only ``prepare_for_backward``, called by the forward, sets it), for GL309.
+AROUND_FORWARD = (
+    "DDP all-reduces a backward only after its own forward prepared the reducer (`_post_forward` calls "
+    "`reducer.prepare_for_backward`; until then its gradient hooks return at once), so this backward all-reduces "
+    "nothing and each process steps its own replica"
+)
+
 
 def _switches_off_sync(call: cst.Call) -> bool:
     """``model.set_requires_gradient_sync(flag)``: told not to reduce (anything but a literal True)."""
@@ -103,7 +116,7 @@ FRAMEWORK = Framework(
         Wrap(
             "ddp", _ddp_message, constructors=_DDP, class_name="DistributedDataParallel", wrapper_object=True,
             hooks_at_wrap=True, short="DDP", tokens=("DistributedDataParallel",), arms_in_forward=lambda arguments: True,
-            forward_decides=FORWARD_DECIDES,
+            forward_decides=FORWARD_DECIDES, around_forward=AROUND_FORWARD,
         ),
         Wrap("fsdp2", _fsdp2_message, function="fully_shard", function_module="torch.distributed"),
     ),
