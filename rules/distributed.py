@@ -2045,7 +2045,13 @@ def _trains(model: LoopModel, step: Event, name: str, others_called: bool) -> bo
 def _origins(model: LoopModel, name: str) -> set[str]:
     """The objects ``name``'s wrapper was built from: the module a wrapper class was handed
     (``ddp = DistributedDataParallel(model)``), and what the name held before a framework prepared it
-    (``trainable_layers = pipeline.unet`` then ``trainable_layers, opt = accelerator.prepare(trainable_layers, opt)``)."""
+    (``trainable_layers = pipeline.unet`` then ``trainable_layers, opt = accelerator.prepare(trainable_layers, opt)``).
+    Read once per name and module: every step asks it, and each answer walks every value the module assigns to
+    each origin (asked per step, a module of many loops cost the square of its size)."""
+    return model.file.once((_origins, name), lambda: _read_origins(model, name))
+
+
+def _read_origins(model: LoopModel, name: str) -> set[str]:
     found = set()
     wraps = model.info(name).wraps
     if wraps:
