@@ -397,17 +397,22 @@ def _named_for(term: str, optimizer: str) -> bool:
     return len(mine) == 1 and len(letter) == 1 and letter.isupper() and theirs[0][:1] == letter and theirs[0][1:2].islower()
 
 
+def _network_reached(model: LoopModel, reach) -> tuple[str, str]:
+    """The network a loss reaches, in words, and how it reaches it: every element of a list of networks (one
+    optimizer each), a network a called module holds, or the network called itself."""
+    if reach.owner.endswith("[*]"):
+        return f"the networks of `{reach.owner[:-3]}`", f"it calls `{model.code(reach.call.func)}` at line {model.line(reach.call)}"
+    network = f"`{reach.owner}`"
+    how = (
+        f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
+        else f"it calls {network} at line {model.line(reach.call)}"
+    )
+    return network, how
+
+
 def _summed_message(model: LoopModel, backward, term: str, stepper: str, step, reach) -> str:
     optimizer = step.target
-    if reach.owner.endswith("[*]"):
-        network = f"the networks of `{reach.owner[:-3]}`"
-        how = f"it calls `{model.code(reach.call.func)}` at line {model.line(reach.call)}"
-    else:
-        network = f"`{reach.owner}`"
-        how = (
-            f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
-            else f"it calls {network} at line {model.line(reach.call)}"
-        )
+    network, how = _network_reached(model, reach)
     return (
         f"this step of `{optimizer}` also applies the gradients of `{term}`, the loss of `{stepper}`, on {network} "
         f"({how}): the two losses are summed into the one backward at line {model.line(backward.node)}; backpropagate "
@@ -418,17 +423,11 @@ def _summed_message(model: LoopModel, backward, term: str, stepper: str, step, r
 
 def _leak_message(model: LoopModel, events: list, clear, foreign, stepper: str, own, step, reach, after_own: bool) -> str:
     optimizer = step.target
-    if reach.owner.endswith("[*]"):  # every element of a list of networks, one optimizer each
-        network = f"the networks of `{reach.owner[:-3]}`"
-        how = f"it calls `{model.code(reach.call.func)}` at line {model.line(reach.call)}"
-        switch = f"switch `requires_grad` off for {network} during the other loss"
-    else:
-        network = f"`{reach.owner}`"
-        how = (
-            f"it calls `{model.code(reach.call.func)}`, which holds {network}" if reach.through is not None
-            else f"it calls {network} at line {model.line(reach.call)}"
-        )
-        switch = f"switch {network}'s `requires_grad` off for the other loss"
+    network, how = _network_reached(model, reach)
+    switch = (
+        f"switch `requires_grad` off for {network} during the other loss" if reach.owner.endswith("[*]")
+        else f"switch {network}'s `requires_grad` off for the other loss"
+    )
     taken = (
         f"this step of `{optimizer}` also applies the gradients that the loss backpropagated at line "
         f"{model.line(foreign.node)} for `{stepper}` left on {network} ({how})"
