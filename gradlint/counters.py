@@ -109,12 +109,11 @@ def loop_index(node: cst.CSTNode, defaults: dict[str, int] | None = None) -> tup
     name, args = callee_name(node.iter), positional_args(node.iter)
     if name == "enumerate" and type(node.target) is cst.Tuple and node.target.elements and args:
         index = dotted_name(node.target.elements[0].value)
-        given = keyword_arg(node.iter, "start") or (args[1] if len(args) > 1 else None)
     elif name == "range" and type(node.target) is cst.Name and 1 <= len(args) == len(node.iter.args) <= 2:
         index = node.target.value
-        given = args[0] if len(args) == 2 else None
     else:
         return None
+    given = _start_given(node)
     if index is None or "." in index:
         return None
     if given is None:

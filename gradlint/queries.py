@@ -430,6 +430,18 @@ def steps_after_loops(model: LoopModel, root: Root) -> Iterator[tuple[Event, Acc
         yield step, Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
 
 
+# A ``for`` header that says the loop runs over micro-batches.
+_MICRO_LOOP_WORDS = re.compile(r"accum|micro|sub_?batch|chunk|split|shard", re.IGNORECASE)
+
+
+def header_says_micro_batches(model: LoopModel, loop: cst.CSTNode) -> bool:
+    """A ``for`` loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ``subbatches``, ...: its
+    header says it runs the micro-batches of one accumulation."""
+    if type(loop) is not cst.For:
+        return False
+    return _MICRO_LOOP_WORDS.search(f"{model.code(loop.target)} in {model.code(loop.iter)}") is not None
+
+
 def _retry_loop(loop: cst.CSTNode) -> bool:
     """A loop whose iteration that gets through ends it: its body ends with ``break``, or with a ``try`` whose body or
     ``else`` does (``while chunk_size: try: ...backward() except OOM: chunk_size //= 2 else: break``). It retries one
@@ -439,11 +451,12 @@ def _retry_loop(loop: cst.CSTNode) -> bool:
         return False
     last = body[-1]
     if type(last) is cst.Try:
-        return _ends_with_break(last.body) or (last.orelse is not None and _ends_with_break(last.orelse.body))
-    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
+        return ends_with_break(last.body) or (last.orelse is not None and ends_with_break(last.orelse.body))
+    return type(loop.body) is cst.IndentedBlock and ends_with_break(loop.body)
 
 
-def _ends_with_break(block: cst.BaseSuite) -> bool:
+def ends_with_break(block: cst.BaseSuite) -> bool:
+    """Whether a block's last statement is ``break``."""
     last = block.body[-1] if block.body else None
     if type(block) is cst.SimpleStatementSuite:
         return type(last) is cst.Break

@@ -17,7 +17,7 @@ from gradlint.fixes.accumulation import drop_division
 from gradlint import frameworks
 from gradlint.frameworks.framework import Backward, LossHook, ReturnedLoss
 from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one, framework_settings, subscript_key
-from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
 from gradlint.queries import (
@@ -38,7 +38,7 @@ from gradlint.queries import (
 )
 from gradlint.counters import CounterStart, counter_start, remainder_test, window_offset
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, class_methods, dotted_name, is_grad, keyword_arg, method_name, number, positional_args, receiver, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -1030,33 +1030,32 @@ def _gradients_divided_under_guard(model: LoopModel, root: Root) -> Iterator[Rep
         clear = next((z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop)), None)
         if clear is None:
             continue
-        guard = _guard_dividing_gradients(model, loop.node)
-        if guard is None or any(lies_in(model, e.node, guard[0]) for e in events if e.kind is EventKind.STEP):
+        found = _guard_dividing_gradients(root, loop)
+        if found is None or any(e.kind is EventKind.STEP and e.inside(found[0]) for e in events):
             continue
         seen.add(id(step.node))
-        test, division = guard[0].test, guard[1]
+        guard, division = found
         yield Report(
             step.node,
             f"`{model.code(step.node)}` steps and `{model.code(clear.node)}` at line {model.line(clear.node)} clears on "
-            f"every micro-batch, but the gradients are divided at line {model.line(division)} under "
-            f"`if {model.code(test)}:` (line {model.line(guard[0])}), the accumulation's boundary: nothing accumulates, "
-            f"and the step on that micro-batch applies its own gradient divided; step and clear under that test",
+            f"every micro-batch, but the gradients are divided at line {model.line(division.node)} under "
+            f"`if {model.code(guard.node.test)}:` (line {model.line(guard.node)}), the accumulation's boundary: nothing "
+            f"accumulates, and the step on that micro-batch applies its own gradient divided; step and clear under that test",
             event=step,
         )
 
 
-def _guard_dividing_gradients(model: LoopModel, loop: cst.CSTNode) -> tuple[cst.If, cst.CSTNode] | None:
-    """An ``if`` among the loop body's statements whose test is a remainder of a counter (``i % k == 0``) and whose
-    body divides gradients in place (``p.grad /= k``, ``p.grad.div_(k)``): (that ``if``, the division)."""
-    body = getattr(getattr(loop, "body", None), "body", ())
-    for statement in body:
-        if type(statement) is not cst.If or remainder_test(statement.test) is None:
-            continue
-        for node in model.file.walk(statement.body):
-            if type(node) is cst.AugAssign and type(node.operator) in (cst.DivideAssign, cst.MultiplyAssign) and is_grad(node.target):
-                return statement, node
-            if type(node) is cst.Call and method_name(node) in ("div_", "mul_") and is_grad(receiver(node)):
-                return statement, node
+def _guard_dividing_gradients(root: Root, loop: Frame) -> tuple[Frame, Event] | None:
+    """A division of the gradients in place (``p.grad /= k``, ``p.grad.div_(k)``: a GRAD_DIVIDE event) under an ``if``
+    among the loop body's statements whose test is a remainder of a counter (``i % k == 0``): (that ``if``'s frame,
+    the division)."""
+    statements = getattr(getattr(loop.node, "body", None), "body", ())
+    for division in root.events_of(GRAD_DIVIDE, loop):
+        for frame in frames_inside(division, loop):
+            if type(frame.node) is cst.If and remainder_test(frame.node.test) is not None and any(
+                frame.node is statement for statement in statements
+            ):
+                return frame, division
     return None
 
 

@@ -24,11 +24,13 @@ from gradlint.queries import (
     accumulation_place,
     clears,
     clears_between_backward_and_step,
+    ends_with_break,
     probe_events,
     exclusive,
     frames_inside,
     function_holding,
     handoff_may_clear,
+    header_says_micro_batches,
     in_other_branch,
     innermost_loop,
     local_of_its_own,
@@ -2418,19 +2420,12 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
     return node.trailing_whitespace.comment.value
 
 
-# An inner loop whose header says it runs over micro-batches.
-_MICRO_LOOP_WORDS = re.compile(r"accum|micro|sub_?batch|chunk|split|shard", re.IGNORECASE)
-
-
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
     """An inner loop over ``range(accum_steps)``, ``batch.chunk(k)``, ``micro_batches``, ``subbatches``, ..., or a ``while`` loop that
     runs until a count of its own reaches a threshold (``_counted_while``)."""
     if type(loop_node) is cst.While:
         return _counted_while(loop_node)
-    if type(loop_node) is not cst.For:
-        return False
-    header = f"{model.code(loop_node.target)} in {model.code(loop_node.iter)}"
-    return bool(_MICRO_LOOP_WORDS.search(header))
+    return header_says_micro_batches(model, loop_node)
 
 
 _BELOW = (cst.LessThan, cst.LessThanEqual, cst.NotEqual)
@@ -2459,17 +2454,9 @@ def _counted_while(loop: cst.While) -> bool:
     if compares(loop.test, _BELOW):
         return True
     return any(
-        type(node) is cst.If and compares(node.test, _REACHED) and _breaks(node.body)
+        type(node) is cst.If and compares(node.test, _REACHED) and ends_with_break(node.body)
         for node in walk(loop.body)
     )
-
-
-def _breaks(block: cst.BaseSuite) -> bool:
-    """Whether a block ends with ``break``."""
-    last = block.body[-1] if block.body else None
-    if type(block) is cst.SimpleStatementSuite:
-        return type(last) is cst.Break
-    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) is cst.Break
 
 
 class InvertedAccumulationGuard(Rule):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -10,7 +9,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, LoopModel
-from gradlint.queries import innermost_loop, lies_in
+from gradlint.queries import header_says_micro_batches, innermost_loop, lies_in
 from gradlint.rule import BACKWARD, Report, Rule
 from gradlint.syntax import callee_name, dotted_name
 
@@ -76,7 +75,7 @@ class GradientReadWithoutClear(Rule):
                 if backward.framework is not None or not backward.loops or backward.call_chain:
                     continue
                 loop = innermost_loop(backward)
-                if loop is None or type(loop.node) not in (cst.For, cst.While) or _over_micro_batches(model, loop.node):
+                if loop is None or type(loop.node) not in (cst.For, cst.While) or header_says_micro_batches(model, loop.node):
                     continue
                 kinds = {e.kind for e in root.events_in(loop)}
                 if kinds & {EventKind.ZERO, EventKind.STEP, HANDOFF, GRAD_DIVIDE}:
@@ -93,17 +92,6 @@ class GradientReadWithoutClear(Rule):
                     f"loop); clear before each backward, or take them with `torch.autograd.grad(...)`",
                     event=backward,
                 )
-
-
-def _over_micro_batches(model: LoopModel, loop: cst.CSTNode) -> bool:
-    """A loop whose header says it runs the micro-batches of one accumulation (``for microbatch_idx in range(2)``,
-    ``for chunk in batch.split(k)``): the running sum is what it means to read."""
-    if type(loop) is not cst.For:
-        return False
-    return _MICRO_BATCH_WORDS.search(f"{model.code(loop.target)} {model.code(loop.iter)}") is not None
-
-
-_MICRO_BATCH_WORDS = re.compile(r"accum|micro|sub_?batch|chunk|split|shard", re.IGNORECASE)
 
 
 def _parameter_gradient_read_after(model: LoopModel, loop: cst.CSTNode, backward: cst.CSTNode) -> cst.Attribute | None:
