@@ -21,12 +21,13 @@ _TOKEN_6 = call_of('parameters')
 _TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True')
 _TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(')
 _TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
-_TOKEN_10 = call_of('update')
-_TOKEN_11 = call_of('unscale_')
-_TOKEN_12 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
-_TOKEN_13 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_14 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_15 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_10 = call_of('named_parameters')
+_TOKEN_11 = call_of('update')
+_TOKEN_12 = call_of('unscale_')
+_TOKEN_13 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
+_TOKEN_14 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_15 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_16 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -246,13 +247,22 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((BACKWARD, '.grad', 'parameters'),),
     ),
     RuleInfo(
+        code='GL025',
+        name='parameter-group-never-added',
+        summary='a parameter group filled from `named_parameters()` never reaches the optimizer built after it',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((_TOKEN_6, 'append'), (_TOKEN_10, 'append')),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_10, SCALER), (BACKWARD, _TOKEN_11, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_11, SCALER), (BACKWARD, _TOKEN_12, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -288,7 +298,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_11, SCALER), (BACKWARD, STEP, _TOKEN_10, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_12, SCALER), (BACKWARD, STEP, _TOKEN_11, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -297,7 +307,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_10, SCALER),),
+        needs=((BACKWARD, _TOKEN_11, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -306,7 +316,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_11, SCALER),),
+        needs=((BACKWARD, _TOKEN_12, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -315,7 +325,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_10, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_11, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -324,7 +334,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_12, SCALER), (_TOKEN_12, 'autocast')),
+        needs=((_TOKEN_13, SCALER), (_TOKEN_13, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -333,7 +343,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_12, _TOKEN_13), (_TOKEN_12, BACKWARD, STEP), (_TOKEN_12, BACKWARD, _TOKEN_14), (_TOKEN_12, BACKWARD, _TOKEN_2), (_TOKEN_12, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_13, _TOKEN_14), (_TOKEN_13, BACKWARD, STEP), (_TOKEN_13, BACKWARD, _TOKEN_15), (_TOKEN_13, BACKWARD, _TOKEN_2), (_TOKEN_13, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -342,7 +352,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_12, 'clip'),),
+        needs=((_TOKEN_13, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -369,7 +379,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_15)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_16)),
     ),
     RuleInfo(
         code='GL303',

@@ -78,12 +78,16 @@ class RemainderTest:
 
 
 def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
-    """``(i + c) % k == 0`` (the whole test, nothing ``or``-ed or ``and``-ed to it) on a plain counter, else None."""
-    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+    """``(i + c) % k == 0`` or ``not (i + c) % k`` (the whole test, nothing ``or``-ed or ``and``-ed to it) on a plain
+    counter, else None."""
+    if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
+        remainder = test.expression
+    elif type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
-    if type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
+    elif type(test.comparisons[0].operator) is not cst.Equal or number(test.comparisons[0].comparator) != 0:
         return None
-    remainder = test.left
+    else:
+        remainder = test.left
     if type(remainder) is not cst.BinaryOperation or type(remainder.operator) is not cst.Modulo:
         return None
     counter, offset = counter_and_offset(remainder.left)

@@ -959,7 +959,8 @@ class ZeroGradInAccumulation(Rule):
     (``fixtures/accumulation/epoch_start_clear_with_counter_across_epochs.py``;
     quiet when the guard counts per epoch, ``(i + 1) % k`` of the batch loop's
     index or a counter set back each epoch, or flushes the epoch's last
-    micro-batches with an ``or`` clause: ``fixtures/accumulation/ok_epoch_start_clear_with_counter_per_epoch.py``).
+    micro-batches with an ``or`` clause, or steps them after the batch loop at the epoch's end:
+    ``fixtures/accumulation/ok_epoch_start_clear_with_counter_per_epoch.py``).
 
     Inside ``with accelerator.accumulate(model):`` (an ``Accelerator`` built
     in the module with ``gradient_accumulation_steps``, or one handed in
@@ -1298,6 +1299,8 @@ def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
             continue
         if not any(clears(model, z, step.target) and step.inside(acc.frame) and z.inside(acc.frame) for z in root.events_of(EventKind.ZERO, loop)):
             continue
+        if _stepped_after_loop(root, step, loop, outer):
+            continue
         first = root.events_in(loop)[0]
         for zero in root.events_of(EventKind.ZERO, outer):
             if id(zero) in seen or zero.inside(loop) or root.order(zero) > root.order(first):
@@ -1314,6 +1317,17 @@ def _epoch_start_clears(model: LoopModel, root: Root) -> Iterator[Report]:
                 f"or count the micro-batches per epoch",
                 event=zero, against=(step,),
             )
+
+
+def _stepped_after_loop(root: Root, step: Event, loop: Frame, outer: Frame) -> bool:
+    """Whether the epoch loop steps the same optimizer again after the batch loop (``for batch ...: ...; opt.step();
+    opt.zero_grad()`` at the epoch's end): the micro-batches left over are applied there, and the clear at the next
+    epoch's start finds nothing to throw away."""
+    last = root.events_in(loop)[-1]
+    return any(
+        other.target == step.target and not other.inside(loop) and root.order(other) > root.order(last)
+        for other in root.events_of(EventKind.STEP, outer)
+    )
 
 
 def _loop_around(event: Event, loop: Frame) -> Frame | None:
