@@ -18,7 +18,7 @@ _TOKEN_3 = Spelled('grad', '\\.(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*grad(?!\\w)(?:[
 _TOKEN_4 = re.compile('zeros_like|(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])(?:[\\s\\\\)]|#[^\\n]*(?![^\\n]))*\\*|\\*(?:[\\s\\\\(]|#[^\\n]*(?![^\\n]))*(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?:\\.(?:0(?:_?0)*)?)?|\\.0(?:_?0)*)(?:[eE][+-]?\\d(?:_?\\d)*)?)(?![\\w.])')
 _TOKEN_5 = Spelled('requires_grad', '\\.[\\s\\\\]*requires_grad[\\s\\\\]*=[\\s\\\\]*False|requires_grad_[\\s\\\\]*\\([\\s\\\\]*(?:requires_grad[\\s\\\\]*=[\\s\\\\]*)?False')
 _TOKEN_6 = call_of('parameters')
-_TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True')
+_TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True|^[ \\t]+\\w+\\s*=\\s*(?:torch\\.)?(?:nn\\.)?Parameter\\(')
 _TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(')
 _TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
 _TOKEN_10 = call_of('named_parameters')

@@ -555,7 +555,7 @@ class EventBuilder:
         if method == "step":
             args = positional_args(call)
             if recv_kind is ObjKind.SCALER and args:
-                target = _element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)
+                target = _element_of_loop(args[0].value, scope.frames) or _optimizer_named(args[0].value)
                 # ``scaler.step(opt, closure=f)``: a disabled scaler runs ``opt.step(closure=f)`` (an enabled one raises)
                 closure = keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None
                 if closure is not None:
@@ -574,7 +574,7 @@ class EventBuilder:
                 return
         if method == "unscale_" and recv_kind is ObjKind.SCALER:
             args = positional_args(call)
-            target = (_element_of_loop(args[0].value, scope.frames) or dotted_name(args[0].value)) if args else None
+            target = (_element_of_loop(args[0].value, scope.frames) or _optimizer_named(args[0].value)) if args else None
             emit(EventKind.UNSCALE, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
             return
         if method == "update" and recv_kind is ObjKind.SCALER:
@@ -1418,3 +1418,8 @@ def _set_to_none(call: cst.Call) -> bool | None:
         args = positional_args(call)
         arg = args[0] if args else None
     return bool_literal(arg.value) if arg is not None else None
+
+
+def _optimizer_named(node: cst.BaseExpression) -> str | None:
+    """The name an optimizer handed to a scaler goes by, spelled as a receiver's is (``optimizer["generator"]``)."""
+    return element_name(node) if type(node) is cst.Subscript else dotted_name(node)

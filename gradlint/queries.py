@@ -552,30 +552,39 @@ def clears_between_backward_and_step(
     model: LoopModel, events: list[Event], probes: frozenset[int] = frozenset()
 ) -> Iterator[tuple[Event, Event, Event]]:
     """``(backward, zero, step)`` where a clear of the step's optimizer falls between its backward and the step
-    (a probe's backward and its own clear, :func:`probe_events`, left out)."""
-    last_backward: Event | None = None
-    zeros_since: list[Event] = []
-    stepped: set[str | None] = set()  # optimizers that already stepped on the last backward's gradients
-    for event in events:
+    (a probe's backward and its own clear, :func:`probe_events`, left out).
+
+    A step's backward is the last one before it that can run on the same pass: one in the other branch of an ``if``
+    (``if sam: ...; loss_2.backward(); opt.second_step() else: opt.step()``) does not hide the earlier backward
+    whose gradients the ``else`` step takes."""
+    position: dict[int, int] = {}
+    backwards: list[Event] = []
+    zeros: list[Event] = []
+    stepped: dict[int, set[str | None]] = {}  # per backward: optimizers that already stepped on its gradients
+    for at, event in enumerate(events):
         if id(event) in probes:
             continue
+        position[id(event)] = at
         if event.kind is EventKind.BACKWARD:
-            last_backward, zeros_since, stepped = event, [], set()
-        elif event.kind is EventKind.ZERO and last_backward is not None:
-            zeros_since.append(event)
-        elif event.kind is EventKind.STEP and last_backward is not None and event.framework != "closure":
-            if event.target in stepped:
+            backwards.append(event)
+            stepped[id(event)] = set()
+        elif event.kind is EventKind.ZERO and backwards:
+            zeros.append(event)
+        elif event.kind is EventKind.STEP and backwards and event.framework != "closure":
+            owner = next((b for b in reversed(backwards) if not exclusive(b, event)), None)
+            if owner is None or event.target in stepped[id(owner)]:
                 continue  # a later step of the same optimizer does not own the backward's gradients
-            for zero in zeros_since:
+            for zero in zeros:
                 if (
-                    clears(model, zero, event.target)
+                    position[id(zero)] > position[id(owner)]
+                    and clears(model, zero, event.target)
                     and not exclusive(zero, event)
                     and not leaves_before(zero, event)
                     and not _clears_another_model(model, zero, event.target)
                     and not _clears_picked_parameters(zero)
                 ):
-                    yield last_backward, zero, event
-            stepped.add(event.target)
+                    yield owner, zero, event
+            stepped[id(owner)].add(event.target)
 
 
 def exclusive(a: Event, b: Event) -> bool:
@@ -779,8 +788,40 @@ def calls_unseen_inherited_method(model: LoopModel, step: Event, loop: Frame) ->
         if type(node) is cst.Call and type(node.func) is cst.Attribute and type(node.func.value) is cst.Name:
             name = node.func.attr.value
             if node.func.value.value == "self" and index.method_of(owner, name) is None:
-                if not index.assigned_anywhere(f"self.{name}"):  # ``self.model = ...``: a callable held, no method
-                    return True
+                if index.assigned_anywhere(f"self.{name}") or name in _attributes_used_as_objects(model):
+                    continue  # ``self.model = ...`` or ``self.model.train()``: an object held, no method
+                if _under_periodic_test(model, node, loop.node, step.node):
+                    continue  # ``if (n + 1) % eval_every == 0: self._save_checkpoint(...)``: not on every step's path
+                return True
+    return False
+
+
+def _attributes_used_as_objects(model: LoopModel) -> frozenset[str]:
+    """The attributes of ``self`` the module reads attributes of (``self.model.train()``, ``self.model.parameters()``):
+    objects the instance holds, set by a base class maybe, not methods it inherits."""
+
+    def read() -> frozenset[str]:
+        return frozenset(
+            node.value.attr.value
+            for node in model.file.every_node(model.module)
+            if type(node) is cst.Attribute and type(node.value) is cst.Attribute
+            and type(node.value.value) is cst.Name and node.value.value.value == "self"
+        )
+
+    return model.file.once((_attributes_used_as_objects,), read)
+
+
+def _under_periodic_test(model: LoopModel, node: cst.CSTNode, loop: cst.CSTNode, step: cst.CSTNode) -> bool:
+    """Whether ``node`` runs only under an ``if`` of the loop that takes a remainder (``if i % interval == 0:``) and
+    does not hold the step: it runs on some iterations only, so what it does cannot serve every step."""
+    parents = model.parents or {}
+    current = parents.get(node)
+    while current is not None and current is not loop:
+        if type(current) is cst.If and any(
+            type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(current.test)
+        ) and not lies_in(model, step, current):
+            return True
+        current = parents.get(current)
     return False
 
 

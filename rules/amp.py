@@ -22,6 +22,7 @@ from gradlint.queries import (
     accumulation_place,
     backwards_reaching,
     exclusive,
+    function_holding,
     home_loop,
     in_other_branch,
     innermost_loop,
@@ -36,7 +37,7 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, positional_args, receiver, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, parameter_names, positional_args, receiver, walk
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -655,7 +656,10 @@ class ScalerWithoutUpdate(Rule):
     - the training loop that runs the step (in this function or in a caller
       of it) calls ``scaler.update()``;
     - the step is not in a training loop of its own (a per-batch method, or a
-      loop over optimizers): its caller is judged where it is inlined.
+      loop over optimizers): its caller is judged where it is inlined;
+    - the scaler is a parameter of the function that holds the step's loop
+      (``train_step(self, data, optimizer, loss_scaler=None)`` with an inner
+      loop over generator steps): its caller may update it after each call.
 
     **Bad**::
 
@@ -688,12 +692,24 @@ class ScalerWithoutUpdate(Rule):
                     continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
                 if step.node in updated or step.node in settled:
                     continue  # a caller's training loop updates the scaler after calling this code
+                if _handed_in_to_the_loops_function(model, step, loop):
+                    continue
                 yield settled.note(Report(
                     step.node,
                     f"`{step.via_scaler}.step({step.target})` runs {loop_phrase(model, loop)} "
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
                 ))
+
+
+def _handed_in_to_the_loops_function(model: LoopModel, step: Event, loop: Frame) -> bool:
+    """Whether the scaler is a parameter of the function that holds both the step and its loop: a per-batch method
+    (``train_step(self, data, optimizer, loss_scaler=None)``) whose caller may update the scaler after each call."""
+    function = function_holding(model, step.node)
+    return (
+        function is not None and step.via_scaler in parameter_names(function)
+        and function_holding(model, loop.node) is function
+    )
 
 
 def _steps_updated_somewhere(model: LoopModel) -> set:

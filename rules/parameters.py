@@ -564,7 +564,8 @@ _UNREGISTERED = Spelled(
     "self",
     r"self\.\w+\s*=\s*[\[{][^\n]*\bnn\.[A-Z]|self\.\w+\.append\(\s*(?:torch\.)?nn\.[A-Z]"
     r"|Parameter\([^\n]*\)\s*\.\s*(?:to|cuda|half|float|double|bfloat16|type)\s*\("
-    r"|self\.\w+\s*=\s*torch\.\w+\([^\n]*requires_grad\s*=\s*True",
+    r"|self\.\w+\s*=\s*torch\.\w+\([^\n]*requires_grad\s*=\s*True"
+    r"|^[ \t]+\w+\s*=\s*(?:torch\.)?(?:nn\.)?Parameter\(",
 )
 # A layer built by a class or a function of the module, put in a plain container: read only where the module defines
 # a class on a ``...Module`` base (the rule judges those classes), or the pattern alone lets in most library code.
@@ -596,6 +597,11 @@ class UnregisteredParameters(Rule):
     (``[Highway(size) for _ in range(depth)]``), or the value of a function of
     the module whose every return builds one, or of a module-level factory
     annotated to return a module (``-> nn.Module``: ``get_layer(hparams)``).
+
+    An ``nn.Parameter`` built inside ``forward`` (``rel_w =
+    nn.Parameter(torch.randn(c, w)).to(x)``) is a new tensor on every call:
+    no module holds it, no optimizer steps it, and each forward starts from
+    its initial (often random) values.
 
     **Fix.** ``nn.ModuleList`` / ``nn.ModuleDict`` for layers,
     ``nn.Parameter(...)`` for tensors, built on the device:
@@ -653,9 +659,41 @@ class UnregisteredParameters(Rule):
             if any(name in methods for name in ("parameters", "named_parameters")):
                 continue
             bodies = [m for m in methods.values()]
+            if "forward" in methods:
+                yield from _parameters_made_in_forward(model, methods["forward"])
             if _registers_by_hand(model, bodies):
                 continue
             yield from _unregistered_in(model, bodies)
+
+
+def _parameters_made_in_forward(model: LoopModel, forward: cst.FunctionDef) -> Iterator[Report]:
+    """``w = nn.Parameter(torch.randn(n, m)).to(x)`` in ``forward``: a new tensor on every call, held by no module."""
+    for node in model.file.walk(forward.body):
+        if type(node) is not cst.Assign or len(node.targets) != 1 or type(node.targets[0].target) is not cst.Name:
+            continue
+        built = node.value
+        while type(built) is cst.Call and type(built.func) is cst.Attribute and built.func.attr.value in _MOVES:
+            built = built.func.value
+        if type(built) is not cst.Call or _torch_nn_name(model, built.func) != "Parameter":
+            continue
+        name = node.targets[0].target.value
+        yield Report(
+            built,
+            f"`{name}` is an `nn.Parameter` built inside `forward`: every call makes a new one from its initial "
+            f"values, no module registers it and no optimizer holds it, so it never trains (each forward sees fresh "
+            f"{'random ' if _random_initial(model, built) else ''}values); build it once in `__init__` as "
+            f"`self.{name} = nn.Parameter(...)`",
+        )
+
+
+# Methods that return a moved or cast copy of a tensor.
+_MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type"})
+
+
+def _random_initial(model: LoopModel, built: cst.Call) -> bool:
+    return any(
+        type(n) is cst.Call and (callee_name(n) or "").startswith(("rand", "normal", "uniform")) for n in model.file.walk(built)
+    )
 
 
 def _registers_by_hand(model: LoopModel, methods: list[cst.FunctionDef]) -> bool:

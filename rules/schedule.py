@@ -334,10 +334,10 @@ class SchedulerNeverStepped(Rule):
                 if hook is None:
                     continue
                 returned = [n for n in walk(hook.body) if type(n) is cst.Return and n.value is not None]
-                schedulers = [s for r in returned for s in _returned_schedulers(r.value)]
+                schedulers = [s for r in returned for s in _returned_schedulers(r.value, hook)]
                 if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch) or _sets_lr_by_hand(methods):
                     continue
-                statement = next(r for r in returned if _returned_schedulers(r.value))
+                statement = next(r for r in returned if _returned_schedulers(r.value, hook))
                 last_step = _last_optimizer_step(methods, left.step_hook)
                 where = (f"after this step of `{dotted_name(last_step.func.value)}` or at each epoch's end"
                          if last_step is not None else "where the optimizers step or at each epoch's end")
@@ -373,17 +373,45 @@ def _last_optimizer_step(methods: list[cst.FunctionDef], hook: str) -> cst.Call 
     method = next((m for m in methods if m.name.value == hook), None) if hook else None
     if method is None:
         return None
-    steps = [
-        node for node in walk(method.body)
-        if type(node) is cst.Call and callee_name(node) == "step" and type(node.func) is cst.Attribute
-        and kind_from_name(dotted_name(node.func.value) or "") is ObjKind.OPTIMIZER
-    ]
+
+    def steps_in(function: cst.FunctionDef) -> list[cst.Call]:
+        return [
+            node for node in walk(function.body)
+            if type(node) is cst.Call and callee_name(node) == "step" and type(node.func) is cst.Attribute
+            and kind_from_name(dotted_name(node.func.value) or "") is ObjKind.OPTIMIZER
+        ]
+
+    steps = steps_in(method)
+    if not steps:  # ``self.manual_optimization_step(batch)``: the steps in a method the per-batch one calls
+        called = {
+            node.func.attr.value for node in walk(method.body)
+            if type(node) is cst.Call and type(node.func) is cst.Attribute and dotted_name(node.func.value) == "self"
+        }
+        steps = [step for m in methods if m.name.value in called for step in steps_in(m)]
     return steps[-1] if steps else None
 
 
-def _returned_schedulers(value: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """``[opt_g, opt_d], [sched_g, sched_d]`` or ``{"optimizer": o, "lr_scheduler": s}`` (also a list of such dicts):
-    the scheduler expressions."""
+def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> list[cst.BaseExpression]:
+    """``[opt_g, opt_d], [sched_g, sched_d]`` or ``{"optimizer": o, "lr_scheduler": s}`` (also a list of such dicts,
+    or a name the hook builds such a dict in: ``config = {"optimizer": o}; config["lr_scheduler"] = s; return
+    config``): the scheduler expressions."""
+    if type(value) is cst.Name:
+        found = []
+        for node in walk(hook.body):
+            if type(node) is not cst.Assign:
+                continue
+            for target in node.targets:
+                if type(target.target) is cst.Name and target.target.value == value.value and type(node.value) is cst.Dict:
+                    found += _returned_schedulers(node.value, hook)
+                elif (
+                    type(target.target) is cst.Subscript and type(target.target.value) is cst.Name
+                    and target.target.value.value == value.value and len(target.target.slice) == 1
+                    and type(target.target.slice[0].slice) is cst.Index
+                    and type(target.target.slice[0].slice.value) is cst.SimpleString
+                    and target.target.slice[0].slice.value.evaluated_value == "lr_scheduler"
+                ):
+                    found.append(node.value)
+        return found
     if type(value) is cst.Tuple and len(value.elements) == 2 and type(value.elements[1].value) in (cst.List, cst.Tuple):
         return [e.value for e in value.elements[1].value.elements if type(e) is cst.Element]
     dicts = [value] if type(value) is cst.Dict else (

@@ -47,8 +47,10 @@ class StepWithoutBackward(Rule):
     of the accumulation setting (``if gradient_accumulation_steps > 1: loss
     = loss / gradient_accumulation_steps; loss.backward()``) while the step
     runs with the setting off too: with a count of 1, the default, nothing is
-    ever backpropagated. Quiet when the step sits on the same side of the
-    setting, or the loop backpropagates anywhere else.
+    ever backpropagated; and for one that backpropagates only in that test's
+    ``else`` (``if accum > 1: loss = loss / accum`` ``else: loss.backward()``):
+    with accumulation configured, nothing is. Quiet when the step sits on the
+    same side of the setting, or the loop backpropagates anywhere else.
 
     **Bad**::
 
@@ -114,28 +116,32 @@ def _backward_only_with_accumulation_on(model: LoopModel) -> Iterator[Report]:
             backwards = [e for e in events if e.kind is EventKind.BACKWARD]
             if not backwards or any(e.kind is HANDOFF for e in events):
                 continue
-            sides = [_accumulation_on_side(b, loop) for b in backwards]
-            if any(side is None for side in sides) or len({name for name, _ in sides}) != 1:
+            sides = [_accumulation_side(b, loop) for b in backwards]
+            if any(side is None for side in sides) or len(set(sides)) != 1:
                 continue
-            setting = sides[0][0]
+            setting, on = sides[0]
             if any(f.accumulation_on is not None and f.accumulation_on[0] == setting for f in frames_inside(step, loop)):
                 continue  # the step is on one side of the setting too
             seen.add(id(step.node))
             backward = backwards[0]
+            if on:
+                only, empty = "with accumulation on", "with a count of 1 every step applies empty gradients"
+            else:
+                only, empty = "with accumulation off", "with a count above 1 every step applies empty gradients"
             yield Report(
                 step.node,
                 f"`{step.target}` steps at line {model.line(step.node)} whatever `{setting}` is, but the loop "
-                f"backpropagates only with accumulation on (the backward at line {model.line(backward.node)} runs under "
-                f"the test of `{setting}`): with a count of 1 every step applies empty gradients; backpropagate outside "
-                f"that test",
+                f"backpropagates only {only} (the backward at line {model.line(backward.node)} runs under "
+                f"the test of `{setting}`): {empty}; backpropagate outside that test",
                 event=step,
             )
 
 
-def _accumulation_on_side(event: Event, loop) -> tuple[str, bool] | None:
-    """``(setting, True)`` when ``event`` runs only with accumulation on (inside ``if accum > 1:`` within ``loop``)."""
+def _accumulation_side(event: Event, loop) -> tuple[str, bool] | None:
+    """``(setting, True)`` when ``event`` runs only with accumulation on (inside ``if accum > 1:`` within ``loop``),
+    ``(setting, False)`` when only with it off (in that test's ``else``)."""
     for frame in frames_inside(event, loop):
-        if frame.accumulation_on is not None and frame.accumulation_on[1]:
+        if frame.accumulation_on is not None:
             return frame.accumulation_on
     return None
 
