@@ -1012,7 +1012,17 @@ _MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.G
 
 def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     """For ``if args.gradient_accumulation_steps > 1:`` the setting tested and whether the body runs with accumulation
-    on (``== 1``: off); None when the test is no comparison of an accumulation count against 1 or 2."""
+    on (``== 1``: off); None when the test is no comparison of an accumulation count against 1 or 2. A count that may
+    be None is tested for presence first: ``if multiplier is not None and multiplier > 1:`` (its ``else`` runs with
+    accumulation off too)."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        terms = boolean_terms(test, cst.And)
+        tested = [found for found in map(_setting_test, terms) if found is not None]
+        if len(tested) == 1 and tested[0][1] and all(
+            _setting_test(term) is not None or _presence_of(term, tested[0][0]) for term in terms
+        ):
+            return tested[0]
+        return None
     if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
     operator, right, left = type(test.comparisons[0].operator), test.comparisons[0].comparator, test.left
@@ -1024,9 +1034,21 @@ def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     if name is None or on is None:
         return None
     last = name.rsplit(".", 1)[-1]
-    if not (_ACCUMULATION_WORDS.search(last) and _COUNT_WORDS.search(last)):
+    if not (_ACCUMULATION_WORDS.search(last) and _COUNT_WORDS.search(last)) and not _MULTIPLIER.search(last):
         return None
     return name, on
+
+
+# A count of micro-batches per step named for the batch it multiplies (joeynmt's ``batch_multiplier``).
+_MULTIPLIER = re.compile(r"batch_(size_)?multiplier$", re.IGNORECASE)
+
+
+def _presence_of(term: cst.BaseExpression, name: str) -> bool:
+    """``name`` or ``name is not None``."""
+    if type(term) is cst.Comparison and len(term.comparisons) == 1 and type(term.comparisons[0].operator) is cst.IsNot:
+        comparator = term.comparisons[0].comparator
+        return type(comparator) is cst.Name and comparator.value == "None" and dotted_name(term.left) == name
+    return type(term) in (cst.Name, cst.Attribute) and dotted_name(term) == name
 
 
 def _accumulation_enabled(test: cst.BaseExpression) -> bool:

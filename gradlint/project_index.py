@@ -1061,13 +1061,19 @@ class ProjectIndex:
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
         summing: dict[str, dict[str, set[str]]] = {}  # unit -> class -> where its forward returns a summed loss ("" for no)
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
+        wrapped_here: dict[str, set[str]] = {}  # path -> wrapped facts of calls of the file's own functions
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
             shared.setdefault(unit, set()).update(calls.shared)
             unscaled.setdefault(unit, set()).update(calls.after_unscale)
             if calls.passes_wrapped:
-                wrapped.setdefault(unit, set()).update(calls.passes_wrapped)
+                # A call of a function the calling file defines itself reaches that definition, not a namesake in
+                # another file of the unit (``train_one_epoch(model=ddp_model)`` beside ``def train_one_epoch``).
+                own = {fact for fact in calls.passes_wrapped if fact.split(":", 1)[0] in calls.top_level}
+                wrapped.setdefault(unit, set()).update(calls.passes_wrapped - own)
+                if own:
+                    wrapped_here.setdefault(path, set()).update(own)
             defined.setdefault(unit, set()).update(calls.defines)
             stepping.setdefault(unit, set()).update(calls.steps_handed)
             not_stepping.setdefault(unit, set()).update(calls.defines - calls.steps_handed)
@@ -1090,6 +1096,7 @@ class ProjectIndex:
         self._called = {unit: frozenset(alone[unit] | shared[unit]) for unit in alone}
         self._unscaled = {unit: frozenset(names) for unit, names in unscaled.items()}
         self._wrapped = {unit: frozenset(names) for unit, names in wrapped.items()}
+        self._wrapped_here = {path: frozenset(names) for path, names in wrapped_here.items()}
         # A name decides only when every definition of it in the unit agrees.
         self._steps_handed = {unit: frozenset(stepping[unit] - not_stepping[unit]) for unit in stepping}
         self._keeps_handed = {unit: frozenset(defined[unit] - clearing[unit]) for unit in defined}
@@ -1138,7 +1145,10 @@ class ProjectIndex:
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
         called = self._called.get(unit, frozenset()) & calls.defines
         unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
-        wrapped = [fact for fact in self._wrapped.get(unit, ()) if fact.split(":", 1)[0] in calls.defines]
+        wrapped = [
+            fact for fact in self._wrapped.get(unit, frozenset()) | self._wrapped_here.get(path, frozenset())
+            if fact.split(":", 1)[0] in calls.defines
+        ]
         steps = self._steps_handed.get(unit, frozenset()) & calls.hands
         keeps = self._keeps_handed.get(unit, frozenset()) & calls.hands
         # A file's own wrappers it reads itself; a class of another file is named here only if this file may build it.

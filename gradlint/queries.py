@@ -305,6 +305,10 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     """Whether ``step`` accumulates gradients over several backwards of ``loop``, and how."""
     probes = probe_events(root)
     backwards = [b for b in backwards_in(root, loop) if not split_by_setting(b, step) and id(b) not in probes]
+    if backwards and all(_only_with_accumulation_off(b, loop) for b in backwards):
+        # ``if accum > 1: loss = loss / accum`` / ``else: loss.backward()``: with accumulation on nothing is
+        # backpropagated at all (GL022's finding), and with it off nothing accumulates
+        return None
     at = root.order(step)
     for frame in frames_inside(step, loop):
         if frame.kind is not FrameKind.BRANCH or not frame.accumulation:
@@ -336,6 +340,11 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     if root.events_of(EventKind.STEP, micro):
         return None  # the inner loop steps itself: a training loop of its own, not micro-batches summed for this step
     return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def _only_with_accumulation_off(event: Event, loop: Frame) -> bool:
+    """Whether ``event`` runs only with accumulation off: in the ``else`` of ``if accum > 1:`` within ``loop``."""
+    return any(f.accumulation_on is not None and not f.accumulation_on[1] for f in frames_inside(event, loop))
 
 
 def _other_branch_only_backpropagates(root: Root, branch: Frame, loop: Frame) -> bool:
@@ -582,9 +591,18 @@ def clears_between_backward_and_step(
                     and not leaves_before(zero, event)
                     and not _clears_another_model(model, zero, event.target)
                     and not _clears_picked_parameters(zero)
+                    and not _skips_and_leaves(zero, event)
                 ):
                     yield owner, zero, event
             stepped[id(owner)].add(event.target)
+
+
+def _skips_and_leaves(zero: Event, step: Event) -> bool:
+    """Whether the clear and the step share a branch that leaves the iteration (``if norm > limit and skip: opt.zero_grad();
+    scaler.step(opt); scaler.update(); continue``): the gradients are dropped on purpose, the step on zeros only closes
+    the scaler's state, and the iteration is retried or ends."""
+    shared = [f for f in zero.frames if f.kind is FrameKind.BRANCH and any(g is f for g in step.frames)]
+    return bool(shared) and shared[-1].exits
 
 
 def exclusive(a: Event, b: Event) -> bool:

@@ -152,6 +152,8 @@ class ClipPerMicroBatch(Rule):
                     continue
                 if leaves_before(clip, step) or exclusive(clip, step) or _clips_another_model(model, clip, step):
                     continue
+                if acc.style == "micro_loop" and _clips_loop_element(clip, acc.frame):
+                    continue  # ``for name, sae in saes.items(): ...; clip_grad_norm_(sae.parameters())``: one model each
                 named = _clipped_optimizer(clip)
                 if named is not None and not same_object(named, step.target):
                     continue  # ``self.clip_gradients(opt_d, ...)``: judged against ``opt_d``'s own step
@@ -296,6 +298,16 @@ def _clips_another_model(model: LoopModel, clip: Event, step: Event) -> bool:
     return bool(sources) and clipped is not None and clipped not in sources
 
 
+def _clips_loop_element(clip: Event, loop: Frame) -> bool:
+    """Whether the clip names a model the loop binds on each iteration: a loop over models (``for name, sae in
+    self.saes.items()``), each iteration backpropagating into and clipping its own model, is no loop over micro-batches
+    of one gradient."""
+    clipped = _clipped_model(clip.node)
+    if clipped is None or type(loop.node) is not cst.For:
+        return False
+    return clipped in {n.value for n in walk(loop.node.target) if type(n) is cst.Name}
+
+
 def _clipped_optimizer(clip: Event) -> str | None:
     """The optimizer a framework's clip method is handed first (Lightning's ``self.clip_gradients(opt_d, ...)`` clips
     the parameters ``opt_d`` holds), or None."""
@@ -309,11 +321,12 @@ def _clipped_optimizer(clip: Event) -> str | None:
 def _clipped_model(call: cst.CSTNode) -> str | None:
     """The last name of the model a clip names: the receiver of a model's own ``clip_grad_norm_`` (FSDP's), or ``X`` of
     ``clip_grad_norm_(X.parameters(), ...)``."""
-    if type(call) is not cst.Call or type(call.func) is not cst.Attribute:
+    if type(call) is not cst.Call or type(call.func) not in (cst.Attribute, cst.Name):
         return None
-    owner = dotted_name(call.func.value)
-    if call.func.attr.value.startswith("clip_grad") and owner is not None and owner.split(".")[-1] not in ("utils", "nn", "torch", "clip_grad"):
-        return owner.split(".")[-1]
+    if type(call.func) is cst.Attribute:
+        owner = dotted_name(call.func.value)
+        if call.func.attr.value.startswith("clip_grad") and owner is not None and owner.split(".")[-1] not in ("utils", "nn", "torch", "clip_grad"):
+            return owner.split(".")[-1]
     first = next(iter(positional_args(call)), None)
     if first is not None and type(first.value) is cst.Call and type(first.value.func) is cst.Attribute:
         if first.value.func.attr.value == "parameters":
@@ -331,6 +344,8 @@ def _clips(clip: Event) -> bool:
     threshold = keyword_arg(call, "max_norm") or keyword_arg(call, "clip_value") or keyword_arg(call, "gradient_clip_val")
     if threshold is None:  # clip_grad_norm_(params, max_norm); model.clip_grad_norm_(max_norm) (FSDP)
         threshold = args[1] if len(args) >= 2 else (args[0] if len(args) == 1 else None)
+    if threshold is not None and type(threshold.value) is cst.Name and threshold.value.value == "None":
+        return False  # a project's clip_grad_value_(params, None) only measures the norm (torch's would raise)
     return threshold is None or not _is_infinite(threshold.value)
 
 

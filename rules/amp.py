@@ -98,6 +98,22 @@ def _without_scaler(event: Event, scaler: str) -> bool:
     return False
 
 
+def _backward_of_an_owner(event: Event) -> bool:
+    """``accel.backward(loss)``: an object's own ``backward`` handed the loss, which may scale it with a scaler of its
+    own (audiotools' and accelerate's ``Accelerator.backward`` run ``self.scaler.scale(loss).backward()``)."""
+    call = event.node
+    return (
+        type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "backward"
+        and bool(call.args) and event.loss is not None and not _is_receiver_of(call, event.loss)
+    )
+
+
+def _is_receiver_of(call: cst.Call, loss: cst.CSTNode) -> bool:
+    """``loss.backward(gradient)``, or ``torch.autograd.backward(loss)``: the plain backward."""
+    receiver_name = dotted_name(call.func.value) or ""
+    return call.func.value is loss or receiver_name.split(".")[-1] == "autograd"
+
+
 class BackwardWithoutScaler(Rule):
     """A ``GradScaler`` steps the optimizer, but the loss is backpropagated without ``scaler.scale()``.
 
@@ -114,7 +130,9 @@ class BackwardWithoutScaler(Rule):
       ``if scaler: ... else: loss.backward()``), or the backward runs only
       when the scaler is None (``if scaler is None: loss.backward()``);
     - a framework backpropagates (``accelerator.backward``, Lightning, a
-      DeepSpeed engine), or the loss is rebound to ``scaler.scale(loss)``
+      DeepSpeed engine), or an object's own ``backward`` is handed the loss
+      (``accel.backward(loss)``: audiotools' ``Accelerator`` scales it with
+      its own scaler), or the loss is rebound to ``scaler.scale(loss)``
       (also through ``typing.cast``);
     - the backward is a probe: a helper that backpropagates, reads the
       gradients and clears them before returning, stepping nothing
@@ -155,7 +173,7 @@ class BackwardWithoutScaler(Rule):
                 backwards = [
                     e for e in events
                     if e.kind is EventKind.BACKWARD and e.framework is None and not _without_scaler(e, scaler)
-                    and id(e) not in probes
+                    and id(e) not in probes and not _backward_of_an_owner(e)
                 ]
                 if any(b.scaled for b in backwards):
                     done.add(id(loop))

@@ -47,6 +47,7 @@ from gradlint.queries import (
     steps_after_loops,
     steps_with_loops,
 )
+from gradlint.counters import loop_index
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
 from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
@@ -203,6 +204,8 @@ class MissingZeroGrad(Rule):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if calls_unseen_inherited_method(model, step, loop):
                     continue
+                if _last_iteration_only(model, step, loop) and _cleared_before(model, root, step, loop):
+                    continue  # one step per pass, after its last micro-batch: the clear before the loop serves it
                 if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
@@ -237,6 +240,61 @@ class MissingZeroGrad(Rule):
             yield from _uncleared_in_step_method(model, root)
             yield from _clear_skipping_first_step(model, root)
             yield from _closure_reevaluated_without_clear(model, root)
+
+
+def _last_iteration_only(model: LoopModel, step: Event, loop: Frame) -> bool:
+    """Whether the step runs only on the loop's last iteration: under ``if i == len(xs) - 1:`` (or ``i + 1 ==
+    len(xs)``), or under ``if not is_accumulating:`` with ``is_accumulating = i < len(xs) - 1`` in the loop."""
+    if type(loop.node) is not cst.For:
+        return False
+    index = loop_index(loop.node)
+    if index is None:
+        return False
+    name = index[0]
+    for frame in frames_inside(step, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if":
+            continue
+        test = frame.node.test
+        if _is_last(test, name, negated=False):
+            return True
+        if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not and type(test.expression) is cst.Name:
+            flag = test.expression.value
+            values = [
+                n.value for n in walk(loop.node.body)
+                if type(n) is cst.Assign and len(n.targets) == 1 and dotted_name(n.targets[0].target) == flag
+            ]
+            if len(values) == 1 and _is_last(values[0], name, negated=True):
+                return True
+    return False
+
+
+def _is_last(test: cst.BaseExpression, index: str, negated: bool) -> bool:
+    """``i == len(xs) - 1`` / ``i + 1 == len(xs)`` (or, ``negated``, ``i < len(xs) - 1`` / ``i != len(xs) - 1`` /
+    ``i + 1 < len(xs)``)."""
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return False
+    operator = type(test.comparisons[0].operator)
+    wanted = (cst.LessThan, cst.NotEqual) if negated else (cst.Equal,)
+    if operator not in wanted:
+        return False
+    counter, offset = counter_and_offset(test.left)
+    right = test.comparisons[0].comparator
+    if counter != index:
+        return False
+    if type(right) is cst.Call and callee_name(right) == "len":
+        return offset == 1
+    if type(right) is cst.BinaryOperation and type(right.operator) is cst.Subtract and number(right.right) == 1:
+        return type(right.left) is cst.Call and callee_name(right.left) == "len" and offset == 0
+    return False
+
+
+def _cleared_before(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
+    """Whether the step's optimizer is cleared before the loop, in the same run of the function that holds it."""
+    first = root.events_in(loop)[0]
+    return any(
+        clears(model, z, step.target) and not z.inside(loop) and root.order(z) < root.order(first)
+        for z in root.events_of(EventKind.ZERO)
+    )
 
 
 # Optimizers whose ``step(closure)`` calls the closure several times and reads the gradients after each call.
@@ -1198,6 +1256,7 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
             same_test = any(
                 f.kind is FrameKind.BRANCH and f.accumulation and type(f.node) is cst.If
                 and _micro_batches_selected(model, f) == selects
+                and not _counter_changed_between(model, f.node, acc.frame.node, loop)
                 for f in frames_inside(zero, loop)
             )
             if not same_test:
@@ -1208,6 +1267,22 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
             ]
             if later and not _others_backwards_only(model, root, loop, step, _off_the_guards_test(model, acc, loop)):
                 yield zero, later[0], step, acc.frame
+
+
+def _counter_changed_between(model: LoopModel, first: cst.If, second: cst.If, loop: Frame) -> bool:
+    """Whether a name the two tests read is assigned between them (``if n % k == 0: clear`` / ``n += 1`` / ... /
+    ``if n % k == 0: step``): the same words test different counts, the clear opening the window the step closes."""
+    read = {dotted_name(n) for n in walk(first.test) if type(n) in (cst.Name, cst.Attribute)} - {None}
+    start, end = model.line(first), model.line(second)
+    for node in walk(loop.node):
+        if type(node) not in (cst.Assign, cst.AugAssign):
+            continue
+        targets = [t.target for t in node.targets] if type(node) is cst.Assign else [node.target]
+        if not any(dotted_name(t) in read for t in targets):
+            continue
+        if start < model.line(node) < end and not lies_in(model, node, first) and not lies_in(model, node, second):
+            return True
+    return False
 
 
 def _off_the_guards_test(model: LoopModel, acc, loop: Frame) -> list[Event]:
@@ -1798,6 +1873,8 @@ class UnscaledAccumulatedLoss(Rule):
                         continue
                     if _another_optimizers_micro_batch(root, backward, step, loop) or _handed_the_count(model, backward, acc):
                         continue
+                    if _from_abstract_method(model, backward):
+                        continue  # ``loss = self.forward_propagation(batch)``: each subclass's override decides
                     division = _by_running_counter(model, backward)
                     if division is not None:  # the line to change is the division, and every backward of it is one finding
                         yield Report(
@@ -2170,6 +2247,37 @@ _SUM_COMMENT = re.compile(
 )
 # A hyper-parameter tuned for the summed gradient of a nominal batch: ``hyp["weight_decay"] *= bs * accumulate / nbs``.
 _HYPERPARAMETER = re.compile(r"weight_decay|\blr\b|learning_rate", re.IGNORECASE)
+_WEIGHT_DECAY = re.compile(r"weight_decay", re.IGNORECASE)
+
+
+def _from_abstract_method(model: LoopModel, backward: Event) -> bool:
+    """Whether the loss is what a method of ``self`` returns whose body here only raises ``NotImplementedError``: the
+    subclasses' overrides compute it, and whether they divide it is theirs to say (TencentPretrain's trainers each
+    return ``loss / self.accumulation_steps``)."""
+    index = model.index
+    name = dotted_name(backward.loss) if backward.loss is not None else None
+    function = function_holding(model, backward.node)
+    if index is None or name is None or function is None:
+        return False
+    for value in index.assignments.get(function, {}).get(name, []):
+        value = getattr(value, "value", value) if not isinstance(value, cst.BaseExpression) else value
+        if type(value) is not cst.Call or type(value.func) is not cst.Attribute or dotted_name(value.func.value) != "self":
+            continue
+        method = index.method_holding(function)
+        owner = index.class_of.get(method) if method is not None else None
+        called = index.method_of(owner, value.func.attr.value) if owner is not None else None
+        if called is not None and _only_raises_not_implemented(called):
+            return True
+    return False
+
+
+def _only_raises_not_implemented(function: cst.FunctionDef) -> bool:
+    body = [s for s in function.body.body if not (type(s) is cst.SimpleStatementLine and type(s.body[0]) is cst.Expr
+                                                   and type(s.body[0].value) in (cst.SimpleString, cst.ConcatenatedString))]
+    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or type(body[0].body[0]) is not cst.Raise:
+        return False
+    raised = body[0].body[0].exc
+    return raised is not None and "NotImplementedError" in (dotted_name(raised) or dotted_name(getattr(raised, "func", None)) or "")
 
 
 def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
@@ -2201,13 +2309,17 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     counts = _accumulation_names(model, acc)
     if not counts:
         return False
-    for node in model.file.walk(function_holding(model, acc.frame.node) or model.module):
+    home = function_holding(model, acc.frame.node)
+    for node in model.file.every_node(model.module):
         kind = type(node)
         if kind is cst.Assign or kind is cst.AugAssign:
             if not {n.value for n in model.file.walk(node.value) if type(n) is cst.Name} & counts:
                 continue  # checked first: reading a target's code renders it
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
-            if any(_HYPERPARAMETER.search(model.code(t)) for t in targets):
+            # The learning rate beside the loop; weight decay anywhere in the module (yolo trainers scale it in the
+            # method that builds the optimizer: ``weight_decay *= batch_size * accumulate / nbs``).
+            pattern = _HYPERPARAMETER if home is None or lies_in(model, node, home) else _WEIGHT_DECAY
+            if any(pattern.search(model.code(t)) for t in targets):
                 return True
     return False
 

@@ -24,6 +24,7 @@ from gradlint.queries import (
     frames_inside,
     function_holding,
     lies_in,
+    param_sources,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
@@ -174,7 +175,7 @@ class AccumulationWithoutNoSync(Rule):
                 if acc is None:
                     continue
                 region = acc.frame if acc.style == "micro_loop" else loop
-                found = _model_of(model, region, seen, root.node)
+                found = _model_of(model, region, seen, root.node, param_sources(model, step.target or ""))
                 if found is None:
                     continue  # the micro-batches' forward is not the wrapped model's: their backward all-reduces nothing
                 name, by = found
@@ -456,9 +457,14 @@ def _in_class(index, function: cst.FunctionDef) -> bool:
     return index.method_holding(function) is not None
 
 
-def _model_of(model: LoopModel, region: Frame, seen: dict[str, Wrap], scope: cst.CSTNode) -> tuple[str, Wrap] | None:
+def _model_of(
+    model: LoopModel, region: Frame, seen: dict[str, Wrap], scope: cst.CSTNode, trained: frozenset[str] = frozenset(),
+) -> tuple[str, Wrap] | None:
     """The wrapped model whose backward the micro-batches of ``region`` run, and what wrapped it; None when they forward
     through something else.
+
+    Among wrappers the loop calls, the one the stepped optimizer trains (``trained``) is named first: a GAN's
+    generator loss runs through both DDP models, but the generator is the one that accumulates.
 
     A wrapper object (a DDP model) counts unless the loop calls only a model other than the wrapper objects (the
     module one wraps, or a model an optimizer trains); a model prepared by a framework object, or sharded, only when
@@ -466,7 +472,11 @@ def _model_of(model: LoopModel, region: Frame, seen: dict[str, Wrap], scope: cst
     """
     called = _called_names(model, region.node, scope if type(scope) is cst.FunctionDef else None)
     called_last = {last_name(c) for c in called}
-    wrappers = sorted((name for name, by in seen.items() if by.wrapper_object), key=lambda name: last_name(name) not in called_last)
+    trained_last = {last_name(t) for t in trained}
+    wrappers = sorted(
+        (name for name, by in seen.items() if by.wrapper_object),
+        key=lambda name: (last_name(name) not in called_last, last_name(name) not in trained_last),
+    )
     if wrappers and not _forwards_around(model, called_last, wrappers):
         return wrappers[0], seen[wrappers[0]]  # the one the loop calls, if it calls one
     for name, by in seen.items():
