@@ -2310,18 +2310,34 @@ def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:
     if not counts:
         return False
     home = function_holding(model, acc.frame.node)
-    for node in model.file.every_node(model.module):
-        kind = type(node)
-        if kind is cst.Assign or kind is cst.AugAssign:
-            if not {n.value for n in model.file.walk(node.value) if type(n) is cst.Name} & counts:
-                continue  # checked first: reading a target's code renders it
-            targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
-            # The learning rate beside the loop; weight decay anywhere in the module (yolo trainers scale it in the
-            # method that builds the optimizer: ``weight_decay *= batch_size * accumulate / nbs``).
-            pattern = _HYPERPARAMETER if home is None or lies_in(model, node, home) else _WEIGHT_DECAY
-            if any(pattern.search(model.code(t)) for t in targets):
-                return True
+    # The learning rate beside the loop; weight decay anywhere in the module (yolo trainers scale it in the method
+    # that builds the optimizer: ``weight_decay *= batch_size * accumulate / nbs``).
+    for node, names in _hyperparameters_set(model):
+        if not names & counts:
+            continue
+        if _WEIGHT_DECAY.search(dotted_name(node) or model.code(node)) or home is None or lies_in(model, node, home):
+            return True
     return False
+
+
+def _hyperparameters_set(model: LoopModel) -> list[tuple[cst.BaseExpression, frozenset[str]]]:
+    """Each assignment target of the module named as a learning rate or weight decay, with the names its value reads:
+    read once per module (a module of many loops asks for every accumulation)."""
+
+    def read() -> list[tuple[cst.BaseExpression, frozenset[str]]]:
+        found = []
+        for node in model.file.every_node(model.module):
+            kind = type(node)
+            if kind is not cst.Assign and kind is not cst.AugAssign:
+                continue
+            targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
+            named = [t for t in targets if _HYPERPARAMETER.search(dotted_name(t) or model.code(t))]
+            if named:
+                names = frozenset(n.value for n in model.file.walk(node.value) if type(n) is cst.Name)
+                found.extend((t, names) for t in named)
+        return found
+
+    return model.file.once((_hyperparameters_set,), read)
 
 
 def _from_summing_model(model: LoopModel, value, function: cst.FunctionDef | None, depth: int) -> bool:

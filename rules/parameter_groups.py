@@ -11,7 +11,8 @@ from gradlint.findings import Severity
 from gradlint.model import LoopModel
 from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor
 from gradlint.rule import Report, Rule, call_of
-from gradlint.syntax import callee_name, receiver
+from gradlint.queries import function_holding
+from gradlint.syntax import callee_name, receiver, walk
 
 # Calls on a collection that put something into it without handing the collection anywhere.
 _FILLING_METHODS = frozenset({"append", "extend", "insert"})
@@ -73,8 +74,8 @@ class ParameterGroupNeverAdded(Rule):
     needs = ((call_of("parameters"), "append"), (call_of("named_parameters"), "append"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        for function in _functions(model):
-            statements = _statements_of(function)
+        for function in _functions_building_optimizers(model):
+            statements = _statements_of(model, function)
             optimizers = [
                 (position, node) for position, node in enumerate(statements)
                 if type(node) is cst.Call and _builds_optimizer(model, node)
@@ -111,24 +112,27 @@ class _Group:
     handed: bool
 
 
-def _functions(model: LoopModel) -> Iterator[cst.FunctionDef]:
+def _functions_building_optimizers(model: LoopModel) -> list[cst.FunctionDef]:
+    """The functions that build an optimizer themselves, each once, in source order."""
+    found: dict[int, cst.FunctionDef] = {}
     for node in model.file.every_node(model.module):
-        if type(node) is cst.FunctionDef:
-            yield node
+        if type(node) is cst.Call and _builds_optimizer(model, node):
+            function = function_holding(model, node)
+            if function is not None:
+                found.setdefault(id(function), function)
+    return list(found.values())
 
 
-def _statements_of(function: cst.FunctionDef) -> list[cst.CSTNode]:
+def _statements_of(model: LoopModel, function: cst.FunctionDef) -> list[cst.CSTNode]:
     """Every node of the function's body in source order, nested functions and classes left out."""
     found: list[cst.CSTNode] = []
-
-    class Collect(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            if node is not function.body and type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-                return False
-            found.append(node)
-            return True
-
-    function.body.visit(Collect())
+    pending: list[cst.CSTNode] = [function.body]
+    while pending:
+        node = pending.pop()
+        found.append(node)
+        pending.extend(
+            reversed([c for c in model.file.children(node) if type(c) not in (cst.FunctionDef, cst.ClassDef, cst.Lambda)])
+        )
     return found
 
 
@@ -294,18 +298,7 @@ def _over_filled_collections(call: cst.Call, statements: list[cst.CSTNode]) -> b
 
 
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
-    if type(node) is cst.Name:
-        yield node
-        return
-
-    found: list[cst.Name] = []
-
-    class Collect(cst.CSTVisitor):
-        def visit_Name(self, inner: cst.Name) -> None:
-            found.append(inner)
-
-    node.visit(Collect())
-    yield from found
+    return (n for n in walk(node) if type(n) is cst.Name)
 
 
 def _builds_optimizer(model: LoopModel, call: cst.Call) -> bool:
