@@ -9,9 +9,9 @@ import libcst as cst
 
 from gradlint.findings import Severity
 from gradlint.model import LoopModel
-from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor
-from gradlint.rule import Report, Rule, call_of
 from gradlint.queries import function_holding
+from gradlint.rule import Report, Rule, call_of
+from gradlint.rules.parameters import _builds_optimizer
 from gradlint.syntax import callee_name, receiver, walk
 
 # Calls on a collection that put something into it without handing the collection anywhere.
@@ -299,10 +299,3 @@ def _over_filled_collections(call: cst.Call, statements: list[cst.CSTNode]) -> b
 
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
     return (n for n in walk(node) if type(n) is cst.Name)
-
-
-def _builds_optimizer(model: LoopModel, call: cst.Call) -> bool:
-    if kind_from_name(callee_name(call) or "") is ObjKind.OPTIMIZER:
-        return True
-    index = model.index
-    return index is not None and any(kind_of_constructor(q) is ObjKind.OPTIMIZER for q in index.qualified_names(call.func))
