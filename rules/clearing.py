@@ -135,7 +135,9 @@ class MissingZeroGrad(Rule):
       epoch)``, ``save_checkpoint(...)``), or every function of that name in
       the files of the run is read and none clears (no ``zero_grad``, no
       store into ``.grad``, no argument handed on to other code);
-    - a fresh optimizer over fresh tensors is built every iteration;
+    - a fresh optimizer over fresh tensors is built every iteration, or the
+      optimizer's own ``step()`` clears after stepping (ColossalAI's
+      ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``);
     - the optimizer is set up for gradient release (optimi's
       ``gradient_release=True``, torchtune, a per-parameter optimizer dict
       stepped in hooks): each gradient is applied and freed during backward;
@@ -202,6 +204,8 @@ class MissingZeroGrad(Rule):
                     continue
                 if _released(model, step.target):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
+                if _step_clears_itself(model, step.target):
+                    continue  # the optimizer's own step() clears after stepping
                 if calls_unseen_inherited_method(model, step, loop):
                     continue
                 if _last_iteration_only(model, step, loop) and _cleared_before(model, root, step, loop):
@@ -328,6 +332,17 @@ def _closure_reevaluated_without_clear(model: LoopModel, root: Root) -> Iterator
             f"call `{step.target}.zero_grad()` at the top of the closure",
             event=step,
         )
+
+
+def _step_clears_itself(model: LoopModel, optimizer: str | None) -> bool:
+    """Whether every value the module gives the optimizer's name is built by a constructor whose ``step()`` clears the
+    gradients after stepping (a framework's declaration: colossalai's ``GeminiOptimizer``)."""
+    if model.index is None or optimizer is None:
+        return False
+    values = [v for v in model.index.assigned_anywhere(optimizer) if isinstance(v, cst.BaseExpression)]
+    return bool(values) and all(
+        type(v) is cst.Call and model.index.qualified_names(v.func) & frameworks.CLEARING_STEPS for v in values
+    )
 
 
 def _reevaluates(model: LoopModel, optimizer: str) -> bool:

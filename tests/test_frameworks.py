@@ -26,7 +26,7 @@ _FRAMEWORK_WORDS = re.compile(
     r"mmengine|torch_xla|\bddp\b|fsdp|sync_gradients|no_backward_sync|require_backward_grad_sync|"
     r"gradient_accumulation_steps|accumulate_grad_batches|num_items_in_batch|compute_loss|prepare_for_backward|"
     r"DistributedDataParallel|fully_shard|LightningModule|scale_wrt_gas|virtual_step|StableAdamW|manual_backward|"
-    r"disable_allreduce|optimizer_accumulation",
+    r"disable_allreduce|optimizer_accumulation|colossalai|GeminiOptimizer",
     re.IGNORECASE,
 )
 

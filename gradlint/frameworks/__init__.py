@@ -22,6 +22,7 @@ import libcst as cst
 from gradlint.frameworks import (
     accelerate,
     apex,
+    colossalai,
     deepspeed,
     fp16_optimizers,
     hf_trainer,
@@ -68,6 +69,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     torchtune.FRAMEWORK,
     opacus.FRAMEWORK,
     torch_xla.FRAMEWORK,
+    colossalai.FRAMEWORK,
 )
 
 
@@ -249,6 +251,8 @@ def wrap_in_words(model: LoopModel, name: str, wrap: Wrap) -> Wrap:
 CLIP_METHODS: frozenset[str] = frozenset(_joined("clip_methods"))
 CLIP_OWNER_KINDS: dict[ObjKind, str] = _merged("clip_owner_kinds")
 AVERAGING_STEPS: frozenset[str] = frozenset(_joined("averaging_steps"))
+# Constructors of optimizers whose ``step()`` clears the gradients itself (GL001 needs no clear beside it)
+CLEARING_STEPS: frozenset[str] = frozenset(_joined("clearing_steps"))
 STEP_FUNCTIONS: dict[str, str] = _merged("step_functions")
 EPOCH_END_FLAGS: frozenset[str] = frozenset(_joined("epoch_end_flags"))
 LOSS_SCALERS: frozenset[str] = frozenset(_joined("loss_scalers"))

@@ -32,7 +32,7 @@ The terms, and who reads them:
 - ``owns_backwards_of``: classes whose methods' backwards the framework
   divides for itself (GL007 leaves them alone);
 - ``clip_methods``, ``clip_owner_kinds``, ``prepared_steps_wait``,
-  ``comm_hooks``, ``averaging_steps``, ``step_functions``,
+  ``comm_hooks``, ``averaging_steps``, ``clearing_steps``, ``step_functions``,
   ``loss_scalers``, ``per_batch``: the rest of what the event builder,
   the model builder and GL301 ask.
 """
@@ -402,6 +402,8 @@ class Framework:
     # a hook that divides by more than the world size normalises the accumulated gradients as it all-reduces them.
     comm_hooks: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
     averaging_steps: frozenset[str] = frozenset()  # an optimizer's method that averages the accumulated gradients itself
+    # Constructors (qualified names) of optimizers whose ``step()`` clears the gradients after stepping
+    clearing_steps: frozenset[str] = frozenset()
     step_functions: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> module prefix: steps its first argument
     loss_scalers: frozenset[str] = frozenset()  # calls that multiply the loss they are handed by a loss scale
     # ``index -> {function: why}``: functions the framework calls once per batch, leaving them the gradient work
