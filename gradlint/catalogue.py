@@ -22,12 +22,13 @@ _TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\
 _TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(')
 _TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
 _TOKEN_10 = call_of('named_parameters')
-_TOKEN_11 = call_of('update')
-_TOKEN_12 = call_of('unscale_')
-_TOKEN_13 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
-_TOKEN_14 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_15 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_16 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_11 = call_of('modules')
+_TOKEN_12 = call_of('update')
+_TOKEN_13 = call_of('unscale_')
+_TOKEN_14 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
+_TOKEN_15 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_16 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_17 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -256,13 +257,22 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((_TOKEN_6, 'append'), (_TOKEN_10, 'append')),
     ),
     RuleInfo(
+        code='GL026',
+        name='parameters-repeated-in-group',
+        summary="a parameter group walks `modules()` and each one's `parameters()`: nested parameters repeat",
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((_TOKEN_11, _TOKEN_6),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_11, SCALER), (BACKWARD, _TOKEN_12, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_12, SCALER), (BACKWARD, _TOKEN_13, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -298,7 +308,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_12, SCALER), (BACKWARD, STEP, _TOKEN_11, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_13, SCALER), (BACKWARD, STEP, _TOKEN_12, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -307,7 +317,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_11, SCALER),),
+        needs=((BACKWARD, _TOKEN_12, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -316,7 +326,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_12, SCALER),),
+        needs=((BACKWARD, _TOKEN_13, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -325,7 +335,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_11, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_12, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -334,7 +344,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_13, SCALER), (_TOKEN_13, 'autocast')),
+        needs=((_TOKEN_14, SCALER), (_TOKEN_14, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -343,7 +353,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_13, _TOKEN_14), (_TOKEN_13, BACKWARD, STEP), (_TOKEN_13, BACKWARD, _TOKEN_15), (_TOKEN_13, BACKWARD, _TOKEN_2), (_TOKEN_13, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_14, _TOKEN_15), (_TOKEN_14, BACKWARD, STEP), (_TOKEN_14, BACKWARD, _TOKEN_16), (_TOKEN_14, BACKWARD, _TOKEN_2), (_TOKEN_14, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -352,7 +362,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_13, 'clip'),),
+        needs=((_TOKEN_14, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -379,7 +389,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_16)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_17)),
     ),
     RuleInfo(
         code='GL303',

@@ -1,4 +1,4 @@
-"""Whether every parameter group a function fills reaches the optimizer it builds (GL025)."""
+"""Whether every parameter group a function fills reaches the optimizer it builds, and holds each parameter once (GL025, GL026)."""
 
 from __future__ import annotations
 
@@ -299,3 +299,134 @@ def _over_filled_collections(call: cst.Call, statements: list[cst.CSTNode]) -> b
 
 def _names(node: cst.CSTNode) -> Iterator[cst.Name]:
     return (n for n in walk(node) if type(n) is cst.Name)
+
+
+class ParametersRepeatedInGroup(Rule):
+    """A parameter group is filled by walking ``modules()`` and, for each, its ``parameters()``: every parameter is in it once per module that holds it.
+
+    **Why it matters.** ``model.modules()`` yields the model, every
+    container and every layer; ``m.parameters()`` yields the parameters of
+    ``m`` *and of everything under it*. Nesting the two hands the optimizer a
+    ResNet bottleneck's weight three or four times (the stage, the block, the
+    layer). PyTorch only warns ("optimizer contains a parameter group with
+    duplicate parameters"), then applies the update to that tensor once per
+    copy: those layers train at a multiple of the learning rate, the deeper
+    the more, and momentum is updated that many times per step.
+
+    **Fix.** Walk the parameters once: ``yield from b[i].parameters()``, or
+    ``m.parameters(recurse=False)`` inside the walk over ``modules()``.
+
+    **Stays quiet when** the inner walk passes ``recurse=False``, the module
+    is first narrowed by an ``isinstance`` test (leaf layers such as
+    ``nn.Conv2d`` hold no submodules), or what the walk collects is not
+    handed to an optimizer or a parameter group in the module
+    (``fixtures/parameters/ok_gl026_parameters_walked_once.py``).
+
+    **Bad**::
+
+        def get_1x_lr_params(self):
+            for block in [self.conv1, self.layer1, self.layer2]:
+                for module in block.modules():
+                    for p in module.parameters():
+                        if p.requires_grad:
+                            yield p
+
+        def optim_parameters(self, lr):
+            return [{"params": self.get_1x_lr_params(), "lr": lr}]
+
+    **Good**::
+
+        def get_1x_lr_params(self):
+            for block in [self.conv1, self.layer1, self.layer2]:
+                for p in block.parameters():
+                    if p.requires_grad:
+                        yield p
+    """
+
+    code = "GL026"
+    name = "parameters-repeated-in-group"
+    summary = "a parameter group walks `modules()` and each one's `parameters()`: nested parameters repeat"
+    severity = Severity.ERROR
+    fix = None  # whether to walk parameters() once or pass recurse=False is the author's call
+    needs = ((call_of("modules"), call_of("parameters")),)
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        handed = _handed_to_optimizers(model)
+        for node in model.file.every_node(model.module):
+            if type(node) is not cst.For or type(node.iter) is not cst.Call:
+                continue
+            walked = _modules_walk_target(node)
+            if walked is None:
+                continue
+            for inner in walk(node.body):
+                if type(inner) is not cst.For or type(inner.iter) is not cst.Call or type(inner.target) is not cst.Name:
+                    continue
+                if callee_name(inner.iter) != "parameters" or any(a.keyword is not None for a in inner.iter.args):
+                    continue
+                owner = receiver(inner.iter)
+                if type(owner) is not cst.Name or owner.value != walked or _narrowed_by_isinstance(model, inner, node, walked):
+                    continue
+                function = function_holding(model, node)
+                if function is None or not _collected_for_an_optimizer(model, function, inner, handed):
+                    continue
+                yield Report(
+                    inner.iter,
+                    f"`{model.code(inner.iter)}` runs for every module `{model.code(node.iter)}` yields, and each "
+                    f"module's parameters include those of the modules under it: every parameter reaches the "
+                    f"optimizer once per module that holds it, and is updated that many times per step; walk "
+                    f"`parameters()` once, or pass `recurse=False`",
+                )
+
+
+def _modules_walk_target(loop: cst.For) -> str | None:
+    """``m`` of ``for m in x.modules():`` or ``for name, m in x.named_modules():``."""
+    method = callee_name(loop.iter)
+    if method == "modules" and type(loop.target) is cst.Name:
+        return loop.target.value
+    if method == "named_modules" and type(loop.target) is cst.Tuple and len(loop.target.elements) == 2:
+        second = loop.target.elements[1].value
+        return second.value if type(second) is cst.Name else None
+    return None
+
+
+def _narrowed_by_isinstance(model: LoopModel, inner: cst.For, outer: cst.For, walked: str) -> bool:
+    """Whether an ``isinstance(m, ...)`` test on the walked module guards the inner walk (or skips others with
+    ``continue``) inside the outer loop."""
+    for node in walk(outer.body):
+        if type(node) is cst.Call and callee_name(node) == "isinstance" and node.args:
+            first = node.args[0].value
+            if type(first) is cst.Name and first.value == walked:
+                return True
+    return False
+
+
+def _collected_for_an_optimizer(model: LoopModel, function: cst.FunctionDef, inner: cst.For, handed: set[str]) -> bool:
+    """Whether the inner loop's parameter is yielded by a function the module hands to an optimizer or a parameter
+    group, or appended to a list the function hands to one."""
+    parameter = inner.target.value
+    for node in walk(inner.body):
+        if type(node) is cst.Yield and type(node.value) is cst.Name and node.value.value == parameter:
+            return function.name.value in handed
+        if type(node) is cst.Call and callee_name(node) in _FILLING_METHODS and len(node.args) == 1:
+            argument = node.args[0].value
+            filled = _filled_name(node)
+            if type(argument) is cst.Name and argument.value == parameter and filled is not None:
+                return filled in handed or function.name.value in handed
+    return False
+
+
+def _handed_to_optimizers(model: LoopModel) -> set[str]:
+    """The names read in an optimizer construction's arguments or in a ``"params"`` entry of a dict, module-wide (a
+    function called there, ``self.get_1x_lr_params()``, counts by its last name)."""
+    names: set[str] = set()
+    for node in model.file.every_node(model.module):
+        values: list[cst.CSTNode] = []
+        if type(node) is cst.Call and _builds_optimizer(model, node):
+            values = [a.value for a in node.args]
+        elif type(node) is cst.DictElement and type(node.key) is cst.SimpleString and node.key.evaluated_value == "params":
+            values = [node.value]
+        for value in values:
+            for inner in walk(value):
+                if type(inner) is cst.Name:
+                    names.add(inner.value)
+    return names
