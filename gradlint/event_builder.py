@@ -481,7 +481,7 @@ class EventBuilder:
         index = self.index
         method = method_name(call)
         recv = receiver(call)
-        recv_name = dotted_name(recv) if type(recv) is not cst.Subscript else element_name(recv)
+        recv_name = _object_named(recv)
         qualified = index.qualified_names(call.func)
         frames, chain = scope.frames, scope.chain
 
@@ -555,7 +555,7 @@ class EventBuilder:
         if method == "step":
             args = positional_args(call)
             if recv_kind is ObjKind.SCALER and args:
-                target = _element_of_loop(args[0].value, scope.frames) or _optimizer_named(args[0].value)
+                target = _element_of_loop(args[0].value, scope.frames) or _object_named(args[0].value)
                 # ``scaler.step(opt, closure=f)``: a disabled scaler runs ``opt.step(closure=f)`` (an enabled one raises)
                 closure = keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None
                 if closure is not None:
@@ -574,7 +574,7 @@ class EventBuilder:
                 return
         if method == "unscale_" and recv_kind is ObjKind.SCALER:
             args = positional_args(call)
-            target = (_element_of_loop(args[0].value, scope.frames) or _optimizer_named(args[0].value)) if args else None
+            target = (_element_of_loop(args[0].value, scope.frames) or _object_named(args[0].value)) if args else None
             emit(EventKind.UNSCALE, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name)
             return
         if method == "update" and recv_kind is ObjKind.SCALER:
@@ -1016,10 +1016,10 @@ def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     be None is tested for presence first: ``if multiplier is not None and multiplier > 1:`` (its ``else`` runs with
     accumulation off too)."""
     if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
-        terms = boolean_terms(test, cst.And)
-        tested = [found for found in map(_setting_test, terms) if found is not None]
+        found = [(term, _setting_test(term)) for term in boolean_terms(test, cst.And)]
+        tested = [setting for _, setting in found if setting is not None]
         if len(tested) == 1 and tested[0][1] and all(
-            _setting_test(term) is not None or _presence_of(term, tested[0][0]) for term in terms
+            setting is not None or _presence_of(term, tested[0][0]) for term, setting in found
         ):
             return tested[0]
         return None
@@ -1442,6 +1442,6 @@ def _set_to_none(call: cst.Call) -> bool | None:
     return bool_literal(arg.value) if arg is not None else None
 
 
-def _optimizer_named(node: cst.BaseExpression) -> str | None:
-    """The name an optimizer handed to a scaler goes by, spelled as a receiver's is (``optimizer["generator"]``)."""
+def _object_named(node: cst.BaseExpression) -> str | None:
+    """The name an object goes by, as a receiver or as an argument (``optimizer["generator"]`` for an element)."""
     return element_name(node) if type(node) is cst.Subscript else dotted_name(node)

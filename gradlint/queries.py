@@ -342,9 +342,19 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
 
 
+def accumulation_side(event: Event, loop: Frame) -> tuple[str, bool] | None:
+    """``(setting, True)`` when ``event`` runs only with accumulation on (inside ``if accum > 1:`` within ``loop``),
+    ``(setting, False)`` when only with it off (in that test's ``else``); None when under no such test."""
+    for frame in frames_inside(event, loop):
+        if frame.accumulation_on is not None:
+            return frame.accumulation_on
+    return None
+
+
 def _only_with_accumulation_off(event: Event, loop: Frame) -> bool:
     """Whether ``event`` runs only with accumulation off: in the ``else`` of ``if accum > 1:`` within ``loop``."""
-    return any(f.accumulation_on is not None and not f.accumulation_on[1] for f in frames_inside(event, loop))
+    side = accumulation_side(event, loop)
+    return side is not None and not side[1]
 
 
 def _other_branch_only_backpropagates(root: Root, branch: Frame, loop: Frame) -> bool:

@@ -74,12 +74,11 @@ class ParameterGroupNeverAdded(Rule):
     needs = ((call_of("parameters"), "append"), (call_of("named_parameters"), "append"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        for function in _functions_building_optimizers(model):
-            statements = _statements_of(model, function)
-            optimizers = [
-                (position, node) for position, node in enumerate(statements)
-                if type(node) is cst.Call and _builds_optimizer(model, node)
-            ]
+        constructions = _optimizer_constructions(model)
+        for function in _functions_building_optimizers(model, constructions):
+            statements = list(model.file.walk(function.body))
+            built = {id(call) for call in constructions}
+            optimizers = [(position, node) for position, node in enumerate(statements) if id(node) in built]
             if not optimizers:
                 continue
             for group in _groups_filled(model, statements):
@@ -112,28 +111,26 @@ class _Group:
     handed: bool
 
 
-def _functions_building_optimizers(model: LoopModel) -> list[cst.FunctionDef]:
-    """The functions that build an optimizer themselves, each once, in source order."""
+def _optimizer_constructions(model: LoopModel) -> list[cst.Call]:
+    """Every call of the module that builds an optimizer: read once per module, for GL025 and GL026."""
+
+    def read() -> list[cst.Call]:
+        return [
+            node for node in model.file.every_node(model.module)
+            if type(node) is cst.Call and _builds_optimizer(model, node)
+        ]
+
+    return model.file.once((_optimizer_constructions,), read)
+
+
+def _functions_building_optimizers(model: LoopModel, constructions: list[cst.Call]) -> list[cst.FunctionDef]:
+    """The functions that build an optimizer themselves, each once."""
     found: dict[int, cst.FunctionDef] = {}
-    for node in model.file.every_node(model.module):
-        if type(node) is cst.Call and _builds_optimizer(model, node):
-            function = function_holding(model, node)
-            if function is not None:
-                found.setdefault(id(function), function)
+    for call in constructions:
+        function = function_holding(model, call)
+        if function is not None:
+            found.setdefault(id(function), function)
     return list(found.values())
-
-
-def _statements_of(model: LoopModel, function: cst.FunctionDef) -> list[cst.CSTNode]:
-    """Every node of the function's body in source order, nested functions and classes left out."""
-    found: list[cst.CSTNode] = []
-    pending: list[cst.CSTNode] = [function.body]
-    while pending:
-        node = pending.pop()
-        found.append(node)
-        pending.extend(
-            reversed([c for c in model.file.children(node) if type(c) not in (cst.FunctionDef, cst.ClassDef, cst.Lambda)])
-        )
-    return found
 
 
 def _empty_collection(value: cst.BaseExpression) -> bool:
@@ -418,15 +415,9 @@ def _collected_for_an_optimizer(model: LoopModel, function: cst.FunctionDef, inn
 def _handed_to_optimizers(model: LoopModel) -> set[str]:
     """The names read in an optimizer construction's arguments or in a ``"params"`` entry of a dict, module-wide (a
     function called there, ``self.get_1x_lr_params()``, counts by its last name)."""
-    names: set[str] = set()
-    for node in model.file.every_node(model.module):
-        values: list[cst.CSTNode] = []
-        if type(node) is cst.Call and _builds_optimizer(model, node):
-            values = [a.value for a in node.args]
-        elif type(node) is cst.DictElement and type(node.key) is cst.SimpleString and node.key.evaluated_value == "params":
-            values = [node.value]
-        for value in values:
-            for inner in walk(value):
-                if type(inner) is cst.Name:
-                    names.add(inner.value)
-    return names
+    values: list[cst.CSTNode] = [a.value for call in _optimizer_constructions(model) for a in call.args]
+    values += [
+        node.value for node in model.file.every_node(model.module)
+        if type(node) is cst.DictElement and type(node.key) is cst.SimpleString and node.key.evaluated_value == "params"
+    ]
+    return {inner.value for value in values for inner in walk(value) if type(inner) is cst.Name}

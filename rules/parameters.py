@@ -686,9 +686,6 @@ def _parameters_made_in_forward(model: LoopModel, forward: cst.FunctionDef) -> I
         )
 
 
-# Methods that return a moved or cast copy of a tensor.
-_MOVES = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type"})
-
 
 def _random_initial(model: LoopModel, built: cst.Call) -> bool:
     return any(

@@ -23,7 +23,7 @@ from gradlint.queries import (
 )
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
-from gradlint.syntax import callee_name, class_methods, dotted_name, terminal, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, terminal, tracked_name, walk
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -403,13 +403,7 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
             for target in node.targets:
                 if type(target.target) is cst.Name and target.target.value == value.value and type(node.value) is cst.Dict:
                     found += _returned_schedulers(node.value, hook)
-                elif (
-                    type(target.target) is cst.Subscript and type(target.target.value) is cst.Name
-                    and target.target.value.value == value.value and len(target.target.slice) == 1
-                    and type(target.target.slice[0].slice) is cst.Index
-                    and type(target.target.slice[0].slice.value) is cst.SimpleString
-                    and target.target.slice[0].slice.value.evaluated_value == "lr_scheduler"
-                ):
+                elif tracked_name(target.target) == f"{value.value}['lr_scheduler']":
                     found.append(node.value)
         return found
     if type(value) is cst.Tuple and len(value.elements) == 2 and type(value.elements[1].value) in (cst.List, cst.Tuple):

@@ -10,7 +10,7 @@ import libcst as cst
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, Event, LoopModel
-from gradlint.queries import clears, frames_inside
+from gradlint.queries import accumulation_side, clears, frames_inside
 from gradlint.rule import STEP, Report, Rule, call_of
 from gradlint.syntax import callee_name, dotted_name, is_grad, method_name
 
@@ -76,7 +76,7 @@ class StepWithoutBackward(Rule):
     needs = ((STEP, call_of("zero_grad"), "loss"), (STEP, "backward", "accum"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
-        yield from _backward_only_with_accumulation_on(model)
+        yield from _backward_on_one_side_of_the_setting(model)
         seen: set[int] = set()
         for root in model.roots:
             for step in root.events_of(EventKind.STEP):
@@ -104,8 +104,8 @@ class StepWithoutBackward(Rule):
                 )
 
 
-def _backward_only_with_accumulation_on(model: LoopModel) -> Iterator[Report]:
-    """A step whose loop backpropagates only under ``if accum > 1:`` while the step also runs with the setting off."""
+def _backward_on_one_side_of_the_setting(model: LoopModel) -> Iterator[Report]:
+    """A step whose loop backpropagates only on one side of ``if accum > 1:`` while the step runs on both."""
     seen: set[int] = set()
     for root in model.roots:
         for step in root.events_of(EventKind.STEP):
@@ -116,7 +116,7 @@ def _backward_only_with_accumulation_on(model: LoopModel) -> Iterator[Report]:
             backwards = [e for e in events if e.kind is EventKind.BACKWARD]
             if not backwards or any(e.kind is HANDOFF for e in events):
                 continue
-            sides = [_accumulation_side(b, loop) for b in backwards]
+            sides = [accumulation_side(b, loop) for b in backwards]
             if any(side is None for side in sides) or len(set(sides)) != 1:
                 continue
             setting, on = sides[0]
@@ -136,14 +136,6 @@ def _backward_only_with_accumulation_on(model: LoopModel) -> Iterator[Report]:
                 event=step,
             )
 
-
-def _accumulation_side(event: Event, loop) -> tuple[str, bool] | None:
-    """``(setting, True)`` when ``event`` runs only with accumulation on (inside ``if accum > 1:`` within ``loop``),
-    ``(setting, False)`` when only with it off (in that test's ``else``)."""
-    for frame in frames_inside(event, loop):
-        if frame.accumulation_on is not None:
-            return frame.accumulation_on
-    return None
 
 
 def _clear_before(model: LoopModel, events: list[Event], step: Event) -> Event | None:
