@@ -266,6 +266,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         needs=((_TOKEN_11, _TOKEN_6),),
     ),
     RuleInfo(
+        code='GL027',
+        name='network-in-no-optimizer',
+        summary='the loss runs through a network built beside the model that no optimizer holds: it never trains',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((BACKWARD, _TOKEN_6),),
+    ),
+    RuleInfo(
         code='GL101',
         name='backward-without-scaler',
         summary='a GradScaler is in use but the loss is backpropagated without scaler.scale()',

@@ -38,7 +38,7 @@ from gradlint.syntax import bool_literal, callee_name, children, comprehension_c
 if TYPE_CHECKING:
     from gradlint.model import Event, LoopModel
 
-__all__ = ["Reach", "loss_reaching_call", "owners_of_construction", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
+__all__ = ["Reach", "calls_computing_loss", "loss_reaching_call", "owners_of_construction", "parameter_owners", "reaching_call", "requires_grad_switched_off"]
 
 _PART_PARAMETERS = re.compile(r"^(\w+)_parameters$")  # ``model.discr_parameters()``: the parameters of ``model.discr``
 _CUTS_GRAPH = frozenset({"detach", "detach_", "item", "tolist", "numpy", "cpu_detach"})
@@ -256,6 +256,15 @@ def loss_reaching_call(
             if owner.startswith(called + "."):
                 return Reach(call, owner, called)
     return None
+
+
+def calls_computing_loss(model: "LoopModel", loss: cst.BaseExpression) -> list[cst.Call]:
+    """The calls a loss is computed from, as :func:`loss_reaching_call` follows them (back through its function's
+    assignments and into the returns of the module's helpers it calls), less those under ``torch.no_grad()``."""
+    if model.index is None:
+        return []
+    function = function_holding(model, loss)
+    return [call for call in _calls_computing(model, loss, function, helpers=True) if not _under_no_grad(model, call)]
 
 
 def _calls_computing(

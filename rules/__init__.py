@@ -4,6 +4,7 @@
 - ``accumulation``: clipping and loss division under gradient accumulation (GL006–GL008, GL010, GL011, GL015)
 - ``steps``: whether a step has gradients to apply (GL022)
 - ``parameter_groups``: whether every parameter group a function fills reaches its optimizer, once (GL025, GL026)
+- ``network_in_no_optimizer``: whether every network a backpropagated loss runs through is held by an optimizer (GL027)
 - ``guard_precedence``: whether a step's guard computes the remainder it means (GL023)
 - ``gradient_reads``: whether gradients read in a loop are that iteration's own (GL024)
 - ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
@@ -50,6 +51,7 @@ from gradlint.rules.pass_end import LastWindowOfPassNotStepped
 from gradlint.rules.steps import StepWithoutBackward
 from gradlint.rules.guard_precedence import RemainderPrecedenceInGuard
 from gradlint.rules.parameter_groups import ParameterGroupNeverAdded, ParametersRepeatedInGroup
+from gradlint.rules.network_in_no_optimizer import NetworkInNoOptimizer
 from gradlint.rules.gradient_reads import GradientReadWithoutClear
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
@@ -103,6 +105,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     GradientReadWithoutClear,
     ParameterGroupNeverAdded,
     ParametersRepeatedInGroup,
+    NetworkInNoOptimizer,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,
