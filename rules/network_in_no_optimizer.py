@@ -47,7 +47,8 @@ class NetworkInNoOptimizer(Rule):
     being called and moved (handed to a call, stored, its ``parameters()``
     read, put in ``eval()`` mode, loaded from a checkpoint); when its
     ``requires_grad`` may be switched off or it is called under
-    ``torch.no_grad()`` or detached; when it is part of a network an
+    ``torch.no_grad()`` or detached; in a test function (``def test_...``:
+    a fixed layer feeding the part under test); when it is part of a network an
     optimizer holds (``model.head``), or the class builds its optimizers over
     ``self.parameters()`` and the network is an attribute of ``self``
     (``fixtures/parameters/ok_gl027_head_in_optimizer.py``).
@@ -92,6 +93,8 @@ class NetworkInNoOptimizer(Rule):
             for backward in root.events_of(EventKind.BACKWARD):
                 if not backward.loops or backward.framework is not None or backward.loss is None or backward.upstream:
                     continue
+                if _in_a_test(model, backward.node):
+                    continue  # a test feeds the part under test through fixed layers on purpose
                 stepped = {
                     id(found): found for step, loop in steps if backward.inside(loop)
                     for found in [_construction_of(model, step, constructions)]
@@ -115,6 +118,12 @@ class NetworkInNoOptimizer(Rule):
                         f"gradients and never trains; add `{network}.parameters()` to the optimizer",
                         event=backward,
                     )
+
+
+def _in_a_test(model: LoopModel, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is written in a test function (``def test_...``)."""
+    function = function_holding(model, node)
+    return function is not None and function.name.value.startswith("test")
 
 
 def _owners_text(owners: frozenset[str]) -> str:
