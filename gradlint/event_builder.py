@@ -474,8 +474,11 @@ class EventBuilder:
         return any(p.name.value == name for p in every)
 
     def _expression(self, node: cst.CSTNode, scope: _Scope, out: list[Event]) -> None:
+        parents = self.index.file.parent_map()
+        branches: dict[tuple[int, str], Frame] = {}
         for call in self.index.file.calls_in_evaluation_order(node):
-            self._call(call, scope, out)
+            frames = _conditional_frames(call, node, parents, branches)
+            self._call(call, dataclasses.replace(scope, frames=scope.frames + frames) if frames else scope, out)
 
     def _call(self, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
         index = self.index
@@ -1445,3 +1448,21 @@ def _set_to_none(call: cst.Call) -> bool | None:
 def _object_named(node: cst.BaseExpression) -> str | None:
     """The name an object goes by, as a receiver or as an argument (``optimizer["generator"]`` for an element)."""
     return element_name(node) if type(node) is cst.Subscript else dotted_name(node)
+
+
+def _conditional_frames(
+    call: cst.Call, top: cst.CSTNode, parents: dict, branches: dict[tuple[int, str], Frame]
+) -> tuple[Frame, ...]:
+    """The branches of conditional expressions between ``top`` and a call in it (``a.step() if c else b.step()``:
+    the two calls never both run). One frame per side of each expression, shared by every call on that side."""
+    found: list[Frame] = []
+    child, parent = call, parents.get(call)
+    while parent is not None and child is not top:
+        if type(parent) is cst.IfExp and child is not parent.test:
+            side = "if" if child is parent.body else "else"
+            frame = branches.get((id(parent), side))
+            if frame is None:
+                frame = branches[(id(parent), side)] = Frame(FrameKind.BRANCH, parent, side)
+            found.append(frame)
+        child, parent = parent, parents.get(parent)
+    return tuple(reversed(found))
