@@ -688,7 +688,10 @@ class EventBuilder:
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
             return ObjKind.UNKNOWN
-        if name.endswith("]"):  # ``opts[i]``, ``optimizers["g"]``: an element has its collection's kind
+        if name.endswith("]"):  # ``opts[i]``, ``optimizers["g"]``: an element has its collection's kind,
+            key = name[name.index("[") + 1:-1].strip("'\"")
+            if name[name.index("[") + 1] in "'\"" and kind_from_name(key) is not ObjKind.UNKNOWN:
+                return kind_from_name(key)  # unless a string key says what it holds: ``optimizer_state["scheduler"]``
             return self._kind(name[: name.index("[")])
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:

@@ -107,6 +107,7 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
             or _built_from(model, optimizer, zero.target) or _built_from(model, zero.target, optimizer)
             or _may_be_same_element(zero.target, optimizer)
             or _picked_from(model, optimizer, zero.target) or _picked_from(model, zero.target, optimizer)
+            or _shares_parameters(model, zero.target, optimizer)
         )
     sources = param_sources(model, optimizer)
     if not sources:
@@ -116,6 +117,13 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
         return True
     known_models = set().union(*model.all_param_sources().values())
     return owner not in known_models
+
+
+def _shares_parameters(model: LoopModel, a: str, b: str) -> bool:
+    """Whether two optimizers are visibly built over a network in common (``info_optimizer`` over
+    ``chain(G.parameters(), D.parameters())`` and ``D_optimizer`` over ``D.parameters()``): a clear of one clears
+    those parameters of the other."""
+    return bool(param_sources(model, a) & param_sources(model, b))
 
 
 # Helpers that take the optimizer for something else than clearing, by what their name says.
