@@ -309,6 +309,11 @@ def _explicit_scale(call: cst.Call) -> bool:
 def _scaler_of(backward: Event, model: LoopModel) -> str:
     """The scaler in ``scaler.scale(loss).backward()`` or ``features.backward(scaler.scale(grad))``."""
     scale = fixes.scale_call(backward.node)
+    if scale is None and type(backward.node) is cst.Call and type(backward.node.func) is cst.Attribute:
+        # ``scaled_loss = grad_scaler.scale(loss)`` above, then ``scaled_loss.backward()``
+        loss = dotted_name(backward.node.func.value)
+        values = model.index.assignments.get(function_holding(model, backward.node), {}).get(loss, []) if model.index and loss else []
+        scale = next((v for v in values if type(v) is cst.Call and callee_name(v) == "scale"), None)
     return (dotted_name(receiver(scale)) or "scaler") if scale is not None else "scaler"
 
 
@@ -516,9 +521,29 @@ def _covers(model: LoopModel, unscale: Event, read: Event, backward: Event | Non
         return not extra
     scaler = unscale.via_scaler
     return all(
-        any(_implies(model, g, f) for g in backward.frames) or (scaler is not None and _says_present(f, scaler))
+        any(_implies(model, g, f) for g in backward.frames)
+        or (scaler is not None and f.branch != "if" and _says_present(f, scaler))
+        or _each_term_holds(model, f, scaler, [*read.frames, *backward.frames])
         for f in extra
     )
+
+
+def _each_term_holds(model: LoopModel, frame: Frame, scaler: str | None, around: list[Frame]) -> bool:
+    """Whether every ``and`` term of an ``if`` holds wherever the branches ``around`` hold: a term that says the scaler
+    is there (a scaled backward implies it), or an ``or`` one of whose terms is a term of one of those branches' tests
+    (``if scaler and (clip_norm or clip_value): scaler.unscale_(opt)`` ... ``if clip_norm: clip_grad_norm_(...)``)."""
+    if frame.branch != "if" or type(frame.node) is not cst.If:
+        return False
+    held = {
+        _term_code(model, t) for g in around if g.branch == "if" and type(g.node) is cst.If
+        for t in boolean_terms(g.node.test, cst.And)
+    }
+    for term in boolean_terms(frame.node.test, cst.And):
+        if scaler is not None and _presence(term, scaler)[0] is True:
+            continue
+        if held.isdisjoint(_term_code(model, t) for t in boolean_terms(term, cst.Or)):
+            return False
+    return True
 
 
 def _says_present(frame: Frame, scaler: str) -> bool:
