@@ -549,10 +549,11 @@ def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) 
     return bool(sources) and parts[-1] not in sources and parts[0] not in sources and (len(parts) < 2 or parts[1] not in sources)
 
 
-def _clears_picked_parameters(zero: Event) -> bool:
+def _clears_picked_parameters(model: LoopModel, zero: Event) -> bool:
     """``for name, p in model.named_parameters(): if "prototypes" in name: p.grad = None``: a test on the loop's
-    own variables picks which gradients to drop (parameters frozen for some iterations, non-finite gradients):
-    dropping them before the step is the point."""
+    own variables picks which gradients to drop (parameters frozen for some iterations, non-finite gradients), or the
+    loop walks a collection picked elsewhere (``for p in actor_params: p.grad = None``, the critic's step then
+    applies only the value head's gradients): dropping them before the step is the point."""
     node = zero.node
     if not zero.manual or type(node) is not cst.Assign:
         return False
@@ -571,8 +572,29 @@ def _clears_picked_parameters(zero: Event) -> bool:
             f.kind is FrameKind.BRANCH and type(f.node) is cst.If
             and any(type(n) is cst.Name and n.value in bound for n in walk(f.node.test))
             for f in zero.frames[position + 1 :]
-        )
+        ) or not _every_parameter_of_a_network(model, frame.node)
     return False
+
+
+def _every_parameter_of_a_network(model: LoopModel, loop: cst.For) -> bool:
+    """Whether a loop visibly walks all of a network's parameters: ``model.parameters()``, ``list(...)`` of them, a
+    ``zip`` or ``enumerate`` of those, or a name the loop's function binds only to those. Any other collection (a helper's pick, ``actor_params`` without the
+    value head's parameters) may hold some of them only."""
+
+    def whole(value: cst.BaseExpression) -> bool:
+        if type(value) is cst.Call and callee_name(value) in ("list", "tuple", "enumerate") and value.args:
+            value = value.args[0].value
+        if type(value) is cst.Call and callee_name(value) == "zip":  # ``zip(master.parameters(), model.parameters())``
+            return bool(value.args) and all(whole(a.value) for a in value.args)
+        return type(value) is cst.Call and callee_name(value) in ("parameters", "named_parameters") and type(value.func) is cst.Attribute
+
+    if whole(loop.iter):
+        return True
+    name = dotted_name(loop.iter)
+    if name is None or model.index is None:
+        return False
+    values = model.index.assignments.get(function_holding(model, loop), {}).get(name, [])
+    return bool(values) and all(isinstance(v, cst.BaseExpression) and whole(v) for v in values)
 
 
 def clears_between_backward_and_step(
@@ -608,7 +630,7 @@ def clears_between_backward_and_step(
                     and not exclusive(zero, event)
                     and not leaves_before(zero, event)
                     and not _clears_another_model(model, zero, event.target)
-                    and not _clears_picked_parameters(zero)
+                    and not _clears_picked_parameters(model, zero)
                     and not _skips_and_leaves(zero, event)
                 ):
                     yield owner, zero, event

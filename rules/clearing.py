@@ -917,7 +917,11 @@ class ZeroGradBetweenBackwardAndStep(Rule):
     - a test on the parameter loop's own variables picks the gradients to
       drop (``for name, p in model.named_parameters(): if "prototypes" in
       name: p.grad = None``): parameters kept fixed for some iterations, or
-      non-finite gradients skipped, on purpose;
+      non-finite gradients skipped, on purpose; or the loop walks a
+      collection picked elsewhere rather than all of a network's
+      ``parameters()`` (TRPO's critic update drops the gradients of
+      ``actor_params`` so that the step moves the value head only:
+      ``fixtures/realworld/ok_gl002_shared_parameters_dropped_before_critic_step__RL4LMs.py``);
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
