@@ -556,6 +556,8 @@ _PARAMETER_LAYERS = frozenset({
 _REGISTERING = frozenset({"ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
 _REGISTERING_METHODS = frozenset({"add_module", "register_module", "register_parameter", "parameters", "named_parameters"})
 _MOVES = frozenset({"to", "cuda", "half", "float", "double", "bfloat16", "type"})
+# Factories of ``torch`` whose result has the default floating dtype when given no ``dtype``.
+_FLOAT_FACTORIES = frozenset({"zeros", "ones", "randn", "rand", "empty"})
 _TENSOR_FACTORIES = frozenset({
     "zeros", "ones", "randn", "rand", "empty", "full", "tensor", "zeros_like", "ones_like", "randn_like", "rand_like",
     "empty_like", "full_like", "arange", "linspace", "eye", "Tensor", "FloatTensor",
@@ -619,7 +621,10 @@ class UnregisteredParameters(Rule):
     a submodule the class registers); the
     tensor is wrapped in ``nn.Parameter`` or named in an optimizer's
     construction in the module, or the attribute is never read in the module
-    (a leftover) (``fixtures/parameters/ok_gl018_registered_layers.py``,
+    (a leftover); ``.float()`` is called on a parameter of a float32 tensor
+    (``torch.ones(n)`` given no ``dtype``: it hands back the parameter
+    itself) (``fixtures/parameters/ok_gl018_registered_layers.py``,
+    ``fixtures/realworld/ok_gl018_float_of_float32_parameter__Time-Series-Library.py``,
     ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``,
     ``fixtures/realworld/ok_gl018_moved_parameter_never_read__SSLRec.py``).
 
@@ -987,8 +992,21 @@ def _moved_parameter(model: LoopModel, value: cst.BaseExpression) -> str | None:
         frozen = keyword_arg(inner, "requires_grad") or (inner.args[1] if len(inner.args) > 1 and inner.args[1].keyword is None else None)
         if frozen is not None and bool_literal(frozen.value) is False:
             return None  # a running statistic kept as a parameter that never trains: nothing for an optimizer to miss
+        if value.func.attr.value == "float" and _float32_factory(model, inner):
+            return None  # ``.float()`` of a float32 tensor hands back the parameter itself
         return value.func.attr.value
     return None
+
+
+def _float32_factory(model: LoopModel, parameter: cst.Call) -> bool:
+    """Whether ``nn.Parameter(torch.ones(n, device=d))`` wraps a float tensor of the default dtype, float32: a factory of
+    ``torch`` given no ``dtype``, in a module that never changes the default dtype."""
+    data = parameter.args[0].value if parameter.args else None
+    if type(data) is not cst.Call or callee_name(data) not in _FLOAT_FACTORIES or keyword_arg(data, "dtype") is not None:
+        return False
+    if not any(q.startswith("torch.") for q in model.index.qualified_names(data.func)):
+        return False
+    return "set_default_dtype" not in model.file.code and "set_default_tensor_type" not in model.file.code
 
 
 def _tensor_asking_for_gradients(model: LoopModel, value: cst.BaseExpression) -> bool:
