@@ -290,7 +290,10 @@ class SchedulerNeverStepped(Rule):
     ``configure_optimizers`` returns as schedulers; when it sets a parameter
     group's ``"lr"`` itself (it anneals the rate by hand:
     ``fixtures/realworld/ok_gl308_lr_annealed_by_hand__Open-MAGVIT2.py``); or
-    automatic optimization is on (``fixtures/schedule/ok_gl308_manual_schedulers_stepped.py``).
+    automatic optimization is on (``fixtures/schedule/ok_gl308_manual_schedulers_stepped.py``), also in
+    a class that calls ``self.manual_backward`` after overriding it, which
+    drops Lightning's check that manual optimization is on
+    (``fixtures/realworld/ok_gl308_manual_backward_overridden_under_automatic__RWKV-infctx-trainer.py``).
 
     **Bad**::
 

@@ -127,15 +127,18 @@ def _fabric_message(name: str, where: str) -> str:
 def _manual_optimization(cls: cst.ClassDef) -> bool:
     """Whether a LightningModule sets ``automatic_optimization`` to anything but True (or overrides the property), or
     calls ``self.manual_backward``, which raises under automatic optimization (``_verify_is_manual_optimization`` in
-    ``core/module.py``): a base class whose subclass, in another file, turns it off."""
-    for function in class_methods(cls):
+    ``core/module.py``): a base class whose subclass, in another file, turns it off. A class that overrides
+    ``manual_backward`` drops that check and may call it under automatic optimization."""
+    methods = class_methods(cls)
+    own_manual_backward = any(f.name.value == "manual_backward" for f in methods)
+    for function in methods:
         if function.name.value == "automatic_optimization":
             return True
         for node in walk(function):
             if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
                 if bool_literal(node.value) is not True:
                     return True
-            if type(node) is cst.Call and _manual_backward_of_self(node):
+            if type(node) is cst.Call and _manual_backward_of_self(node) and not own_manual_backward:
                 return True
     return False
 
@@ -162,8 +165,12 @@ def _manual_training_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
         values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
         if any(bool_literal(v) is False for v in values):
             manual_classes.add(owner)
-        elif any(type(n) is cst.Call and _manual_backward_of_self(n) for n in index.file.walk(function.body)):
-            manual_classes.add(owner)  # it raises under automatic optimization: the class runs under manual
+        elif index.method_of(owner, "manual_backward") is None and any(
+            type(n) is cst.Call and _manual_backward_of_self(n) for n in index.file.walk(function.body)
+        ):
+            # it raises under automatic optimization: the class runs under manual (unless the class overrides
+            # ``manual_backward``, dropping that check, to backpropagate by hand under automatic optimization)
+            manual_classes.add(owner)
     steps = {}
     for owner in manual_classes:
         step = index.class_methods.get(owner, {}).get("training_step")
