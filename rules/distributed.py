@@ -97,6 +97,11 @@ class AccumulationWithoutNoSync(Rule):
       ``fixtures/realworld/gl302_no_sync_in_other_module_context__edm.py``), or
       one of this module that calls ``no_sync`` (a context of this module that
       does not is no excuse: ``fixtures/distributed/accumulation_in_local_context_without_no_sync.py``);
+    - the loop's function asserts that the accumulation count is 1 (``if
+      args.distributed: assert args.accumsteps == 1``: the count of the
+      guard, or one the micro-batches' loss is divided by), so no micro-batch
+      goes without a step where the model is wrapped
+      (``fixtures/realworld/ok_gl302_accumulation_asserted_off_under_ddp__P-tuning-v2.py``);
     - no wrapped model is reachable from the loop's code (the wrapper belongs
       to another function, and no caller hands it in), or the loop forwards
       through the module the DDP model wraps rather than the DDP model itself;
@@ -184,6 +189,8 @@ class AccumulationWithoutNoSync(Rule):
                 )
                 if _sync_switched_off(model, root, loop, acc):
                     continue
+                if _asserted_single(model, loop, region, acc):
+                    continue  # ``assert args.accumsteps == 1`` where the model is wrapped: no micro-batch goes without a step
                 if _framework_accumulates(root, loop, acc):
                     continue
                 if by.quiet_for_count is not None and by.quiet_for_count(model, acc.count):
@@ -207,6 +214,34 @@ class AccumulationWithoutNoSync(Rule):
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
                     yield Report(place, message, event=backward)
                     break
+
+
+def _asserted_single(model: LoopModel, loop: Frame, region: Frame, acc) -> bool:
+    """Whether the loop's function asserts that the accumulation count is 1 (``assert args.accumsteps == 1``, also
+    ``<= 1`` or ``< 2``, under any test: ``if args.distributed:``): the count of the guard, or a count the micro-batch
+    loop divides its loss by (``loss / args.accumsteps``). The module rules out accumulating where it asserts it."""
+    function = function_holding(model, loop.node)
+    if function is None:
+        return False
+    asserted = {
+        model.code(test.left) for node in model.file.walk(function.body) if type(node) is cst.Assert
+        for test in [node.test]
+        if type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].comparator) is cst.Integer
+        and (type(test.comparisons[0].operator), test.comparisons[0].comparator.value) in _AT_MOST_ONE
+    }
+    if not asserted:
+        return False
+    if acc.count is not None and model.code(acc.count) in asserted:
+        return True
+    return any(
+        type(node) is cst.BinaryOperation and type(node.operator) is cst.Divide and model.code(node.right) in asserted
+        or type(node) is cst.AugAssign and type(node.operator) is cst.DivideAssign and model.code(node.value) in asserted
+        for node in model.file.walk(region.node)
+    )
+
+
+# ``x == 1``, ``x <= 1``, ``x < 2``: what an assertion that no accumulation happens compares.
+_AT_MOST_ONE = frozenset({(cst.Equal, "1"), (cst.LessThanEqual, "1"), (cst.LessThan, "2")})
 
 
 # What a framework object's ``prepare`` is never handed as a model.
