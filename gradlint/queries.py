@@ -572,11 +572,11 @@ def _clears_picked_parameters(model: LoopModel, zero: Event) -> bool:
             f.kind is FrameKind.BRANCH and type(f.node) is cst.If
             and any(type(n) is cst.Name and n.value in bound for n in walk(f.node.test))
             for f in zero.frames[position + 1 :]
-        ) or not _every_parameter_of_a_network(model, frame.node)
+        ) or not walks_every_parameter(model, frame.node)
     return False
 
 
-def _every_parameter_of_a_network(model: LoopModel, loop: cst.For) -> bool:
+def walks_every_parameter(model: LoopModel, loop: cst.For) -> bool:
     """Whether a loop visibly walks all of a network's parameters: ``model.parameters()``, ``list(...)`` of them, a
     ``zip`` or ``enumerate`` of those, or a name the loop's function binds only to those. Any other collection (a helper's pick, ``actor_params`` without the
     value head's parameters) may hold some of them only."""

@@ -22,6 +22,7 @@ from gradlint.queries import (
     Accumulation,
     accumulation,
     accumulation_place,
+    walks_every_parameter,
     clears,
     clears_between_backward_and_step,
     ends_with_break,
@@ -2748,7 +2749,10 @@ class GradsKeptAllocated(Rule):
       a test of the parameter's name (``if ".experts" not in name:``), or in
       a method a framework runs between the backward and the step (Lightning's
       ``on_before_optimizer_step``: ``fixtures/realworld/gl005_prototypes_masked_before_step__stable-pretraining.py``);
-    - the code backpropagates once and never steps (a gradient comparison);
+    - the code backpropagates once and never steps (a gradient comparison),
+      or a hand-written zeroing that walks no network's ``parameters()``
+      runs where nothing steps (the inputs' gradients of a sensitivity
+      analysis: ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
       that mocks ``zero_grad`` to check its arguments;
@@ -2789,6 +2793,8 @@ class GradsKeptAllocated(Rule):
                     continue  # a framework runs it between backward and step: zeroed so that the step skips them
                 if _no_next_backward(root, event):
                     continue  # one backward, no step: nothing is kept between steps
+                if event.manual and not any(e.kind is EventKind.STEP for e in root.events) and not _zeroes_parameters(model, event):
+                    continue  # an input's gradient, read and never applied (a sensitivity analysis): no parameter
                 if _kept_on_purpose(model, root, event):
                     continue
                 if event.manual:
@@ -2802,6 +2808,13 @@ class GradsKeptAllocated(Rule):
                         f"`set_to_none=True` frees them"
                     )
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
+
+
+def _zeroes_parameters(model: LoopModel, event: Event) -> bool:
+    """Whether a hand-written zeroing walks a network's parameters (``for p in model.parameters(): p.grad.zero_()``),
+    not tensors the code made to read gradients of (``for x in inputs: x.grad.zero_()``)."""
+    loops = [f.node for f in event.frames if f.kind is FrameKind.LOOP and type(f.node) is cst.For]
+    return any(walks_every_parameter(model, loop) for loop in loops)
 
 
 def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
