@@ -25,6 +25,7 @@ from gradlint.queries import (
     function_holding,
     lies_in,
     param_sources,
+    same_object,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
@@ -97,6 +98,11 @@ class AccumulationWithoutNoSync(Rule):
       ``fixtures/realworld/gl302_no_sync_in_other_module_context__edm.py``), or
       one of this module that calls ``no_sync`` (a context of this module that
       does not is no excuse: ``fixtures/distributed/accumulation_in_local_context_without_no_sync.py``);
+    - the backward is followed by a step of the optimizer on its own path
+      before the accumulated step (a batch retried and stepped at once: its
+      gradients are applied, and its all-reduce is needed; the finding goes
+      to the accumulated backward:
+      ``fixtures/realworld/gl302_retried_batch_stepped_at_once__simpletransformers.py``);
     - the loop's function asserts that the accumulation count is 1 (``if
       args.distributed: assert args.accumsteps == 1``: the count of the
       guard, or one the micro-batches' loss is divided by), so no micro-batch
@@ -204,6 +210,8 @@ class AccumulationWithoutNoSync(Rule):
                         continue  # the stepping micro-batch's backward must all-reduce
                     if _synced_for_you(backward) or _in_context_handed(model, backward, name):
                         continue
+                    if _stepped_on_its_own_path(root, backward, step):
+                        continue  # a retried batch's backward, stepped at once: its all-reduce is needed
                     place = _in_loop(model, backward, region)
                     if place is not backward.node and any(call is place for call in step.call_chain):
                         place = backward.node  # the helper also steps: moving its call moves the step (report_site)
@@ -214,6 +222,17 @@ class AccumulationWithoutNoSync(Rule):
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
                     yield Report(place, message, event=backward)
                     break
+
+
+def _stepped_on_its_own_path(root: Root, backward: Event, step: Event) -> bool:
+    """Whether the optimizer steps after ``backward`` and before ``step`` on a path that runs both (``if loss >
+    average: loss.backward(); optimizer.step()`` in a retry loop before the accumulated micro-batch): that backward's
+    gradients are applied at once, not accumulated."""
+    start, end = root.order(backward), root.order(step)
+    return any(
+        e.kind is EventKind.STEP and same_object(e.target, step.target) and not exclusive(e, backward)
+        for e in root.events[start + 1:end]
+    )
 
 
 def _asserted_single(model: LoopModel, loop: Frame, region: Frame, acc) -> bool:
