@@ -51,7 +51,7 @@ from gradlint.queries import (
 from gradlint.counters import loop_index
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
+from gradlint.syntax import bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
 
 
 class MissingZeroGrad(Rule):
@@ -71,7 +71,10 @@ class MissingZeroGrad(Rule):
     loss_b.backward(); opt.step()``): the second step applies the first
     backward's gradients again; the same for two steps side by side after
     one backward (``loss.backward(); opt.step(); opt.step()``: two updates
-    per batch). And a backward before the training loop (a
+    per batch), also a leftover step after an ``if`` on a setting whose
+    every branch steps already (``if amp: scaler.step(opt) else:
+    opt.step()`` then ``opt.step()``:
+    ``fixtures/realworld/gl001_leftover_step_after_amp_branches__TTS.py``). And a backward before the training loop (a
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
 
@@ -816,7 +819,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                     and not any(e.kind is EventKind.BACKWARD for e in between)
                     and first.target.removeprefix("self.") == event.target.removeprefix("self.")
                     and any(e.kind is EventKind.BACKWARD and not exclusive(e, first) for e in events[:events.index(first)])
-                    and [id(f) for f in first.frames] == [id(f) for f in event.frames]
+                    and _side_by_side(first, event, events)
                 ):  # two steps side by side (one under a guard beside an unguarded one is GL011's)
                     yield Report(
                         event.node,
@@ -828,6 +831,27 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
             last_step[key] = event
             since[key] = []
         yield from _step_reapplying_last_iteration(model, root, loop, events)
+
+
+def _side_by_side(first: Event, second: Event, events: list[Event]) -> bool:
+    """Whether two steps run on every pass that reaches the second: the same frames, or the first in a branch of an
+    ``if`` that is no accumulation guard and whose other branch steps the same optimizer too (``if amp:
+    scaler.step(opt) else: opt.step()`` followed by a leftover ``opt.step()``)."""
+    shared = {id(f) for f in second.frames}
+    extra = [f for f in first.frames if id(f) not in shared]
+    if any(f.kind is not FrameKind.BRANCH or f.accumulation for f in extra):
+        return False
+    if not all(any(id(f) == id(g) for g in first.frames) for f in second.frames):
+        return False
+    for frame in extra:
+        other = [
+            e for e in events
+            if e.kind is EventKind.STEP and e is not first and same_object(e.target, first.target)
+            and any(g.kind is FrameKind.BRANCH and g.node is frame.node and g.branch != frame.branch for g in e.frames)
+        ]
+        if not other:
+            return False
+    return True
 
 
 def _step_reapplying_last_iteration(model: LoopModel, root: Root, loop: Frame, events: list[Event]) -> Iterator[Report]:
@@ -2751,8 +2775,9 @@ class GradsKeptAllocated(Rule):
       ``on_before_optimizer_step``: ``fixtures/realworld/gl005_prototypes_masked_before_step__stable-pretraining.py``);
     - the code backpropagates once and never steps (a gradient comparison),
       or a hand-written zeroing that walks no network's ``parameters()``
-      runs where nothing steps (the inputs' gradients of a sensitivity
-      analysis: ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``);
+      runs where nothing steps, in a function that turns ``requires_grad``
+      on (the inputs' gradients of a sensitivity analysis:
+      ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
       that mocks ``zero_grad`` to check its arguments;
@@ -2793,7 +2818,7 @@ class GradsKeptAllocated(Rule):
                     continue  # a framework runs it between backward and step: zeroed so that the step skips them
                 if _no_next_backward(root, event):
                     continue  # one backward, no step: nothing is kept between steps
-                if event.manual and not any(e.kind is EventKind.STEP for e in root.events) and not _zeroes_parameters(model, event):
+                if event.manual and _zeroes_input_gradients(model, root, event):
                     continue  # an input's gradient, read and never applied (a sensitivity analysis): no parameter
                 if _kept_on_purpose(model, root, event):
                     continue
@@ -2810,11 +2835,22 @@ class GradsKeptAllocated(Rule):
                 yield Report(event.node, message, fix=fixes.free_gradients(model, event))
 
 
-def _zeroes_parameters(model: LoopModel, event: Event) -> bool:
-    """Whether a hand-written zeroing walks a network's parameters (``for p in model.parameters(): p.grad.zero_()``),
-    not tensors the code made to read gradients of (``for x in inputs: x.grad.zero_()``)."""
-    loops = [f.node for f in event.frames if f.kind is FrameKind.LOOP and type(f.node) is cst.For]
-    return any(walks_every_parameter(model, loop) for loop in loops)
+def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
+    """Whether a hand-written zeroing clears the gradients of tensors the code made to ask for them, where nothing
+    steps: the function turns ``requires_grad`` on for something (``input_batch.requires_grad_(True)``) and the zeroing
+    walks no network's ``parameters()`` (``for x in inputs: x.grad.zero_()``, a sensitivity analysis)."""
+    if any(e.kind is EventKind.STEP for e in root.events):
+        return False
+    if any(f.kind is FrameKind.LOOP and type(f.node) is cst.For and walks_every_parameter(model, f.node) for f in event.frames):
+        return False
+    function = function_holding(model, event.node)
+    return function is not None and any(
+        type(node) is cst.Call and callee_name(node) == "requires_grad_"
+        and (not node.args or bool_literal(node.args[0].value) is True)
+        or type(node) is cst.Assign and bool_literal(node.value) is True
+        and any(type(t.target) is cst.Attribute and t.target.attr.value == "requires_grad" for t in node.targets)
+        for node in model.file.walk(function.body)
+    )
 
 
 def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:
