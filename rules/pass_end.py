@@ -24,11 +24,12 @@ from gradlint.queries import (
     clears,
     handoff_may_step,
     lies_in,
+    opposite_sides_of_settings,
     same_object,
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, dotted_name, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, walk
 
 
 class LastWindowOfPassNotStepped(Rule):
@@ -52,10 +53,15 @@ class LastWindowOfPassNotStepped(Rule):
     **Stays quiet when**
 
     - the guard holds more than the remainder (``... or i == len(loader) -
-      1``), or the counter runs across passes (a clear at a pass's start then
+      1``), unless that other term holds only for a pass shorter than one
+      window (``or (steps_in_epoch <= accum and step + 1 ==
+      steps_in_epoch)``, transformers' ``Trainer`` before 4.28:
+      ``fixtures/realworld/gl021_last_step_clause_for_short_epochs_only__LMOps.py``),
+      or the counter runs across passes (a clear at a pass's start then
       is GL003's finding), or its start is not a literal;
     - the optimizer is stepped anywhere else in the pass (a flush after the
-      micro-batch loop), or handed to code the module cannot see there, or
+      micro-batch loop; not a step on the other side of a setting, such as
+      a DeepSpeed engine's), or handed to code the module cannot see there, or
       the pass calls a method of ``self`` that a base class of another module
       defines (it may step ``self``'s optimizer);
     - the micro-batch loop is not inside another loop (one pass: at most
@@ -106,7 +112,7 @@ class LastWindowOfPassNotStepped(Rule):
                     continue
                 window = _per_pass_window(model, loop, guard)
                 passes = _pass_loop(step, loop)
-                if window is None or passes is None or _stepped_elsewhere(root, step, passes, acc.frame):
+                if window is None or passes is None or _stepped_elsewhere(model, root, step, passes, acc.frame):
                     continue
                 if calls_unseen_inherited_method(model, step, passes):
                     continue  # ``self.finish_epoch()`` of a base class in another module may step what is left
@@ -130,11 +136,33 @@ def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[Rema
         return None
     if _endless_or_counted(node.iter):
         return None
-    test = remainder_test(guard.test)
+    test = remainder_test(guard.test) or _remainder_flushing_short_passes_only(model, guard.test)
     counter = counter_start(model, loop, guard, test.counter) if test is not None else None
     if counter is None or window_offset(counter.start, test) != 0:
         return None
     return test, counter
+
+
+def _remainder_flushing_short_passes_only(model: LoopModel, test: cst.BaseExpression) -> RemainderTest | None:
+    """The remainder test of ``(step + 1) % k == 0 or (steps_in_epoch <= k and step + 1 == steps_in_epoch)``: the other
+    term steps at the end of a pass only when the whole pass is shorter than one window (it compares something with
+    ``k`` by ``<=`` or ``<``), so a longer pass still leaves its last micro-batches unstepped."""
+    terms = boolean_terms(test, cst.Or)
+    remainders = [r for t in terms if (r := remainder_test(t)) is not None]
+    if len(terms) < 2 or len(remainders) != 1:
+        return None
+    count = model.code(remainders[0].count)
+    for term in terms:
+        if remainder_test(term) is not None:
+            continue
+        if not any(
+            type(c) is cst.Comparison and len(c.comparisons) == 1
+            and type(c.comparisons[0].operator) in (cst.LessThanEqual, cst.LessThan)
+            and model.code(c.comparisons[0].comparator) == count
+            for c in boolean_terms(term, cst.And)
+        ):
+            return None
+    return remainders[0]
 
 
 def _endless_or_counted(iterated: cst.BaseExpression) -> bool:
@@ -159,10 +187,12 @@ def _pass_loop(step: Event, loop: Frame) -> Frame | None:
     return outer if type(outer.node) in (cst.For, cst.While) else None
 
 
-def _stepped_elsewhere(root: Root, step: Event, passes: Frame, guard: Frame) -> bool:
-    """Whether the pass steps the optimizer anywhere but under the guard, or hands it to code the module cannot see."""
+def _stepped_elsewhere(model: LoopModel, root: Root, step: Event, passes: Frame, guard: Frame) -> bool:
+    """Whether the pass steps the optimizer anywhere but under the guard, or hands it to code the module cannot see
+    (not counting a step on the other side of a setting: ``if self.deepspeed: self.deepspeed.step()`` beside a guarded
+    ``optimizer.step()`` in the ``else`` of that setting)."""
     for event in root.events_in(passes):
-        if event is step or event.inside(guard):
+        if event is step or event.inside(guard) or opposite_sides_of_settings(model, event, step):
             continue
         if event.kind is EventKind.STEP and (event.target is None or same_object(event.target, step.target)):
             return True
@@ -205,7 +235,11 @@ def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: c
         close = f"`... or {seen} == len({iterated})`"
     else:
         close = "a step after the micro-batch loop"
-    return (f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(guard.test)}`, and "
+    terms = boolean_terms(guard.test, cst.Or)
+    where = f"`{next((model.code(t) for t in terms if remainder_test(t) is not None), model.code(guard.test))}`"
+    if len(terms) > 1:
+        where = where[:-1] + " or ...` (its other terms hold only for a pass shorter than one window)"
+    return (f"`{step.target}` steps at line {model.line(step.node)} only where {where}, and "
             f"{restart}, once per pass of the loop at line {model.line(passes.node)}: when {length} is not a multiple "
             f"of `{count}`, the last {length} % {count} micro-batches of each pass are {fate}; close each pass's last "
             f"window too ({close})")
