@@ -1762,7 +1762,10 @@ class UnscaledAccumulatedLoss(Rule):
     (``for _ in range(accum)``, ``batch.chunk(k)``, a loader over the batch's
     sub-batches: ``fixtures/realworld/gl004_subbatch_means_summed__deepqmc.py``, or a ``while`` loop that
     runs until a counter it adds to reaches a threshold, also in a helper
-    method whose caller steps).
+    method whose caller steps), also such a loop in a per-batch method with
+    no loop around its step (a trainer's ``iteration(data)`` that splits the
+    batch into chunks and steps once after them:
+    ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``).
 
     The step may be in another file of the run: a function every
     definition of which steps the optimizer it is handed
@@ -1889,10 +1892,12 @@ class UnscaledAccumulatedLoss(Rule):
         for root in model.roots:
             yield from _plain_backward_in_accumulate(model, root)
             wiped: set[int] | None = None  # the steps whose micro-batches a clear on the stepping one wipes
-            for step, loop in steps_with_loops(root):
-                acc = accumulation(root, step, loop)
-                if acc is None:
-                    continue
+            judged = [(step, loop, acc) for step, loop in steps_with_loops(root) if (acc := accumulation(root, step, loop))]
+            # a per-batch method the caller runs (no loop around its step) whose own loop over the batch's chunks
+            # backpropagates each before one step
+            judged += [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root)
+                       if _looks_like_micro_batches(model, acc.frame.node)]
+            for step, loop, acc in judged:
                 if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
                     continue  # the accumulated gradients are divided by hand
                 if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
