@@ -1762,10 +1762,14 @@ class UnscaledAccumulatedLoss(Rule):
     (``for _ in range(accum)``, ``batch.chunk(k)``, a loader over the batch's
     sub-batches: ``fixtures/realworld/gl004_subbatch_means_summed__deepqmc.py``, or a ``while`` loop that
     runs until a counter it adds to reaches a threshold, also in a helper
-    method whose caller steps), also such a loop in a per-batch method with
-    no loop around its step (a trainer's ``iteration(data)`` that splits the
-    batch into chunks and steps once after them:
-    ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``).
+    method whose caller steps), also a loop over a tensor split into pieces
+    in a per-batch method with no loop around its step (a trainer's
+    ``iteration(data)`` that splits the batch with ``chunk`` and steps once
+    after the pieces:
+    ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``;
+    a ``range(accum)`` loop there may run anything, such as a re-forward of
+    cached features whose every loss is the whole batch's:
+    ``fixtures/realworld/ok_gl004_cached_features_reforwarded_per_micro_batch__open_clip.py``).
 
     The step may be in another file of the run: a function every
     definition of which steps the optimizer it is handed
@@ -1895,8 +1899,7 @@ class UnscaledAccumulatedLoss(Rule):
             judged = [(step, loop, acc) for step, loop in steps_with_loops(root) if (acc := accumulation(root, step, loop))]
             # a per-batch method the caller runs (no loop around its step) whose own loop over the batch's chunks
             # backpropagates each before one step
-            judged += [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root)
-                       if _looks_like_micro_batches(model, acc.frame.node)]
+            judged += [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root) if _splits_a_batch(acc.frame.node)]
             for step, loop, acc in judged:
                 if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
                     continue  # the accumulated gradients are divided by hand
@@ -2609,6 +2612,15 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
     if node is None or node.trailing_whitespace.comment is None:
         return ""
     return node.trailing_whitespace.comment.value
+
+
+def _splits_a_batch(loop: cst.CSTNode) -> bool:
+    """A ``for`` loop whose header splits a tensor into pieces (``zip(x.chunk(k), y.chunk(k))``, ``torch.split(x,
+    n)``): the micro-batches of one batch. A loop over ``range(accum)`` or over lists made elsewhere may run anything
+    (open_clip's re-forward of cached features, a slider trainer's prompt pairs), and is left to a loop around it."""
+    return type(loop) is cst.For and any(
+        type(n) is cst.Call and callee_name(n) in ("chunk", "split", "tensor_split") for n in walk(loop.iter)
+    )
 
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
