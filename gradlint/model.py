@@ -191,6 +191,7 @@ class LoopModel:
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
+    _param_sources: dict[str, frozenset[str]] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def module(self) -> cst.Module:
@@ -240,10 +241,13 @@ class LoopModel:
         return ObjInfo(kind_from_name(name))
 
     def all_param_sources(self) -> dict[str, frozenset[str]]:
-        """For each optimizer whose parameters are known: the models it was built from."""
-        return {
-            last_name(name): info.param_sources
-            for name, info in self.objects.items()
-            if info.kind is ObjKind.OPTIMIZER and info.param_sources
-        }
+        """For each optimizer whose parameters are known: the models it was built from (read once per module: the
+        clearing queries ask it for every pair of a clear and a step)."""
+        if self._param_sources is None:
+            self._param_sources = {
+                last_name(name): info.param_sources
+                for name, info in self.objects.items()
+                if info.kind is ObjKind.OPTIMIZER and info.param_sources
+            }
+        return self._param_sources
 

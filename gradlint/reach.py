@@ -449,11 +449,7 @@ def _handed_owner(
     position = parameter_names(function).index(parameter)
     if function.params.params and function.params.params[0].name.value in ("self", "cls"):
         position -= 1  # a method's calls do not spell its receiver
-    calls = [
-        node for node in model.file.every_node(model.module)
-        if type(node) is cst.Call and callee_name(node) == function.name.value
-    ]
-    for call in calls:
+    for call in _calls_by_name(model).get(function.name.value, ()):
         handed = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == parameter), None)
         positional = [a.value for a in call.args if a.keyword is None]
         if handed is None and 0 <= position < len(positional):
@@ -461,6 +457,21 @@ def _handed_owner(
         if handed is None or _may_be_owner(model, handed, call, owners, depth):
             return True
     return False
+
+
+def _calls_by_name(model: "LoopModel") -> dict[str, list[cst.Call]]:
+    """Every call of the module by the name it calls, read once per module (asked for each switched parameter)."""
+
+    def read() -> dict[str, list[cst.Call]]:
+        table: dict[str, list[cst.Call]] = {}
+        for node in model.file.every_node(model.module):
+            if type(node) is cst.Call:
+                name = callee_name(node)
+                if name is not None:
+                    table.setdefault(name, []).append(node)
+        return table
+
+    return model.file.once((_calls_by_name,), read)
 
 
 def _loop_binding(model: "LoopModel", at: cst.CSTNode, name: str) -> cst.BaseExpression | None:
