@@ -689,10 +689,10 @@ class EventBuilder:
         if name is None:
             return ObjKind.UNKNOWN
         if name.endswith("]"):  # ``opts[i]``, ``optimizers["g"]``: an element has its collection's kind,
-            key = name[name.index("[") + 1:-1].strip("'\"")
-            if name[name.index("[") + 1] in "'\"" and kind_from_name(key) is not ObjKind.UNKNOWN:
-                return kind_from_name(key)  # unless a string key says what it holds: ``optimizer_state["scheduler"]``
-            return self._kind(name[: name.index("[")])
+            base, key = name[:-1].split("[", 1)
+            said = kind_from_name(key.strip("'\"")) if key[:1] in "'\"" else ObjKind.UNKNOWN
+            # unless a string key says what it holds: ``optimizer_state["scheduler"]``
+            return said if said is not ObjKind.UNKNOWN else self._kind(base)
         known = self.index.objects.get(name)
         if known is not None and known.kind is not ObjKind.UNKNOWN:
             return known.kind

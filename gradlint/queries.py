@@ -578,8 +578,8 @@ def _clears_picked_parameters(model: LoopModel, zero: Event) -> bool:
 
 def walks_every_parameter(model: LoopModel, loop: cst.For) -> bool:
     """Whether a loop visibly walks all of a network's parameters: ``model.parameters()``, ``list(...)`` of them, a
-    ``zip`` or ``enumerate`` of those, or a name the loop's function binds only to those. Any other collection (a helper's pick, ``actor_params`` without the
-    value head's parameters) may hold some of them only."""
+    ``zip`` or ``enumerate`` of those, or a name the loop's function binds only to those. Any other collection (a
+    helper's pick, ``actor_params`` without the value head's parameters) may hold some of them only."""
 
     def whole(value: cst.BaseExpression) -> bool:
         if type(value) is cst.Call and callee_name(value) in ("list", "tuple", "enumerate") and value.args:

@@ -22,7 +22,6 @@ from gradlint.queries import (
     Accumulation,
     accumulation,
     accumulation_place,
-    walks_every_parameter,
     clears,
     clears_between_backward_and_step,
     ends_with_break,
@@ -47,10 +46,12 @@ from gradlint.queries import (
     calls_unseen_inherited_method,
     steps_after_loops,
     steps_with_loops,
+    walks_every_parameter,
 )
 from gradlint.counters import loop_index
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
+from gradlint.rules.parameters import _is_requires_grad
 from gradlint.syntax import bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
 
 
@@ -838,20 +839,19 @@ def _side_by_side(first: Event, second: Event, events: list[Event]) -> bool:
     ``if`` that is no accumulation guard and whose other branch steps the same optimizer too (``if amp:
     scaler.step(opt) else: opt.step()`` followed by a leftover ``opt.step()``)."""
     shared = {id(f) for f in second.frames}
+    if not shared <= {id(f) for f in first.frames}:
+        return False
     extra = [f for f in first.frames if id(f) not in shared]
     if any(f.kind is not FrameKind.BRANCH or f.accumulation for f in extra):
         return False
-    if not all(any(id(f) == id(g) for g in first.frames) for f in second.frames):
-        return False
-    for frame in extra:
-        other = [
-            e for e in events
-            if e.kind is EventKind.STEP and e is not first and same_object(e.target, first.target)
+    return all(
+        any(
+            e.kind is EventKind.STEP and e is not first and same_object(e.target, first.target)
             and any(g.kind is FrameKind.BRANCH and g.node is frame.node and g.branch != frame.branch for g in e.frames)
-        ]
-        if not other:
-            return False
-    return True
+            for e in events
+        )
+        for frame in extra
+    )
 
 
 def _step_reapplying_last_iteration(model: LoopModel, root: Root, loop: Frame, events: list[Event]) -> Iterator[Report]:
@@ -2864,8 +2864,7 @@ def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
     return function is not None and any(
         type(node) is cst.Call and callee_name(node) == "requires_grad_"
         and (not node.args or bool_literal(node.args[0].value) is True)
-        or type(node) is cst.Assign and bool_literal(node.value) is True
-        and any(type(t.target) is cst.Attribute and t.target.attr.value == "requires_grad" for t in node.targets)
+        or type(node) is cst.Assign and bool_literal(node.value) is True and any(_is_requires_grad(t.target) for t in node.targets)
         for node in model.file.walk(function.body)
     )
 

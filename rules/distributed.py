@@ -524,12 +524,12 @@ def _model_of(
     module one wraps, or a model an optimizer trains); a model prepared by a framework object, or sharded, only when
     the loop calls it, itself or in a function of the module it calls (``self.calculate_train_batch_loss(batch)``).
     """
-    function = scope if type(scope) is cst.FunctionDef else None
-    called = _called_names(model, region.node, function)
-    called_last = {last_name(c) for c in called} | _bound_to(model, called, function_holding(model, region.node))
+    home = function_holding(model, region.node)
+    called = _called_names(model, region.node, scope if type(scope) is cst.FunctionDef else None)
+    called_last = {last_name(c) for c in called | _bound_to(model, called, home)}
     trained_last = {last_name(t) for t in trained}
     mentioned = {dotted_name(n) for n in model.file.walk(region.node) if type(n) in (cst.Name, cst.Attribute)}
-    mentioned |= _bound_to(model, mentioned, function_holding(model, region.node), last=False)
+    mentioned |= _bound_to(model, mentioned, home)
     wrappers = sorted(
         (name for name, by in seen.items() if by.wrapper_object),
         # then a model the loop names itself before one only its helpers reach
@@ -543,12 +543,12 @@ def _model_of(
     return None
 
 
-def _bound_to(model: LoopModel, names: set[str], function: cst.FunctionDef | None, *, last: bool = True) -> set[str]:
-    """The models the function binds names to (``model = self.encoder``, then ``model(x)``), by their last names (or
-    whole): the wrapped model runs under its local name."""
+def _bound_to(model: LoopModel, names: set[str], function: cst.FunctionDef | None) -> set[str]:
+    """The models the function binds names to (``model = self.encoder``, then ``model(x)``): the wrapped model runs
+    under its local name."""
     table = model.index.assignments.get(function, {}) if model.index is not None and function is not None else {}
     return {
-        last_name(target) if last else target for name in names for value in table.get(name, [])
+        target for name in names for value in table.get(name, [])
         if type(value) in (cst.Name, cst.Attribute) and (target := dotted_name(value)) is not None
     }
 

@@ -84,9 +84,8 @@ class NetworkInNoOptimizer(Rule):
         constructions = _optimizer_constructions(model)
         if not constructions or not all(_holds_only_named_networks(model, c) for c in constructions):
             return
-        owners: set[str] = set()
-        for construction in constructions:
-            owners |= owners_of_construction(model, construction)
+        held = {id(c): owners_of_construction(model, c) for c in constructions}
+        owners: set[str] = set().union(*held.values())
         reported: set[str] = set()
         for root in model.roots:
             steps = list(steps_with_loops(root))
@@ -103,7 +102,7 @@ class NetworkInNoOptimizer(Rule):
                 if len(built) != 1 or built[0] is None:
                     continue  # no step, a step of an optimizer built elsewhere, or several to choose from
                 for call in calls_computing_loss(model, backward.loss):
-                    found = _untrained_network(model, call, owners, constructions)
+                    found = _untrained_network(model, call, owners)
                     if found is None or found[0] in reported:
                         continue
                     network, layer, construction = found
@@ -114,7 +113,7 @@ class NetworkInNoOptimizer(Rule):
                         f"the loss backpropagated at line {model.line(backward.node)} runs through `{network}` "
                         f"(`{layer}`, built at line {model.line(construction)}, called at line {model.line(call)}), "
                         f"but no optimizer of the module holds it: `{model.code(optimizer.func)}(...)` here is built "
-                        f"over {_owners_text(owners_of_construction(model, optimizer))} only. `{network}` gets "
+                        f"over {_owners_text(held[id(optimizer)])} only. `{network}` gets "
                         f"gradients and never trains; add `{network}.parameters()` to the optimizer",
                         event=backward,
                     )
@@ -195,7 +194,7 @@ def _readable(model: LoopModel, node: cst.BaseExpression, function: cst.Function
 
 
 def _untrained_network(
-    model: LoopModel, call: cst.Call, owners: set[str], constructions: list[cst.Call]
+    model: LoopModel, call: cst.Call, owners: set[str]
 ) -> tuple[str, str, cst.Call] | None:
     """``(network, layer, construction)`` when ``call`` runs a network the module builds with learnable parameters,
     holds in no optimizer, and uses in no other way that could train it or say it is not meant to train."""

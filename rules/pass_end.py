@@ -147,22 +147,21 @@ def _remainder_flushing_short_passes_only(model: LoopModel, test: cst.BaseExpres
     """The remainder test of ``(step + 1) % k == 0 or (steps_in_epoch <= k and step + 1 == steps_in_epoch)``: the other
     term steps at the end of a pass only when the whole pass is shorter than one window (it compares something with
     ``k`` by ``<=`` or ``<``), so a longer pass still leaves its last micro-batches unstepped."""
-    terms = boolean_terms(test, cst.Or)
-    remainders = [r for t in terms if (r := remainder_test(t)) is not None]
-    if len(terms) < 2 or len(remainders) != 1:
+    read = [(term, remainder_test(term)) for term in boolean_terms(test, cst.Or)]
+    remainders = [r for _, r in read if r is not None]
+    if len(read) < 2 or len(remainders) != 1:
         return None
     count = model.code(remainders[0].count)
-    for term in terms:
-        if remainder_test(term) is not None:
-            continue
-        if not any(
+    others_below_count = all(
+        any(
             type(c) is cst.Comparison and len(c.comparisons) == 1
             and type(c.comparisons[0].operator) in (cst.LessThanEqual, cst.LessThan)
             and model.code(c.comparisons[0].comparator) == count
             for c in boolean_terms(term, cst.And)
-        ):
-            return None
-    return remainders[0]
+        )
+        for term, r in read if r is None
+    )
+    return remainders[0] if others_below_count else None
 
 
 def _endless_or_counted(iterated: cst.BaseExpression) -> bool:
