@@ -65,6 +65,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         handed_scaler=known.handed_scaler,
         clamp_hooks=known.clamp_hooks,
         scaled_dispatch=known.scaled_dispatch,
+        ships_at_one=known.ships_at_one,
     )
 
 

@@ -23,7 +23,8 @@ from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
 from gradlint.python_nodes import FiledTree
 from gradlint.queries import function_holding
-from gradlint.syntax import parameter_names
+from gradlint.setting_defaults import latent_note, setting_name
+from gradlint.syntax import dotted_name, number, parameter_names
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -206,6 +207,8 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
     for report in rule_class().check(model):
         applies = report.fix is not None and report.fix.edits() is not None
         site, message = report_site(model, report)
+        if report.setting is not None:
+            message += _latent_note(model, report.setting)
         key = id(report.event.node) if report.event is not None else id(report.node)
         previous = chosen.get(key)
         if previous is None or _better(report, site, applies, previous):
@@ -222,6 +225,29 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
         )
         results.append((finding, report))
     return results
+
+
+def _latent_note(model: LoopModel, setting: cst.BaseExpression) -> str:
+    """What the message adds when the count a finding needs above 1 ships at 1 (:mod:`gradlint.setting_defaults`):
+    read from the expression itself, or from the one value a name or attribute of it is bound to
+    (``accum = args.grad_accum``, ``self.accum = cfg.accum``)."""
+    if number(setting) is not None:
+        return ""
+    name = setting_name(setting)
+    if name is None:
+        return ""
+    if name in model.ships_at_one:
+        return latent_note(model.code(setting))
+    spelled = dotted_name(setting)
+    if spelled is None or model.index is None:
+        return ""
+    if "." in spelled:
+        values = model.index.assigned_anywhere(spelled)
+    else:
+        values = model.index.assignments.get(function_holding(model, setting), {}).get(spelled, [])
+    if len(values) == 1 and isinstance(values[0], cst.BaseExpression) and setting_name(values[0]) in model.ships_at_one:
+        return latent_note(model.code(values[0]))
+    return ""
 
 
 def _better(report: Report, site: CSTNode, applies: bool, previous: tuple[Report, bool, CSTNode, str]) -> bool:

@@ -190,6 +190,7 @@ class LoopModel:
     handed_scaler: frozenset[str] = frozenset()  # functions some call of the run hands a grad scaler
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
+    ships_at_one: frozenset[str] = frozenset()  # settings it reads as counts, declared with the default 1 in the run
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
     _param_sources: dict[str, frozenset[str]] | None = dataclasses.field(default=None, repr=False)
 

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
 from gradlint.scaler_release_facts import scaler_release_facts
+from gradlint.setting_defaults import count_names, declared_defaults, may_declare, merged
 from gradlint.summed_losses import may_sum, summing_forwards
 
 # A called name that says the call does gradient work itself.
@@ -87,6 +88,11 @@ class FileCalls:
     # ``Class:position`` for the classes defined here whose ``forward`` returns a loss summed over samples or tokens, at
     # that place of the returned tuple (-1: the loss alone): what :func:`gradlint.summed_losses.summing_forwards` finds
     sums_loss: frozenset[str] = frozenset()
+    # ``name=1`` for the settings the file declares with the default 1, ``name=*`` for those it declares with another
+    # (:func:`gradlint.setting_defaults.declared_defaults`), and the names it reads as counts (``% accum``, ``/ accum``,
+    # ``range(accum)``): what the run's other files tell it about those
+    defaults: frozenset[str] = frozenset()
+    count_names: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -99,6 +105,7 @@ class FileCalls:
             sorted(self.returns_wrap), sorted(self.assigned), sorted(self.backward_helpers), sorted(self.top_level),
             sorted(self.clamp_hooks),
             sorted(self.sums_loss),
+            sorted(self.defaults), sorted(self.count_names),
         ]
 
     @classmethod
@@ -138,6 +145,9 @@ CLAMP_HOOKS = "clamps:"
 # wrappers, a class of the run (or of a folder beside it that the file imports) whose ``forward`` returns a loss summed
 # over samples or tokens, at ``position`` of the returned tuple (:mod:`gradlint.summed_losses`).
 SUMS_LOSS = "sums:"
+# ``ships_at_one:name``: a name this file reads as a count, declared with the default 1 by the run's other files (every
+# declaration agreeing) and not by this one (:mod:`gradlint.setting_defaults`).
+SHIPS_AT_ONE = "ships_at_one:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +168,7 @@ class Context:
     backward_helpers: frozenset[str] = frozenset()  # ``name:shape``: helpers of the run that backpropagate (BackwardHelper)
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
     sums_loss: frozenset[str] = frozenset()  # ``name:position``: models built from classes whose forward sums the loss
+    ships_at_one: frozenset[str] = frozenset()  # counts it reads that another file of the run declares with default 1
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -165,7 +176,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS,
+            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS, SHIPS_AT_ONE,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -192,12 +203,16 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
 
     ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
     """
-    if not might_call(text):
+    declares = may_declare(text)
+    if not might_call(text) and not declares:
         return FileCalls()
     if tree is None:
         tree = python_tree(text)
         if tree is None:
             return FileCalls()
+    defaults = declared_defaults(tree) if declares else frozenset()
+    if not might_call(text):
+        return FileCalls(defaults=defaults)
     calls = _Scan(_lines_naming("unscale_", text)).file(tree.tree)
     facts = scaler_release_facts(text, tree)
     if facts:
@@ -205,6 +220,7 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     calls = _with_handed_and_wrapped(calls, text, tree)
     if may_sum(text):
         calls = dataclasses.replace(calls, sums_loss=summing_forwards(tree))
+    calls = dataclasses.replace(calls, defaults=defaults, count_names=count_names(tree))
     return _with_assigned_and_helpers(calls, text, tree)
 
 
@@ -1061,6 +1077,7 @@ class ProjectIndex:
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
         summing: dict[str, dict[str, set[str]]] = {}  # unit -> class -> where its forward returns a summed loss ("" for no)
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
+        declared: dict[str, set[str]] = {}  # unit -> ``name=1`` / ``name=*`` of every file's declared settings
         wrapped_here: dict[str, set[str]] = {}  # path -> wrapped facts of calls of the file's own functions
         for path, calls in files:
             unit = unit_of[path]
@@ -1089,6 +1106,7 @@ class ProjectIndex:
             _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
             _join_definitions(summing.setdefault(unit, {}), calls.classes, calls.sums_loss)
+            declared.setdefault(unit, set()).update(calls.defaults)
             for fact in calls.assigned:
                 target, callee = fact.split(":", 1)
                 bound.setdefault(unit, {}).setdefault(target, set()).add(callee)
@@ -1109,6 +1127,7 @@ class ProjectIndex:
         self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
         self._summing = {unit: _agreed(found) for unit, found in summing.items()}
         self._bound = bound
+        self._declared = declared
         self._units_in: dict[str, set[str]] = {}  # each folder's units: a package beside a script, or a folder of modules
         self._imported_folders: dict[str, set[str]] = {}  # each unit's folders beside its files that they import
         for path, calls in files:
@@ -1117,6 +1136,7 @@ class ProjectIndex:
             self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
         self._unit_of = unit_of
         self._known: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
+        self._ones: dict[str, frozenset[str]] = {}  # _shipping_at_one's answer per unit
 
     def context_of(self, path: str, calls: FileCalls) -> tuple[str, ...]:
         """What a file's findings depend on beyond its own text, among its own functions' names.
@@ -1139,7 +1159,9 @@ class ProjectIndex:
         (:meth:`_known_to`); prefixed ``clamps:``, the functions of the unit that clip gradients by hooks on a
         model's parameters (every definition agreeing), its own among them;
         prefixed ``sums:``, ``name:position`` for the names it binds only to models whose
-        ``forward`` returns a summed loss (:func:`_summing_models`). :class:`Context` reads them all back.
+        ``forward`` returns a summed loss (:func:`_summing_models`); prefixed ``ships_at_one:``, the names it reads as
+        counts that the unit (or a folder it imports) declares with the default 1, every declaration agreeing
+        (:mod:`gradlint.setting_defaults`). :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1176,6 +1198,7 @@ class ProjectIndex:
             + tuple(BACKWARD_HELPER + fact for fact in backs)
             + tuple(CLAMP_HOOKS + name for name in sorted(self._clamp_hooks.get(unit, frozenset())))
             + tuple(SUMS_LOSS + fact for fact in _summing_models(calls.assigned, summing))
+            + tuple(SHIPS_AT_ONE + name for name in sorted(calls.count_names & self._shipping_at_one(unit)))
         )
 
     def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -1191,10 +1214,25 @@ class ProjectIndex:
             known = self._known[unit] = self._merge_known(unit)
         return known
 
-    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    def _units_known_to(self, unit: str) -> list[str]:
+        """The unit, then the units of the folders beside its files that they import."""
         units = [unit]
         for folder in sorted(self._imported_folders.get(unit, ())):
             units.extend(sorted(self._units_in.get(folder, set()) - set(units)))
+        return units
+
+    def _shipping_at_one(self, unit: str) -> frozenset[str]:
+        """The settings every declaration of which, in the unit and the folders it imports, ships at 1 (computed once
+        per unit)."""
+        found = self._ones.get(unit)
+        if found is None:
+            found = self._ones[unit] = merged(frozenset(), frozenset().union(
+                *(self._declared.get(each, ()) for each in self._units_known_to(unit))
+            ))
+        return found
+
+    def _merge_known(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+        units = self._units_known_to(unit)
         returned: dict[str, str] = {}
         shapes: dict[str, str] = {}
         summing: dict[str, str] = {}

@@ -41,6 +41,9 @@ class Report:
     fix: Fix | None = None
     event: Event | None = None
     against: tuple[Event, ...] = ()
+    # The count the defect needs above 1 (``args.gradient_accumulation_steps``): when the run declares it with the
+    # default 1, the message says the finding is latent (:mod:`gradlint.setting_defaults`)
+    setting: cst.BaseExpression | None = None
 
 
 class Rule:

@@ -162,7 +162,7 @@ class ClipPerMicroBatch(Rule):
                     clip.node,
                     f"`{model.code(clip.node)}` clips on every micro-batch but `{step.target}` only steps "
                     f"{accumulation_place(model, acc)}: it clips partial sums of the gradients; clip once, right before the step",
-                    event=clip, against=(step,),
+                    event=clip, against=(step,), setting=acc.count,
                 )
 
     def _in_accumulate(self, model: LoopModel, root: Root) -> Iterator[Report]:

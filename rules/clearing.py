@@ -1946,7 +1946,7 @@ class UnscaledAccumulatedLoss(Rule):
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
                         f"but the loss is not divided by {count}{divided}: {too_large(*stepped_update_scale(model, step))}",
                         fix=fixes.divide_loss(model, backward, acc),
-                        event=backward, against=(step,),
+                        event=backward, against=(step,), setting=acc.count,
                     )
 
 

@@ -220,7 +220,7 @@ class AccumulationWithoutNoSync(Rule):
                         message += f"; its backward is at line {model.line(backward.node)}, inside `{model.code(place.func)}`"
                     if name in handed:
                         message += f"; `{name}` is the wrapped model a caller hands `{root.node.name.value}`"
-                    yield Report(place, message, event=backward)
+                    yield Report(place, message, event=backward, setting=acc.count)
                     break
 
 

@@ -125,7 +125,10 @@ class LastWindowOfPassNotStepped(Rule):
                 if cleared is None and not _divided_by_the_count(root, acc.backwards, loop):
                     continue  # carried into the next window and normalised there: one larger batch, weighed right
                 reported.add(id(guard))
-                yield Report(guard.test, _message(model, step, loop, passes, guard, test, counter, cleared), event=step)
+                yield Report(
+                    guard.test, _message(model, step, loop, passes, guard, test, counter, cleared), event=step,
+                    setting=test.count,
+                )
 
 
 def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[RemainderTest, CounterStart] | None:
