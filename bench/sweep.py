@@ -247,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.writer(handle, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n")
             writer.writerow(VERDICT_COLUMNS + ["line", "message"])
             for f in untriaged:
-                writer.writerow([f.repository, f.commit, f.path, f.code, f.line_text, f.occurrence, "", "", f.line, f.message])
+                # one row per finding: a message quoting a statement of several lines is written on one line
+                writer.writerow([f.repository, f.commit, f.path, f.code, f.line_text, f.occurrence, "", "", f.line,
+                                 " ".join(f.message.split())])
     return 0
 
 
