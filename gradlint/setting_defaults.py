@@ -4,9 +4,9 @@ Many training scripts accumulate gradients only when a setting is raised:
 ``parser.add_argument("--gradient_accumulation_steps", type=int, default=1)``,
 a dataclass field ``accum_steps: int = 1``, a configuration dict
 ``{"grad_accum": 1}``. A finding that needs more than one micro-batch per step
-is real for whoever raises the setting, and nobody who runs the script as
-shipped sees it. The message says so (:func:`latent_note`), so that a reader
-does not take a true finding for a false alarm.
+is real for whoever raises the setting, and nobody who runs the script with
+its declared defaults sees it. The message says so (:func:`latent_note`), so
+that a reader does not take a true finding for a false alarm.
 
 :func:`declared_defaults` reads one file's declarations from Python's tree (the
 project index keeps them, so that a script reading ``args.accum_steps`` learns
@@ -147,5 +147,7 @@ def setting_name(node: cst.BaseExpression | None) -> str | None:
 
 
 def latent_note(spelled: str) -> str:
-    """What a message adds when its finding needs a setting that ships at 1 raised."""
-    return f" (latent: `{spelled}` ships at 1; this happens once it is raised)"
+    """What a message adds when its finding needs a count above 1 that is declared with the default 1. It says what the
+    code declares, not what a run uses: a configuration file or a launch script may set the count (a YAML file
+    setting ``grad_accum_steps: 4`` for a field declared ``= 1`` makes the finding real on the shipped run)."""
+    return f" (this needs `{spelled}` above 1: it is declared with the default 1)"

@@ -11,7 +11,7 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes import clearing as fixes
 from gradlint import frameworks
-from gradlint.reach import parameter_owners, reaching_call
+from gradlint.reach import calls_computing_loss, owners_of_construction, parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.frameworks.framework import AccumulateContext
 from gradlint.frameworks.settings import counts_more_than_one, framework_settings
 from gradlint.module_index import Unpacked
@@ -51,7 +51,11 @@ from gradlint.queries import (
 from gradlint.counters import loop_index
 from gradlint.event_builder import running_division
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled, Spelled, call_of
-from gradlint.rules.parameters import _is_requires_grad
+from gradlint.rules.network_in_no_optimizer import (
+    construction_of, freezes_itself, holds_only_named_networks, only_called_moved_and_gathered, related, unmoved,
+)
+from gradlint.rules.parameter_groups import _optimizer_constructions
+from gradlint.rules.parameters import _is_requires_grad, _layer_built as _layer_built_by
 from gradlint.syntax import bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
 
 
@@ -101,6 +105,15 @@ class MissingZeroGrad(Rule):
     first: LBFGS calls the closure up to ``max_iter`` times in one step and
     reads the gradients after each call, so each evaluation adds to the last
     (``fixtures/realworld/gl001_lbfgs_closure_without_clear__temperature_scaling.py``).
+    And a loop that clears networks (``model.zero_grad()``) while its
+    optimizer also holds another network built beside them (learnable loss
+    weights, a temperature: ``Adam(list(model.parameters()) +
+    list(weighting.parameters()))``) that the loss runs through: nothing
+    clears that network's gradients (reported at the clear; quiet when the
+    network may be part of a cleared one, that is when it is used in any way
+    but being called, moved and handed to the optimizer, or when its
+    ``requires_grad`` may be switched off:
+    ``fixtures/clearing/network_clear_leaves_loss_weights.py``).
 
     A class of the module whose ``step()`` reads no gradient (a weight
     average named ``ema_optimizer``) is no optimizer
@@ -245,6 +258,7 @@ class MissingZeroGrad(Rule):
                     )
                 yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
+            yield from _network_clears_leaving_parameters(model, root)
             yield from _backward_before_loop(model, root)
             yield from _uncleared_in_step_method(model, root)
             yield from _clear_skipping_first_step(model, root)
@@ -675,6 +689,84 @@ def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Fram
 def _periodic(test: cst.BaseExpression) -> bool:
     """Whether a test holds a remainder (``step % 100 == 0``): true on one iteration in so many."""
     return any(type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo for n in walk(test))
+
+
+def _network_clears_leaving_parameters(model: LoopModel, root: Root) -> Iterator[Report]:
+    """A loop that clears a network (``model.zero_grad()``) while its optimizer also holds another network's parameters.
+
+    ``Adam(list(model.parameters()) + list(mtl.parameters()))`` with learnable loss weights ``mtl`` built beside the
+    model, and only ``model.zero_grad()`` in the loop: ``mtl``'s gradients are never cleared, and every step applies
+    their sum since the start. Reported at the clear (the line to change: clear the optimizer) when the optimizer is
+    built in the module over networks' ``parameters()`` only, every clear of the loop names one of its networks, and
+    one network it holds is built in the module with learnable layers, is called in the loss backpropagated before
+    the step, and is used in no way but being called, moved and handed to the optimizer (it may be part of a cleared
+    network otherwise). Not when anything else may clear: a call handed the optimizer, an inherited method.
+    """
+    constructions = _optimizer_constructions(model)
+    if model.index is None or not constructions:
+        return
+    seen: set[tuple[int, int]] = set()
+    for step, loop in steps_with_loops(root):
+        if step.framework is not None or step.target is None:
+            continue
+        construction = construction_of(model, step, constructions)
+        if construction is None or (id(loop), id(construction)) in seen or not holds_only_named_networks(model, construction):
+            continue
+        seen.add((id(loop), id(construction)))
+        owners = owners_of_construction(model, construction)
+        zeros = root.events_of(EventKind.ZERO, loop)
+        cleared = [z for z in zeros if z.target is not None and any(related(z.target.removeprefix("self."), o.removeprefix("self.")) for o in owners)]
+        if not cleared or len(cleared) < len(zeros) or any(z.target_kind in (ObjKind.OPTIMIZER, ObjKind.TENSOR) for z in cleared):
+            continue  # no clear, or one that may be the optimizer's own or of anything else
+        if any(_off_the_path(model, z, step, loop, periodic=True) is not None for z in cleared):
+            continue  # a clear off the step's path is the loop's other finding
+        if any(same_object(e.target, step.target) for e in root.events_of(HANDOFF, loop)):
+            continue
+        if calls_unseen_inherited_method(model, step, loop) or _released(model, step.target) or _step_clears_itself(model, step.target):
+            continue
+        names = {z.target.removeprefix("self.") for z in cleared}
+        left = sorted(o for o in owners if not any(related(o.removeprefix("self."), n) for n in names))
+        backwards = [b for b in root.events_of(EventKind.BACKWARD, loop) if b.loss is not None and root.order(b) < root.order(step)]
+        for owner in left:
+            found = _uncleared_network(model, owner, backwards)
+            if found is None:
+                continue
+            spelled, backward, call, built = found
+            zero = cleared[0]
+            networks = " and ".join(dict.fromkeys(f"`{z.target}`" for z in cleared))
+            yield Report(
+                zero.node,
+                f"the loop clears the gradients of {networks} only (`{model.code(zero.node)}`), but `{step.target}` "
+                f"(built at line {model.line(construction)}) also holds `{spelled}`'s parameters (`{model.code(built.func)}`, called at "
+                f"line {model.line(call)} for the loss backpropagated at line {model.line(backward.node)}): nothing "
+                f"clears those, so each step at line {model.line(step.node)} also applies every earlier step's "
+                f"gradients of `{spelled}`; clear the optimizer instead: `{step.target}.zero_grad()`",
+                event=zero, against=(step,),
+            )
+            break
+
+
+def _uncleared_network(model: LoopModel, owner: str, backwards: list[Event]) -> tuple[str, Event, cst.Call, cst.Call] | None:
+    """``(network, backward, call, construction)`` when ``owner`` is a network the module builds with learnable layers, that
+    a loss of ``backwards`` is computed through, and that is only called, moved and handed to an optimizer
+    (``owner`` as the optimizer's construction names it: ``temperature`` for ``self.temperature.parameters()``)."""
+    spellings = [s for s in (owner, f"self.{owner}") if model.index.assigned_anywhere(s)]
+    if len(spellings) != 1:
+        return None
+    owner = spellings[0]
+    values = model.index.assigned_anywhere(owner)
+    if len(values) != 1 or type(values[0]) is not cst.Call:
+        return None
+    built = unmoved(values[0])
+    if _layer_built_by(model, built) is None or freezes_itself(model, built):
+        return None
+    if not only_called_moved_and_gathered(model, owner) or requires_grad_switched_off(model, frozenset({owner})):
+        return None
+    for backward in backwards:
+        call = next((c for c in calls_computing_loss(model, backward.loss) if dotted_name(c.func) == owner), None)
+        if call is not None:
+            return owner, backward, call, built
+    return None
 
 
 def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:

@@ -82,7 +82,7 @@ class NetworkInNoOptimizer(Rule):
         if model.index is None:
             return
         constructions = _optimizer_constructions(model)
-        if not constructions or not all(_holds_only_named_networks(model, c) for c in constructions):
+        if not constructions or not all(holds_only_named_networks(model, c) for c in constructions):
             return
         held = {id(c): owners_of_construction(model, c) for c in constructions}
         owners: set[str] = set().union(*held.values())
@@ -96,7 +96,7 @@ class NetworkInNoOptimizer(Rule):
                     continue  # a test feeds the part under test through fixed layers on purpose
                 stepped = {
                     id(found): found for step, loop in steps if backward.inside(loop)
-                    for found in [_construction_of(model, step, constructions)]
+                    for found in [construction_of(model, step, constructions)]
                 }
                 built = list(stepped.values())
                 if len(built) != 1 or built[0] is None:
@@ -130,7 +130,7 @@ def _owners_text(owners: frozenset[str]) -> str:
     return " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named) or "other parameters"
 
 
-def _construction_of(model: LoopModel, step, constructions: list[cst.Call]) -> cst.Call | None:
+def construction_of(model: LoopModel, step, constructions: list[cst.Call]) -> cst.Call | None:
     """The one optimizer construction a step's optimizer is bound to (a local name in the function that steps it),
     or None."""
     if step.target is None:
@@ -145,7 +145,7 @@ def _construction_of(model: LoopModel, step, constructions: list[cst.Call]) -> c
     return None
 
 
-def _holds_only_named_networks(model: LoopModel, construction: cst.Call) -> bool:
+def holds_only_named_networks(model: LoopModel, construction: cst.Call) -> bool:
     """Whether an optimizer is given nothing but networks' ``parameters()``, gathered in ways that can be read to
     the end (lists, sums, filters, comprehensions, parameter groups, a name bound to those in the same function)."""
     given = next((a.value for a in construction.args if a.keyword is None or a.keyword.value == "params"), None)
@@ -202,7 +202,7 @@ def _untrained_network(
     if spelled is None or spelled.split(".")[0] in ("self", "cls") and "self" in owners:
         return None
     path = spelled.removeprefix("self.")
-    if any(_related(path, owner) for owner in owners):
+    if any(related(path, owner) for owner in owners):
         return None
     function = function_holding(model, call)
     values = model.index.assignments.get(function, {}).get(spelled) if "." not in spelled else None
@@ -211,16 +211,16 @@ def _untrained_network(
     values = values if values is not None else model.index.assigned_anywhere(spelled)
     if len(values) != 1 or type(values[0]) is not cst.Call:
         return None
-    construction = _unmoved(values[0])
+    construction = unmoved(values[0])
     layer = _layer_built(model, construction, function_holding(model, construction))
-    if layer is None or _freezes_itself(model, construction):
+    if layer is None or freezes_itself(model, construction):
         return None
-    if not _only_called_and_moved(model, spelled, values[0]):
+    if not _mentions_only(model, spelled, _PLAIN_USES):
         return None
     return spelled, layer, construction
 
 
-def _related(path: str, owner: str) -> bool:
+def related(path: str, owner: str) -> bool:
     """Whether a network is an optimizer's network, a part of it, or holds it (by path, or by last name)."""
     return (
         path == owner or path.startswith(owner + ".") or owner.startswith(path + ".")
@@ -228,14 +228,14 @@ def _related(path: str, owner: str) -> bool:
     )
 
 
-def _unmoved(value: cst.Call) -> cst.Call:
+def unmoved(value: cst.Call) -> cst.Call:
     """``Head(...)`` for ``Head(...).to(device)``."""
     while type(value.func) is cst.Attribute and value.func.attr.value in _RETURNS_ITSELF and type(value.func.value) is cst.Call:
         value = value.func.value
     return value
 
 
-def _freezes_itself(model: LoopModel, construction: cst.Call) -> bool:
+def freezes_itself(model: LoopModel, construction: cst.Call) -> bool:
     """Whether the class built switches its own gradients off or loads weights (a frozen feature extractor)."""
     if type(construction.func) is not cst.Name:
         return False
@@ -243,8 +243,15 @@ def _freezes_itself(model: LoopModel, construction: cst.Call) -> bool:
     return any(FREEZES.search(model.code(method)) or "load_state_dict" in model.code(method) for method in methods.values())
 
 
-def _only_called_and_moved(model: LoopModel, spelled: str, binding: cst.CSTNode) -> bool:
-    """Whether every other mention of the network calls it or moves it (``head(x)``, ``head.to(device)``)."""
+def only_called_moved_and_gathered(model: LoopModel, spelled: str) -> bool:
+    """Whether every other mention of the network calls it, moves it or reads its parameters (``head(x)``,
+    ``head.to(device)``, ``Adam(head.parameters())``): it is handed to nothing that could hold it."""
+    return _mentions_only(model, spelled, _PLAIN_USES | {"parameters", "named_parameters"})
+
+
+def _mentions_only(model: LoopModel, spelled: str, uses: frozenset[str]) -> bool:
+    """Whether every other mention of the network calls it or uses one of its attributes in ``uses`` (with
+    :data:`_PLAIN_USES`: ``head(x)``, ``head.to(device)``)."""
     parents = model.parents or {}
     for node in model.file.every_node(model.module):
         if type(node) not in (cst.Name, cst.Attribute) or dotted_name(node) != spelled:
@@ -256,7 +263,7 @@ def _only_called_and_moved(model: LoopModel, spelled: str, binding: cst.CSTNode)
             continue
         if type(parent) is cst.Call and parent.func is node:
             continue
-        if type(parent) is cst.Attribute and parent.value is node and parent.attr.value in _PLAIN_USES:
+        if type(parent) is cst.Attribute and parent.value is node and parent.attr.value in uses:
             continue
         return False
     return True

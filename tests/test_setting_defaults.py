@@ -10,7 +10,7 @@ from gradlint.linter import lint_text
 from gradlint.project_index import python_tree
 from gradlint.setting_defaults import declared_defaults
 
-LATENT = "(latent: `args.accum_steps` ships at 1; this happens once it is raised)"
+LATENT = "(this needs `args.accum_steps` above 1: it is declared with the default 1)"
 
 LOOP = """
 import torch
@@ -68,7 +68,7 @@ def test_a_count_declared_with_another_default_or_not_at_all_says_nothing():
     for declaration in ('parser.add_argument("--accum_steps", type=int, default=4)\n', ""):
         findings = lint_text("import argparse\nparser = argparse.ArgumentParser()\n" + declaration + LOOP).findings
         assert {f.code for f in findings} == {"GL004", "GL006"}
-        assert not any("latent" in f.message for f in findings)
+        assert not any("declared with the default" in f.message for f in findings)
 
 
 def test_a_count_read_through_a_local_name_is_followed_to_its_setting():
@@ -97,4 +97,4 @@ def test_the_default_declared_in_an_options_module_of_the_package_reaches_the_lo
     # a second declaration with another default in the package: the run may ship either
     (package / "config.py").write_text("from dataclasses import dataclass\n\n@dataclass\nclass C:\n    accum_steps: int = 8\n")
     results = runner.run([str(package)], Config(root=tmp_path), jobs=1)
-    assert not any("latent" in f.message for r in results for f in r.findings)
+    assert not any("declared with the default" in f.message for r in results for f in r.findings)
