@@ -314,6 +314,8 @@ class EventBuilder:
             if name is None:
                 continue
             if _ACCUMULATION_WORDS.search(name):
+                if type(node) is cst.Name and self._set_before_its_loop(name, test, function):
+                    continue  # ``should_step = has_signal`` before the loop: the same on every micro-batch
                 return True, None
             if depth < 2 and type(node) is cst.Name:
                 for value in self._assigned(name, function):
@@ -384,6 +386,33 @@ class EventBuilder:
                 self._counted[id(body)] = _counted_names(body, self._walk)
             self._switches[key] = _tested_name(test) not in self._counted[id(body)]
         return self._switches[key]
+
+    def _set_before_its_loop(self, name: str, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """Whether a local flag a branch test reads is set only outside the loop that holds the test, and is no
+        variable of that loop: the same on every iteration, it cannot pick one micro-batch in N whatever its name
+        says (``should_step = has_ppo_signal or has_bc_signal`` before ``for epoch in ...: ...; if should_step:``)."""
+        if function is None:
+            return False
+        parents = self.index.file.parent_map()
+        loop = parents.get(test)
+        while loop is not None and loop is not function and type(loop) not in (cst.For, cst.While):
+            loop = parents.get(loop)
+        if type(loop) not in (cst.For, cst.While):
+            return False
+        if type(loop) is cst.For and any(type(n) is cst.Name and n.value == name for n in walk(loop.target)):
+            return False
+        values = self.index.assignments.get(function, {}).get(name, [])
+        if not values or any(not isinstance(v, cst.CSTNode) for v in values):
+            return False
+        if any(dotted_name(a.target) == name for a in self.index.augmented.get(function, ())):
+            return False
+        return not any(self._inside(v, loop, parents) for v in values)
+
+    @staticmethod
+    def _inside(node: cst.CSTNode, ancestor: cst.CSTNode, parents: dict) -> bool:
+        while node is not None and node is not ancestor:
+            node = parents.get(node)
+        return node is ancestor
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))

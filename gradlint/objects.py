@@ -115,7 +115,7 @@ def kind_of_constructor(qualified_name: str) -> ObjKind | None:
 
 
 _OPTIMIZER_NAME = re.compile(
-    r"^(optimi[sz]ers?\w*|optim|opt|opt(im)?_?[a-z0-9]|opt(im)?_[a-z0-9_]+|\w+_(opt|optim|optimi[sz]er))$"
+    r"^(optimi[sz]ers?\w*|optim|opt|opt(im)?_?[a-z0-9]|opt(im)?_[a-z0-9_]+|\w+_(opt|optim|optimi[sz]er)(_[a-z0-9]|[0-9])?)$"
 )
 _SCHEDULER_NAME = re.compile(r"(^|_)(lr_)?sched(uler)?s?($|_)|^scheduler\w*|\w*_scheduler$")
 

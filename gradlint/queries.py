@@ -549,6 +549,40 @@ def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) 
     return bool(sources) and parts[-1] not in sources and parts[0] not in sources and (len(parts) < 2 or parts[1] not in sources)
 
 
+def masks_by_value(event: Event) -> bool:
+    """Whether a manual zeroing runs, in a loop over parameters, under a test that orders a value computed from the
+    parameter the loop walks (``g = p.grad.norm(); clip_coef = thresh / g; if clip_coef < 0.2: p.grad.mul_(0)``): a
+    per-parameter clip that drops some gradients for the step to skip, not a clear. A test that the gradient exists
+    (``if p.grad is not None:``) orders nothing."""
+    if not event.manual:
+        return False
+    at = next((i for i in range(len(event.frames) - 1, -1, -1)
+               if event.frames[i].kind is FrameKind.LOOP and type(event.frames[i].node) is cst.For), None)
+    if at is None:
+        return False
+    loop = event.frames[at].node
+    derived = _plain_names(loop.target)
+    for node in walk(loop.body):
+        if type(node) is cst.Assign and _plain_names(node.value) & derived:
+            for target in node.targets:
+                derived |= {n.value for n in walk(target.target) if type(n) is cst.Name}
+    for frame in event.frames[at + 1:]:  # the branches inside the innermost loop
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If:
+            continue
+        for node in walk(frame.node.test):
+            if type(node) is cst.Comparison and any(
+                type(c.operator) in (cst.LessThan, cst.GreaterThan, cst.LessThanEqual, cst.GreaterThanEqual)
+                for c in node.comparisons
+            ) and _plain_names(node) & derived:
+                return True
+    return False
+
+
+def _plain_names(node: cst.CSTNode) -> set[str]:
+    """The plain names spelled in ``node``."""
+    return {each.value for each in walk(node) if type(each) is cst.Name}
+
+
 def _clears_picked_parameters(model: LoopModel, zero: Event) -> bool:
     """``for name, p in model.named_parameters(): if "prototypes" in name: p.grad = None``: a test on the loop's
     own variables picks which gradients to drop (parameters frozen for some iterations, non-finite gradients), or the
@@ -631,6 +665,8 @@ def clears_between_backward_and_step(
                     and not leaves_before(zero, event)
                     and not _clears_another_model(model, zero, event.target)
                     and not _clears_picked_parameters(model, zero)
+                    and not masks_by_value(zero)
+                    and not discards_update(model, zero, event)
                     and not _skips_and_leaves(zero, event)
                 ):
                     yield owner, zero, event
@@ -643,6 +679,42 @@ def _skips_and_leaves(zero: Event, step: Event) -> bool:
     the scaler's state, and the iteration is retried or ends."""
     shared = [f for f in zero.frames if f.kind is FrameKind.BRANCH and any(g is f for g in step.frames)]
     return bool(shared) and shared[-1].exits
+
+
+# A flag that says the update is to be thrown away: ``if ignore_grad:``, ``if skip_step:``, ``if found_nan:``.
+_DISCARD_FLAG = re.compile(r"skip|ignore|discard|drop|nan|inf\b|_inf|overflow|spike|invalid|bad|unstable", re.IGNORECASE)
+# A value of this batch that a test may find wrong: the loss, a gradient norm.
+_BATCH_VALUE = re.compile(r"loss|norm|grad", re.IGNORECASE)
+_CHECKS_FINITE = frozenset({"isfinite", "isnan", "isinf"})
+
+
+def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
+    """Whether a clear between a backward and a step throws the update away on purpose: it sits under an ``if`` the
+    step does not share whose test is a flag saying so (``if ignore_grad:``, ``if skip_step:``) or a check of this
+    batch's loss or gradient norm (``if loss > ema * threshold:``, ``if not torch.isfinite(loss):``, a spike; not a
+    test of a setting, ``if args.grad_accum > 1:``). The
+    step then applies nothing, or does not run (``if not skip_step: opt.step()``), which is the point."""
+    shared = {id(f.node) for f in step.frames if f.kind is FrameKind.BRANCH}
+    for frame in zero.frames:
+        if frame.kind is not FrameKind.BRANCH or id(frame.node) in shared or type(frame.node) is not cst.If:
+            continue
+        if frame.branch != "if":
+            continue
+        test = frame.node.test
+        names = [dotted_name(n) or "" for n in walk(test) if type(n) in (cst.Name, cst.Attribute)]
+        if any(_DISCARD_FLAG.search(last_name(n)) for n in names if n):
+            return True
+        for node in walk(test):
+            if type(node) is cst.Call and callee_name(node) in _CHECKS_FINITE:
+                return True
+            if type(node) is cst.Comparison and any(
+                type(c.operator) in (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual)
+                for c in node.comparisons
+            ) and any(_BATCH_VALUE.search(last_name(n)) for n in names if n) and (
+                not _is_setting(node) or _assigned_where_tested(model, frame.node, [node])
+            ):
+                return True  # a value of this batch, not a setting compared with a literal
+    return False
 
 
 def exclusive(a: Event, b: Event) -> bool:

@@ -24,6 +24,7 @@ from gradlint.queries import (
     accumulation_place,
     clears,
     clears_between_backward_and_step,
+    masks_by_value,
     ends_with_break,
     probe_events,
     exclusive,
@@ -1038,7 +1039,15 @@ class ZeroGradBetweenBackwardAndStep(Rule):
       collection picked elsewhere rather than all of a network's
       ``parameters()`` (TRPO's critic update drops the gradients of
       ``actor_params`` so that the step moves the value head only:
-      ``fixtures/realworld/ok_gl002_shared_parameters_dropped_before_critic_step__RL4LMs.py``);
+      ``fixtures/realworld/ok_gl002_shared_parameters_dropped_before_critic_step__RL4LMs.py``),
+      or the parameter loop zeroes a gradient under a test of a value computed
+      from it (a per-parameter clip that drops gradients far above its
+      threshold);
+    - the clear throws the update away on purpose: it sits under an ``if``
+      the step does not share whose test is a flag saying so (``if
+      ignore_grad:``, ``if skip_step:``) or a check of this batch's loss or
+      gradient norm (a loss spike, a non-finite value), not of a setting
+      (``fixtures/realworld/ok_gl002_update_discarded_on_purpose__glide-finetune.py``);
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
@@ -1115,7 +1124,11 @@ class ZeroGradInAccumulation(Rule):
     - the loop before a step outside any loop is a retry loop: the pass that
       gets through ends it (``try: ...backward() except OOM: chunk_size //= 2
       else: break``), so its clear drops only what a failed try left
-      (``fixtures/realworld/ok_gl003_retry_loop_on_out_of_memory__tab-ddpm.py``).
+      (``fixtures/realworld/ok_gl003_retry_loop_on_out_of_memory__tab-ddpm.py``);
+    - the step's guard is a flag named for stepping (``if should_step:``)
+      that is set only before the loop: the same on every micro-batch, it
+      picks none of them
+      (``fixtures/realworld/ok_gl003_step_flag_set_before_loop__DreamerVLA.py``).
 
     **Bad**::
 
@@ -2885,8 +2898,13 @@ class GradsKeptAllocated(Rule):
     - the code backpropagates once and never steps (a gradient comparison),
       or a hand-written zeroing that walks no network's ``parameters()``
       runs where nothing steps, in a function that turns ``requires_grad``
-      on (the inputs' gradients of a sensitivity analysis:
-      ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``);
+      on or backpropagates itself (the inputs' gradients of a sensitivity
+      analysis, of an operator's timing benchmark:
+      ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``,
+      ``ok_gl005_input_gradients_zeroed_in_timing_benchmark__ArcNerf.py``);
+    - a per-parameter loop zeroes a gradient under a test of a value
+      computed from it (``if clip_coef < 0.2: p.grad.mul_(0)``: a clip that
+      drops it, ``fixtures/realworld/ok_gl005_per_parameter_clip_drops_gradient__Infinity.py``);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
       that mocks ``zero_grad`` to check its arguments;
@@ -2921,7 +2939,7 @@ class GradsKeptAllocated(Rule):
                     continue  # one tensor's gradient (a perturbation, a hand-made weight), not the model's
                 if _inside_own_zero_grad(model, event) or _caller_chose_in_place(event):
                     continue  # an optimizer's own zero_grad: zeroing in place is the branch its caller asked for
-                if _inside_optimizer_update(model, event) or _masks_parameters_by_name(event):
+                if _inside_optimizer_update(model, event) or _masks_parameters_by_name(event) or masks_by_value(event):
                     continue  # gradients zeroed so that what reads them next skips them: a mask, not a clear
                 if _in_hook_before_step(model, event):
                     continue  # a framework runs it between backward and step: zeroed so that the step skips them
@@ -2946,12 +2964,16 @@ class GradsKeptAllocated(Rule):
 
 def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
     """Whether a hand-written zeroing clears the gradients of tensors the code made to ask for them, where nothing
-    steps: the function turns ``requires_grad`` on for something (``input_batch.requires_grad_(True)``) and the zeroing
-    walks no network's ``parameters()`` (``for x in inputs: x.grad.zero_()``, a sensitivity analysis)."""
-    if any(e.kind is EventKind.STEP for e in root.events):
+    steps: the zeroing walks no network's ``parameters()`` (``for x in inputs: x.grad.zero_()``, a sensitivity
+    analysis, an operator's timing benchmark), and the function turns ``requires_grad`` on for something
+    (``input_batch.requires_grad_(True)``) or backpropagates itself (its caller made the inputs ask for gradients).
+    A clearing helper that only zeroes what it is handed is still judged."""
+    if any(e.kind is EventKind.STEP or e.kind is HANDOFF for e in root.events):
         return False
     if any(f.kind is FrameKind.LOOP and type(f.node) is cst.For and walks_every_parameter(model, f.node) for f in event.frames):
         return False
+    if any(e.kind is EventKind.BACKWARD and _same_chain(e.call_chain, event.call_chain) for e in root.events):
+        return True  # the zeroing's own function backpropagates
     function = function_holding(model, event.node)
     return function is not None and any(
         type(node) is cst.Call and callee_name(node) == "requires_grad_"
@@ -3027,6 +3049,11 @@ def _masks_parameters_by_name(event: Event) -> bool:
         if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and _tests_a_name(frame.node.test, loop_names):
             return True
     return False
+
+
+def _same_chain(a: tuple[cst.Call, ...], b: tuple[cst.Call, ...]) -> bool:
+    """Whether two events were inlined through the very same calls (both written in one function)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _tests_a_name(test: cst.BaseExpression, names: set[str]) -> bool:

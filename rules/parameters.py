@@ -621,7 +621,9 @@ class UnregisteredParameters(Rule):
     a submodule the class registers); the
     tensor is wrapped in ``nn.Parameter`` or named in an optimizer's
     construction in the module, or the attribute is never read in the module
-    (a leftover); ``.float()`` is called on a parameter of a float32 tensor
+    (a leftover) or only handed to calls, activation checkpointing among
+    them (a dummy input that makes the checkpointed output ask for
+    gradients: ``fixtures/realworld/ok_gl018_checkpoint_dummy_input__GLIP.py``); ``.float()`` is called on a parameter of a float32 tensor
     (``torch.ones(n)`` given no ``dtype``: it hands back the parameter
     itself) (``fixtures/parameters/ok_gl018_registered_layers.py``,
     ``fixtures/realworld/ok_gl018_float_of_float32_parameter__Time-Series-Library.py``,
@@ -743,6 +745,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 if (
                     method.name.value == "__init__" and _tensor_asking_for_gradients(model, value)
                     and not _named_elsewhere(model, target, methods) and _read_anywhere(model, target)
+                    and not _only_handed_to_checkpoint(model, target)
                 ):  # built once with the module, as a weight is (not a forward's intermediate kept on ``self``)
                     yield Report(
                         value,
@@ -780,6 +783,27 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
             f"(nor does `model.to(...)` move them or `state_dict()` save them); use `nn.ModuleList` / `nn.ModuleDict`"
             f"{where}",
         )
+
+
+def _only_handed_to_checkpoint(model: LoopModel, target: str) -> bool:
+    """Whether every read of the attribute ``self.x`` names hands it to a call, one of them activation checkpointing
+    (``checkpoint.checkpoint(self.block, x, self.dummy_tensor)``, and ``self.block(x, self.dummy_tensor)`` on the
+    path without it): a tensor asking for gradients only so that the checkpointed call's output does, never a weight
+    any code computes with."""
+    parents = model.parents or {}
+    attribute = target.rsplit(".", 1)[-1]
+    checkpointed = False
+    for node in model.file.every_node(model.module):
+        if type(node) is not cst.Attribute or node.attr.value != attribute:
+            continue
+        parent = parents.get(node)
+        if type(parent) is cst.AssignTarget:
+            continue
+        call = parents.get(parent) if type(parent) is cst.Arg else None
+        if type(call) is not cst.Call:
+            return False
+        checkpointed = checkpointed or callee_name(call) in ("checkpoint", "checkpoint_sequential")
+    return checkpointed
 
 
 def _read_anywhere(model: LoopModel, target: str) -> bool:
