@@ -19,16 +19,17 @@ _TOKEN_4 = re.compile('zeros_like|(?<![\\w.])(?:0[xXoObB](?:_?0)+|(?:0(?:_?0)*(?
 _TOKEN_5 = Spelled('requires_grad', '\\.[\\s\\\\]*requires_grad[\\s\\\\]*=[\\s\\\\]*False|requires_grad_[\\s\\\\]*\\([\\s\\\\]*(?:requires_grad[\\s\\\\]*=[\\s\\\\]*)?False')
 _TOKEN_6 = call_of('parameters')
 _TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\\.\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]|Parameter\\([^\\n]*\\)\\s*\\.\\s*(?:to|cuda|half|float|double|bfloat16|type)\\s*\\(|self\\.\\w+\\s*=\\s*torch\\.\\w+\\([^\\n]*requires_grad\\s*=\\s*True|^[ \\t]+\\w+\\s*=\\s*(?:torch\\.)?(?:nn\\.)?Parameter\\(')
-_TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(')
+_TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\.append\\(\\s*\\w+\\s*\\)|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\[[^\\n]*\\]\\s*=\\s*(?:self\\.)?[\\w.]+\\(')
 _TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
-_TOKEN_10 = call_of('named_parameters')
-_TOKEN_11 = call_of('modules')
-_TOKEN_12 = call_of('update')
-_TOKEN_13 = call_of('unscale_')
-_TOKEN_14 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
-_TOKEN_15 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_16 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_17 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_10 = Spelled('nn.', 'nn\\.[A-Z]\\w*\\([^\\n]*\\)\\(|\\n\\s*\\)\\(\\w|(?<![\\w.])\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]')
+_TOKEN_11 = call_of('named_parameters')
+_TOKEN_12 = call_of('modules')
+_TOKEN_13 = call_of('update')
+_TOKEN_14 = call_of('unscale_')
+_TOKEN_15 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward')
+_TOKEN_16 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_17 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_18 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -191,7 +192,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_7,), (_TOKEN_8, _TOKEN_9)),
+        needs=((_TOKEN_7,), (_TOKEN_8, _TOKEN_9), (_TOKEN_10, _TOKEN_9)),
     ),
     RuleInfo(
         code='GL019',
@@ -254,7 +255,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_6, 'append'), (_TOKEN_10, 'append')),
+        needs=((_TOKEN_6, 'append'), (_TOKEN_11, 'append')),
     ),
     RuleInfo(
         code='GL026',
@@ -263,7 +264,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_11, _TOKEN_6),),
+        needs=((_TOKEN_12, _TOKEN_6),),
     ),
     RuleInfo(
         code='GL027',
@@ -281,7 +282,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_12, SCALER), (BACKWARD, _TOKEN_13, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_13, SCALER), (BACKWARD, _TOKEN_14, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -317,7 +318,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_13, SCALER), (BACKWARD, STEP, _TOKEN_12, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_14, SCALER), (BACKWARD, STEP, _TOKEN_13, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -326,7 +327,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_12, SCALER),),
+        needs=((BACKWARD, _TOKEN_13, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -335,7 +336,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_13, SCALER),),
+        needs=((BACKWARD, _TOKEN_14, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -344,7 +345,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_12, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_13, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -353,7 +354,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_14, SCALER), (_TOKEN_14, 'autocast')),
+        needs=((_TOKEN_15, SCALER), (_TOKEN_15, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -362,7 +363,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_14, _TOKEN_15), (_TOKEN_14, BACKWARD, STEP), (_TOKEN_14, BACKWARD, _TOKEN_16), (_TOKEN_14, BACKWARD, _TOKEN_2), (_TOKEN_14, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_15, _TOKEN_16), (_TOKEN_15, BACKWARD, STEP), (_TOKEN_15, BACKWARD, _TOKEN_17), (_TOKEN_15, BACKWARD, _TOKEN_2), (_TOKEN_15, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -371,7 +372,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_14, 'clip'),),
+        needs=((_TOKEN_15, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -398,7 +399,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_17)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_18)),
     ),
     RuleInfo(
         code='GL303',

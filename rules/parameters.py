@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
@@ -554,7 +555,7 @@ _PARAMETER_LAYERS = frozenset({
     "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Parameter",
 })
 _REGISTERING = frozenset({"ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
-_REGISTERING_METHODS = frozenset({"add_module", "register_module", "register_parameter", "parameters", "named_parameters"})
+_REGISTERING_METHODS = frozenset({"add_module", "register_module", "register_parameter"})
 _MOVES = frozenset({"to", "cuda", "half", "float", "double", "bfloat16", "type"})
 # Factories of ``torch`` whose result has the default floating dtype when given no ``dtype``.
 _FLOAT_FACTORIES = frozenset({"zeros", "ones", "randn", "rand", "empty"})
@@ -573,10 +574,15 @@ _UNREGISTERED = Spelled(
 # a class on a ``...Module`` base (the rule judges those classes), or the pattern alone lets in most library code.
 _BUILT_BY_CALL = Spelled(
     "self",
-    r"self\.\w+\.append\(\s*(?:self\.)?\w+\(|self\.\w+\s*=\s*\[\s*(?:self\.)?\w+\("
-    r"|self\.\w+\s*=\s*\{[^\n]*:\s*(?:self\.)?\w+\(",
+    r"self\.\w+\.append\(\s*(?:self\.)?\w+\(|self\.\w+\.append\(\s*\w+\s*\)|self\.\w+\s*=\s*\[\s*(?:self\.)?\w+\("
+    r"|self\.\w+\s*=\s*\{[^\n]*:\s*(?:self\.)?\w+\(|self\.\w+\[[^\n]*\]\s*=\s*(?:self\.)?[\w.]+\(",
 )
 _MODULE_CLASS = Spelled("Module", r"class\s+\w+\s*\([^)]*Module\b")
+# A layer built where it runs: ``nn.Conv2d(...)(x)`` (on one line, or closed on its own line), or appended to a local
+# list (``convs.append(nn.Conv2d(...))``)
+_BUILT_WHERE_RUN = Spelled(
+    "nn.", r"nn\.[A-Z]\w*\([^\n]*\)\(|\n\s*\)\(\w|(?<![\w.])\w+\.append\(\s*(?:torch\.)?nn\.[A-Z]"
+)
 
 
 class UnregisteredParameters(Rule):
@@ -596,14 +602,23 @@ class UnregisteredParameters(Rule):
     layer is known to be built, not only held, when the container is handed
     ``nn.Conv2d(...)`` (also in ``nn.Sequential``), an instance of a class of
     the module deriving from a ``Module`` that builds a layer with parameters
-    (``[Highway(size) for _ in range(depth)]``), or the value of a function of
+    (``[Highway(size) for _ in range(depth)]``), a library's layer known to
+    hold parameters (PyTorch Geometric's ``GCNConv``, from
+    ``gradlint/frameworks/``), or the value of a function of
     the module whose every return builds one, or of a module-level factory
-    annotated to return a module (``-> nn.Module``: ``get_layer(hparams)``).
+    annotated to return a module (``-> nn.Module``: ``get_layer(hparams)``);
+    the layer may be handed over through a local name
+    (``conv = nn.Conv1d(...)``; ``self.convs.append(conv)``) or stored by key
+    (``self.w = {}``; ``self.w[f"layer{i}"] = nn.Linear(...)``).
 
     An ``nn.Parameter`` built inside ``forward`` (``rel_w =
     nn.Parameter(torch.randn(c, w)).to(x)``) is a new tensor on every call:
     no module holds it, no optimizer steps it, and each forward starts from
-    its initial (often random) values.
+    its initial (often random) values. So is a layer built where it runs, in
+    ``forward`` or in a method a ``forward`` of the class calls on ``self``
+    (``x = nn.Conv2d(c, k, 1)(x)`` in ``decode``, a local list of layers
+    filled and run there): reported once per method
+    (``fixtures/realworld/gl018_layers_built_in_decode__setr-pytorch.py``).
 
     **Fix.** ``nn.ModuleList`` / ``nn.ModuleDict`` for layers,
     ``nn.Parameter(...)`` for tensors, built on the device:
@@ -612,7 +627,11 @@ class UnregisteredParameters(Rule):
     **Stays quiet when** the class hands the container to ``nn.ModuleList``,
     ``nn.ModuleDict``, ``nn.Sequential`` or a parameter list, calls
     ``add_module``, ``register_module`` or ``register_parameter``, or defines
-    its own ``parameters``; the list holds layers without parameters
+    its own ``parameters``; the class gathers the layers' parameters by hand
+    (``[p for head in self.heads for p in head.parameters()]``:
+    ``fixtures/realworld/ok_gl018_layers_registered_or_gathered.py``); a layer
+    built where it runs has no weights (``affine=False``,
+    ``elementwise_affine=False``); the list holds layers without parameters
     (``nn.ReLU``, ``nn.Dropout``, a class of the module that builds none) or
     layers already registered under another attribute; a factory is handed
     something of ``self`` or a value an enclosing ``isinstance(x, nn.Module)``
@@ -654,7 +673,7 @@ class UnregisteredParameters(Rule):
     summary = "layers in a plain list, or tensors that are no `nn.Parameter`: `parameters()` never holds them"
     severity = Severity.ERROR
     fix = None  # ModuleList or Parameter: the author's container, the author's call
-    needs = ((_UNREGISTERED,), (_BUILT_BY_CALL, _MODULE_CLASS))
+    needs = ((_UNREGISTERED,), (_BUILT_BY_CALL, _MODULE_CLASS), (_BUILT_WHERE_RUN, _MODULE_CLASS))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         index = model.index
@@ -668,6 +687,7 @@ class UnregisteredParameters(Rule):
             bodies = [m for m in methods.values()]
             if "forward" in methods:
                 yield from _parameters_made_in_forward(model, methods["forward"])
+            yield from _layers_made_per_call(model, class_name, methods)
             if _registers_by_hand(model, bodies):
                 continue
             yield from _unregistered_in(model, bodies)
@@ -694,6 +714,77 @@ def _parameters_made_in_forward(model: LoopModel, forward: cst.FunctionDef) -> I
 
 
 
+def _layers_made_per_call(model: LoopModel, class_name: str, methods: dict[str, cst.FunctionDef]) -> Iterator[Report]:
+    """Layers with parameters built inside ``forward``, or inside a method of the class that a ``forward`` of it or of
+    its bases in the module calls on ``self`` (``x = self.decode(x)``), and run there: ``nn.Conv2d(...)(x)``, a local
+    bound to one and called, or a local list filled with them. Each call makes new layers from fresh random weights
+    that no module registers and no optimizer holds."""
+    index = model.index
+    forwards = [index.class_methods.get(c, {}).get("forward") for c in _class_and_bases(index, class_name)]
+    called = {"forward"}
+    for forward in filter(None, forwards):
+        for node in model.file.walk(forward.body):
+            if type(node) is cst.Call and type(node.func) is cst.Attribute and dotted_name(node.func.value) == "self":
+                called.add(node.func.attr.value)
+    for name in sorted(called & set(methods)):
+        method = methods[name]
+        locals_called = {
+            n.func.value for n in model.file.walk(method.body) if type(n) is cst.Call and type(n.func) is cst.Name
+        }
+        iterated = {
+            dotted_name(a.value) for n in model.file.walk(method.body) if type(n) is cst.For
+            for a in ([cst.Arg(n.iter)] + (list(n.iter.args) if type(n.iter) is cst.Call and callee_name(n.iter) in ("zip", "enumerate") else []))
+        }
+        found: list[tuple[cst.Call, str, str]] = []
+        for node in model.file.walk(method.body):
+            built, how = None, None
+            if type(node) is cst.Call and type(node.func) is cst.Call:
+                built, how = node.func, "called at once"
+            elif type(node) is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Name:
+                target = node.targets[0].target.value
+                if target in locals_called and len(index.assignments.get(method, {}).get(target, [])) == 1:
+                    built, how = node.value, f"bound to `{target}` and called"
+            elif type(node) is cst.Call and callee_name(node) == "append" and type(node.func) is cst.Attribute:
+                holder = dotted_name(node.func.value)
+                if holder is not None and "." not in holder and holder in iterated and node.args:
+                    built, how = node.args[0].value, f"kept in the local list `{holder}` and run"
+            if built is None or type(built) is not cst.Call:
+                continue
+            layer = _layer_built(model, built, method)
+            if layer is not None and layer != "nn.Parameter" and not _built_without_weights(built):
+                found.append((built, layer, how))
+        if found:
+            built, layer, how = found[0]
+            where = "`forward`" if name == "forward" else f"`{name}`, which `forward` runs on every call"
+            more = f" (and {len(found) - 1} more layers there, lines {', '.join(str(model.line(b)) for b, _, _ in found[1:])})" if len(found) > 1 else ""
+            yield Report(
+                built,
+                f"`{layer}` is built inside {where} ({how}){more}: each call makes a new layer with fresh random "
+                f"weights that no module registers and no optimizer holds, so it never trains; build it once in "
+                f"`__init__` (`self.layer = {layer}(...)`) and call that",
+            )
+
+
+def _built_without_weights(built: cst.Call) -> bool:
+    """``nn.LayerNorm(d, elementwise_affine=False)``, ``nn.BatchNorm2d(c, affine=False)``: a layer without parameters."""
+    return any(
+        a.keyword is not None and a.keyword.value in ("affine", "elementwise_affine") and bool_literal(a.value) is False
+        for a in built.args
+    )
+
+
+def _class_and_bases(index, class_name: str) -> list[str]:
+    """The class, then its bases defined in the module, nearest first."""
+    found, pending = [], [class_name]
+    while pending:
+        current = pending.pop(0)
+        if current in found:
+            continue
+        found.append(current)
+        pending.extend(b for b in index.class_bases.get(current, []) if b in index.class_methods)
+    return found
+
+
 def _random_initial(model: LoopModel, built: cst.Call) -> bool:
     return any(
         type(n) is cst.Call and (callee_name(n) or "").startswith(("rand", "normal", "uniform")) for n in model.file.walk(built)
@@ -716,6 +807,13 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
     for method in methods:
         for node in model.file.walk(method.body):
             kind = type(node)
+            if kind is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Subscript:
+                # ``self.w[f"layer{i}"] = nn.Linear(...)``: an element of a container the class made
+                owner = dotted_name(node.targets[0].target.value)
+                layer = _layer_built(model, _bound_value(model, node.value, method), method) if owner else None
+                if layer is not None and owner.startswith("self.") and owner.count(".") == 1:
+                    fresh.setdefault(owner, (node, layer))
+                continue
             if kind is cst.Assign and len(node.targets) == 1:
                 target = dotted_name(node.targets[0].target)
                 if target is None or not target.startswith("self.") or target.count(".") != 1:
@@ -757,7 +855,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 owner = dotted_name(receiver(node))
                 if owner is None or owner.count(".") != 1 or not owner.startswith("self."):
                     continue
-                layer = next((l for a in node.args if (l := _layer_built(model, a.value, method)) is not None), None)
+                layer = next((l for a in node.args if (l := _layer_built(model, _bound_value(model, a.value, method), method)) is not None), None)
                 if layer is not None:
                     fresh.setdefault(owner, (node, layer))
             elif kind is cst.Call and _registering_call(model, node):
@@ -769,13 +867,16 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
     for target, (node, layer) in fresh.items():
         if target in registered_later or layer == "nn.Parameter":
             continue  # a plain list of parameters is as often a list of placeholders (deepchem's GAN inputs)
-        if type(node) is cst.Call and target not in containers:
-            continue  # appended to something not known to be a plain list
+        filled = type(node) is cst.Call or type(node) is cst.Assign and type(node.targets[0].target) is cst.Subscript
+        if filled and target not in containers:
+            continue  # appended to (or stored in) something not known to be a plain list or dict
         if _reassigned_elsewhere(model, methods, target, node) or not _elements_called(model, methods, target):
             continue  # not a store of layers the forward runs: replaced later, or never called
+        if _elements_called(model, methods, target, calls=("parameters", "named_parameters")):
+            continue  # ``[p for head in self.heads for p in head.parameters()]``: their parameters are gathered by hand
         if _frozen_by_hand(model, methods, target):
             continue  # ``self.block[0].requires_grad_(False)``: hidden from parameters() on purpose (a fixed filter)
-        where = f" where `{target}` is made (line {model.line(containers[target])})" if type(node) is cst.Call else ""
+        where = f" where `{target}` is made (line {model.line(containers[target])})" if filled else ""
         yield Report(
             node,
             f"`{target}` is a plain Python container holding `{layer}` layers: the module does not register "
@@ -851,9 +952,21 @@ def _reassigned_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], targ
     )
 
 
-def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: str) -> bool:
+def _bound_value(model: LoopModel, value: cst.BaseExpression, method: cst.FunctionDef) -> cst.BaseExpression:
+    """What a local name handed to ``append`` holds when the method binds it once (``conv = nn.Conv1d(...)``;
+    ``self.convs.append(conv)``); the value itself otherwise."""
+    if type(value) is not cst.Name:
+        return value
+    values = model.index.assignments.get(method, {}).get(value.value, [])
+    return values[0] if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else value
+
+
+def _elements_called(
+    model: LoopModel, methods: list[cst.FunctionDef], target: str, calls: tuple[str, ...] | None = None
+) -> bool:
     """Whether the class runs the container's layers: ``self.convs[i](x)``, or a name a ``for`` or comprehension takes
-    from it (``for block in self.blocks: block(x)``, ``for k, m in self.heads.items(): m(x)``), called."""
+    from it (``for block in self.blocks: block(x)``, ``for k, m in self.heads.items(): m(x)``), called. With ``calls``,
+    whether it calls one of those methods of them instead (``head.parameters()``)."""
     for method in methods:
         bound: set[str] = set()
         for node in model.file.walk(method.body):
@@ -870,6 +983,12 @@ def _elements_called(model: LoopModel, methods: list[cst.FunctionDef], target: s
             if type(node) is not cst.Call:
                 continue
             func = node.func
+            if calls is not None:
+                if type(func) is not cst.Attribute or func.attr.value not in calls:
+                    continue
+                func = func.value
+            if type(func) is cst.Call and calls is None and len(func.args) == 1:
+                func = func.args[0].value  # ``to_device(self.layers[k])(x)``: moved, then called
             if type(func) is cst.Subscript and dotted_name(func.value) == target:
                 return True
             if type(func) is cst.Name and func.value in bound:
@@ -908,6 +1027,9 @@ def _layer_built(
         return next((l for a in value.args if (l := _layer_built(model, a.value, function, seen)) is not None), None)
     if layer is not None or model.index is None:
         return None
+    for qualified in model.index.qualified_names(value.func):
+        if frameworks.layer_with_parameters(qualified):
+            return qualified.rsplit(".", 1)[-1]
     index = model.index
     if type(value.func) is cst.Name and value.func.value in index.class_methods:
         name = value.func.value

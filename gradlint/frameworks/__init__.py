@@ -31,6 +31,7 @@ from gradlint.frameworks import (
     optimi,
     ray_train,
     torch_ddp,
+    torch_geometric,
     torch_xla,
     torchtune,
 )
@@ -70,6 +71,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     opacus.FRAMEWORK,
     torch_xla.FRAMEWORK,
     colossalai.FRAMEWORK,
+    torch_geometric.FRAMEWORK,
 )
 
 
@@ -94,6 +96,18 @@ NAMED: dict[str, ObjKind] = _merged("named")
 RETURNS_GIVEN: frozenset[str] = frozenset(_joined("returns_given"))
 RETURNS_GIVEN_ALONE: frozenset[str] = frozenset(_joined("returns_given_alone"))
 RETURNS_BY_POSITION: dict[str, dict[int, ObjKind]] = _merged("returns_by_position")
+
+_LAYER_FAMILIES = _joined("layers_with_parameters")
+
+
+def layer_with_parameters(qualified: str) -> bool:
+    """Whether a class, by its qualified name, is a library's layer that holds learnable parameters."""
+    module, _, name = qualified.rpartition(".")
+    return any(
+        (module == f.module or module.startswith(f.module + ".")) and name.endswith(f.suffix) and name not in f.without
+        for f in _LAYER_FAMILIES
+    )
+
 
 # -- sharded gradients: wrappers whose ranks each hold a shard of every gradient
 

@@ -363,6 +363,16 @@ class ReleaseStyle:
 
 
 @dataclasses.dataclass(frozen=True)
+class LayerFamily:
+    """Layer classes of a library that hold learnable parameters, by where they live and how they are named
+    (``torch_geometric.nn`` classes ending in ``Conv``), less those of the family that hold none."""
+
+    module: str  # the module prefix their qualified names start with
+    suffix: str  # the end of each class's name
+    without: frozenset[str] = frozenset()  # names of the family that hold no parameter
+
+
+@dataclasses.dataclass(frozen=True)
 class Framework:
     """Everything one framework module declares (see the module docstring for the terms)."""
 
@@ -423,6 +433,8 @@ class Framework:
     # Methods the framework calls between the backward and the optimizer step (``on_before_optimizer_step``): what
     # they do to the gradients, the step sees
     hooks_before_step: frozenset[str] = frozenset()
+    # Layer classes that hold learnable parameters (GL018, GL027: a plain list of them is not registered)
+    layers_with_parameters: tuple[LayerFamily, ...] = ()
     # -- gradient release
     release_calls: tuple[ReleaseCall, ...] = ()
     release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases
