@@ -143,12 +143,15 @@ def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bo
     ``adjust_learning_rate(optimizer, epoch)``, ``save_checkpoint(model, optimizer)``).
     """
     name = callee_name(handoff.node) if type(handoff.node) is cst.Call else None
-    if name is not None and (name in keeps or name in frameworks.KEEPS_GRADIENTS):
+    if name is not None and (name in keeps or name in frameworks.KEEPS_GRADIENTS or _SCHEDULER_CLASS.search(name)):
         return False
     return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
 
 
 _CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
+# torch's schedulers by their class names (``StepLR``, ``CosineAnnealingLR``, ``ReduceLROnPlateau``): built over the
+# optimizer, they only read and set its learning rates
+_SCHEDULER_CLASS = re.compile(r"[a-z]LR$|^ReduceLROnPlateau$")
 
 
 def handoff_may_step(call: cst.CSTNode) -> bool:
@@ -844,9 +847,12 @@ def leaves_before(event: Event, later: Event) -> bool:
 
 
 def rebuilt_in(model: LoopModel, loop: Frame, name: str | None) -> bool:
-    """Whether ``name`` is assigned anew inside ``loop``: an optimizer built per iteration starts clean each time."""
+    """Whether ``name`` is assigned anew inside ``loop`` on every iteration: an optimizer built per iteration starts
+    clean each time. One rebuilt under an ``if`` (``if it == switch_point: opt = Adam(...)``, a new phase) serves many
+    iterations."""
     if name is None:
         return False
+    parents = model.parents or {}
     for node in model.file.walk(loop.node.body):
         if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             value = node.value
@@ -856,7 +862,19 @@ def rebuilt_in(model: LoopModel, loop: Frame, name: str | None) -> bool:
             continue
         if loop.called_by is not None and _fetches_optimizer(value):
             continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
+        if _under_if_within(parents, node, loop.node):
+            continue
         return True
+    return False
+
+
+def _under_if_within(parents: dict, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
+    """Whether ``node`` sits in a branch of an ``if`` written inside ``outer``."""
+    node = parents.get(node)
+    while node is not None and node is not outer:
+        if type(node) is cst.If:
+            return True
+        node = parents.get(node)
     return False
 
 

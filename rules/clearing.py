@@ -85,7 +85,13 @@ class MissingZeroGrad(Rule):
     applies: the loop clears only after stepping and nothing clears between.
 
     Also flagged: a loop whose only clears run on its first iteration
-    (``if i == 0:`` of its ``enumerate`` index), only when a scheduler is
+    (``if i == 0:`` of its ``enumerate`` index), only in one phase of the
+    loop (``if it < switch_point:``, the loop's own index ordered against a
+    bound, while the step runs on every iteration:
+    ``fixtures/realworld/gl001_clear_only_in_first_phase__GenerativeEscherMeshes.py``;
+    an optimizer rebuilt under an ``if`` does not start clean on every
+    iteration, and a scheduler built over it, ``StepLR(optimizer, ...)``,
+    clears nothing), only when a scheduler is
     set (``if self.scheduler: ...; self.zero_grad()``, reported at that
     clear), or only where ``it % n == 1`` with ``n`` a count of the run
     (never true when ``n`` is 1: reported at that clear)
@@ -594,6 +600,12 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
         first = _first_iteration_test(model, frame.node.test, loop)
         if first is not None:
             return f"only when `{model.code(first)}` (line {model.line(frame.node)}), on the loop's first iteration"
+        bounded = _index_bound_test(frame.node.test, loop)
+        if bounded is not None:
+            return (
+                f"only while `{model.code(bounded)}` (line {model.line(frame.node)}), and the step runs on the other "
+                f"iterations too"
+            )
     if periodic and step.framework is None and not step.with_context("accumulate") and not any(
         f.kind is FrameKind.BRANCH and f.accumulation for f in frames_inside(step, loop)
     ):
@@ -685,6 +697,22 @@ def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Fram
             if number(conjunct.comparisons[0].comparator) == 0 and dotted_name(conjunct.left) in names:
                 return conjunct
     return None
+
+
+def _index_bound_test(test: cst.BaseExpression, loop: Frame) -> cst.Comparison | None:
+    """The whole test when it orders the loop's own index against a bound that is no literal (``if it <
+    args.texture_from:``, ``if epoch >= warmup:``): true on one run of iterations only, a phase of the loop. None
+    for any other test."""
+    index = loop_index(loop.node) if type(loop.node) is cst.For else None
+    if index is None or type(test) is not cst.Comparison or len(test.comparisons) != 1:
+        return None
+    operator = type(test.comparisons[0].operator)
+    if operator not in (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual):
+        return None
+    if number(test.left) is not None or number(test.comparisons[0].comparator) is not None:
+        return None  # ``if i > 0:`` skips the first iteration (judged on its own), a literal bound is no phase switch
+    sides = (dotted_name(test.left), dotted_name(test.comparisons[0].comparator))
+    return test if index[0] in sides and sides.count(index[0]) == 1 else None
 
 
 def _periodic(test: cst.BaseExpression) -> bool:
