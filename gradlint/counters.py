@@ -17,7 +17,7 @@ import libcst as cst
 
 from gradlint.model import Frame, LoopModel
 from gradlint.queries import counter_and_offset, function_holding
-from gradlint.syntax import callee_name, dotted_name, keyword_arg, number, positional_args, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, number, positional_args, walk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +33,11 @@ class CounterStart:
     from_default: str | None = None
 
 
-def counter_start(model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str) -> CounterStart | None:
-    """The value ``name`` holds where ``guard`` (in ``loop``'s body) reads it on the first iteration, or None."""
+def counter_start(
+    model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str, via: tuple[cst.Call, ...] = ()
+) -> CounterStart | None:
+    """The value ``name`` holds where ``guard`` (in ``loop``'s body, or in a helper the body calls: ``via``, the calls
+    the guard was inlined through) reads it on the first iteration, or None."""
     defaults = _literal_defaults(function_holding(model, loop.node))
     index = loop_index(loop.node, defaults)
     if index is not None and index[0] == name:
@@ -43,7 +46,7 @@ def counter_start(model: LoopModel, loop: Frame, guard: cst.CSTNode, name: str) 
         given = _start_given(loop.node)
         default = counter_and_offset(given.value)[0] if given is not None and number(given.value) is None else None
         return CounterStart(index[1], from_default=default)
-    return _hand_counter(model, loop.node, guard, name)
+    return _hand_counter(model, loop.node, guard, name, via)
 
 
 def _literal_defaults(function: cst.FunctionDef | None) -> dict[str, int]:
@@ -78,8 +81,12 @@ class RemainderTest:
 
 
 def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
-    """``(i + c) % k == 0`` or ``not (i + c) % k`` (the whole test, nothing ``or``-ed or ``and``-ed to it) on a plain
-    counter, else None."""
+    """``(i + c) % k == 0`` or ``not (i + c) % k`` on a plain counter (the whole test, or ``and``-ed only with tests
+    that an object is there, ``self.optimizer is not None and ...``: the same on every micro-batch), else None."""
+    if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
+        terms = boolean_terms(test, cst.And)
+        found = [t for t in terms if not _presence_test(t)]
+        return remainder_test(found[0]) if len(found) == 1 and len(terms) > 1 else None
     if type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
         remainder = test.expression
     elif type(test) is not cst.Comparison or len(test.comparisons) != 1:
@@ -92,6 +99,16 @@ def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
         return None
     counter, offset = counter_and_offset(remainder.left)
     return RemainderTest(counter, offset, remainder.right) if counter is not None else None
+
+
+def _presence_test(term: cst.BaseExpression) -> bool:
+    """``x is not None`` / ``x is None`` on a name or attribute."""
+    return (
+        type(term) is cst.Comparison and len(term.comparisons) == 1
+        and type(term.comparisons[0].operator) in (cst.Is, cst.IsNot)
+        and type(term.comparisons[0].comparator) is cst.Name and term.comparisons[0].comparator.value == "None"
+        and type(term.left) in (cst.Name, cst.Attribute)
+    )
 
 
 def window_offset(start: int, test: RemainderTest) -> int:
@@ -147,6 +164,8 @@ def _binds(node: cst.CSTNode, name: str) -> bool:
         targets = [node.target]
     elif type(node) in (cst.Global, cst.Nonlocal):
         return any(n.name.value == name for n in node.names)
+    if "." in name:  # an attribute kept as a counter (``self.step``)
+        return any(type(t) is cst.Attribute and dotted_name(t) == name for target in targets for t in walk(target))
     found = [t for target in targets for t in walk(target) if type(t) is cst.Name and t.value == name]
     return bool(found)
 
@@ -156,8 +175,9 @@ def _increments(statement: cst.CSTNode, name: str) -> bool:
     if type(statement) is not cst.SimpleStatementLine or len(statement.body) != 1:
         return False
     small = statement.body[0]
-    return (type(small) is cst.AugAssign and type(small.operator) is cst.AddAssign and type(small.target) is cst.Name
-            and small.target.value == name and number(small.value) == 1)
+    return (type(small) is cst.AugAssign and type(small.operator) is cst.AddAssign
+            and type(small.target) in (cst.Name, cst.Attribute) and dotted_name(small.target) == name
+            and number(small.value) == 1)
 
 
 def _holds(statement: cst.CSTNode, node: cst.CSTNode) -> bool:
@@ -178,14 +198,22 @@ def _continues(statements: list[cst.CSTNode]) -> bool:
     return False
 
 
-def _hand_counter(model: LoopModel, loop: cst.CSTNode, guard: cst.CSTNode, name: str) -> CounterStart | None:
-    """A counter set to a literal before the loop and incremented once, unconditionally, in every iteration."""
+def _hand_counter(
+    model: LoopModel, loop: cst.CSTNode, guard: cst.CSTNode, name: str, via: tuple[cst.Call, ...] = ()
+) -> CounterStart | None:
+    """A counter set to a literal before the loop and incremented once, unconditionally, in every iteration. A
+    counter kept on ``self`` (``self.step``) counts only when no method but ``__init__`` sets it otherwise: a helper
+    the loop calls could."""
     parents = model.parents
     if parents is None or type(loop) not in (cst.For, cst.While) or type(loop.body) is not cst.IndentedBlock:
+        return None
+    if "." in name and not (name.startswith("self.") and name.count(".") == 1 and _kept_on_self(model, loop, name)):
         return None
     body = list(loop.body.body)
     increments = [i for i, s in enumerate(body) if _increments(s, name)]
     at_guard = [i for i, s in enumerate(body) if _holds(s, guard)]
+    if not at_guard and via:  # the guard is in a helper: where the loop calls it
+        at_guard = [i for i, s in enumerate(body) if _holds(s, via[0])]
     if len(increments) != 1 or len(at_guard) != 1 or increments[0] == at_guard[0]:
         return None
     increment, at = increments[0], at_guard[0]
@@ -199,6 +227,20 @@ def _hand_counter(model: LoopModel, loop: cst.CSTNode, guard: cst.CSTNode, name:
         return None
     start = int(number(set_at.value))
     return CounterStart(start if increment > at else start + 1, set_at, body[increment], increment > at)
+
+
+def _kept_on_self(model: LoopModel, loop: cst.CSTNode, name: str) -> bool:
+    """Whether every binding of ``self.x`` in the module lies in the function holding ``loop`` or in ``__init__``."""
+    scope = function_holding(model, loop)
+    if scope is None:
+        return False
+    for node in model.file.every_node(model.module):
+        if type(node) not in (cst.Assign, cst.AugAssign, cst.AnnAssign) or not _binds(node, name):
+            continue
+        function = function_holding(model, node)
+        if function is not scope and (function is None or function.name.value != "__init__"):
+            return False
+    return True
 
 
 def _literal_set_before(model: LoopModel, loop: cst.CSTNode, scope: cst.CSTNode, name: str) -> cst.Assign | None:
@@ -215,8 +257,9 @@ def _literal_set_before(model: LoopModel, loop: cst.CSTNode, scope: cst.CSTNode,
             for statement in reversed(siblings[:position]):
                 if type(statement) is cst.SimpleStatementLine and len(statement.body) == 1:
                     small = statement.body[0]
-                    if (type(small) is cst.Assign and len(small.targets) == 1 and type(small.targets[0].target) is cst.Name
-                            and small.targets[0].target.value == name):
+                    if (type(small) is cst.Assign and len(small.targets) == 1
+                            and type(small.targets[0].target) in (cst.Name, cst.Attribute)
+                            and dotted_name(small.targets[0].target) == name):
                         value = number(small.value)
                         literal = small if value is not None and value == int(value) and value >= 0 else None
                         break

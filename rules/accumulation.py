@@ -1376,7 +1376,8 @@ class ShiftedAccumulationWindow(Rule):
       0: optimizer.step(); optimizer.zero_grad()`` at the top of the loop
       steps the window that has just ended);
     - the guard holds more than the remainder (``... or i == len(loader) -
-      1``, ``... and i > 0``), or the index starts at a value that is not a
+      1``, ``... and i > 0``; a test that an object is there,
+      ``self.optimizer is not None and ...``, is no more), or the index starts at a value that is not a
       literal (``start=start_step``; ``start=start_step + 1`` is read with
       ``start_step`` at its literal default, ``def train_epoch(...,
       start_step=0)``: a fresh run), or the loop body assigns the index, or
@@ -1386,6 +1387,9 @@ class ShiftedAccumulationWindow(Rule):
       it) is judged only when it is set to a literal (a restore from a
       checkpoint under an ``if`` aside) and incremented once in every
       iteration, with no ``continue`` between the guard and the increment;
+      one kept on ``self`` (``self.step``, read by a helper the loop calls)
+      also only when no method but ``__init__`` sets it elsewhere
+      (``fixtures/realworld/gl014_counter_on_self_shifted_guard__fastNLP.py``);
       any other counter is not judged (``fixtures/accumulation/ok_accumulation_window_offsets.py``);
     - the count is a literal that makes the offset right (``(i + 3) % 2 ==
       0`` from 0), or exceeds 1 only where a framework's engine steps at its
@@ -1420,7 +1424,7 @@ class ShiftedAccumulationWindow(Rule):
         for root in model.roots:
             for step, loop, acc in single_branch_guards(root):
                 guard = acc.frame
-                shift = _window_shift(model, guard.node, loop)
+                shift = _window_shift(model, guard.node, loop, step.call_chain)
                 if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
                     continue
                 index, counter, offset, count = shift
@@ -1473,13 +1477,15 @@ def _kept_by_hand(model: LoopModel, counter: CounterStart) -> str:
             f"{model.line(counter.incremented_at)})")
 
 
-def _window_shift(model: LoopModel, guard: cst.If, loop: Frame) -> tuple[str, CounterStart, int, cst.BaseExpression] | None:
+def _window_shift(
+    model: LoopModel, guard: cst.If, loop: Frame, via: tuple[cst.Call, ...] = ()
+) -> tuple[str, CounterStart, int, cst.BaseExpression] | None:
     """(counter, its start, the offset added to it, the count) for a guard ``(i + c) % k == 0`` on a micro-batch
     counter (``loop``'s own index, or one kept by hand) that is zero off the window's end: ``start + c`` is the number
     of micro-batches seen when the remainder is taken, which must be 1 past each window's last; None for any other
     test."""
     test = remainder_test(guard.test)
-    counter = counter_start(model, loop, guard, test.counter) if test is not None else None
+    counter = counter_start(model, loop, guard, test.counter, via) if test is not None else None
     if counter is None or not window_offset(counter.start, test):
         return None
     return test.counter, counter, test.offset, test.count
