@@ -607,8 +607,9 @@ class UnregisteredParameters(Rule):
     ``gradlint/frameworks/``), or the value of a function of
     the module whose every return builds one, or of a module-level factory
     annotated to return a module (``-> nn.Module``: ``get_layer(hparams)``);
-    the layer may be handed over through a local name
-    (``conv = nn.Conv1d(...)``; ``self.convs.append(conv)``) or stored by key
+    the layer may be handed over through a local name handed nowhere else
+    (``conv = nn.Conv1d(...)``; ``self.convs.append(conv)``; not also to
+    ``setattr(self, ...)`` or a list ``nn.ModuleList`` registers) or stored by key
     (``self.w = {}``; ``self.w[f"layer{i}"] = nn.Linear(...)``).
 
     An ``nn.Parameter`` built inside ``forward`` (``rel_w =
@@ -954,11 +955,22 @@ def _reassigned_elsewhere(model: LoopModel, methods: list[cst.FunctionDef], targ
 
 def _bound_value(model: LoopModel, value: cst.BaseExpression, method: cst.FunctionDef) -> cst.BaseExpression:
     """What a local name handed to ``append`` holds when the method binds it once (``conv = nn.Conv1d(...)``;
-    ``self.convs.append(conv)``); the value itself otherwise."""
+    ``self.convs.append(conv)``) and hands it nowhere else (not to a second list that ``nn.ModuleList`` registers,
+    not to ``setattr(self, ...)``, not to an attribute of ``self``); the value itself otherwise."""
     if type(value) is not cst.Name:
         return value
     values = model.index.assignments.get(method, {}).get(value.value, [])
-    return values[0] if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else value
+    if len(values) != 1 or not isinstance(values[0], cst.BaseExpression):
+        return value
+    parents = model.parents or {}
+    handed = 0
+    for node in model.file.walk(method.body):
+        if type(node) is not cst.Name or node.value != value.value:
+            continue
+        parent = parents.get(node)
+        if type(parent) in (cst.Arg, cst.Element, cst.Assign, cst.DictElement) and getattr(parent, "value", None) is node:
+            handed += 1
+    return values[0] if handed == 1 else value
 
 
 def _elements_called(
