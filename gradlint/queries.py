@@ -846,13 +846,12 @@ def leaves_before(event: Event, later: Event) -> bool:
     return any(f.kind is FrameKind.BRANCH and f.exits and not later.inside(f) for f in event.frames)
 
 
-def rebuilt_in(model: LoopModel, loop: Frame, name: str | None) -> bool:
+def rebuilt_in(model: LoopModel, loop: Frame, name: str | None, step: Event | None = None) -> bool:
     """Whether ``name`` is assigned anew inside ``loop`` on every iteration: an optimizer built per iteration starts
-    clean each time. One rebuilt under an ``if`` (``if it == switch_point: opt = Adam(...)``, a new phase) serves many
-    iterations."""
+    clean each time. One rebuilt under an ``if`` that ``step`` is not under too (``if it == switch_point: opt =
+    Adam(...)``, a new phase) serves many iterations."""
     if name is None:
         return False
-    parents = model.parents or {}
     for node in model.file.walk(loop.node.body):
         if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
             value = node.value
@@ -862,17 +861,18 @@ def rebuilt_in(model: LoopModel, loop: Frame, name: str | None) -> bool:
             continue
         if loop.called_by is not None and _fetches_optimizer(value):
             continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
-        if _under_if_within(parents, node, loop.node):
+        if _under_if_within(model, node, loop.node, step.node if step is not None else None):
             continue
         return True
     return False
 
 
-def _under_if_within(parents: dict, node: cst.CSTNode, outer: cst.CSTNode) -> bool:
-    """Whether ``node`` sits in a branch of an ``if`` written inside ``outer``."""
+def _under_if_within(model: LoopModel, node: cst.CSTNode, outer: cst.CSTNode, beside: cst.CSTNode | None = None) -> bool:
+    """Whether ``node`` sits in a branch of an ``if`` written inside ``outer`` that does not also hold ``beside``."""
+    parents = model.parents or {}
     node = parents.get(node)
     while node is not None and node is not outer:
-        if type(node) is cst.If:
+        if type(node) is cst.If and (beside is None or not lies_in(model, beside, node)):
             return True
         node = parents.get(node)
     return False

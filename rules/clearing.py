@@ -235,7 +235,7 @@ class MissingZeroGrad(Rule):
                     continue
                 if _last_iteration_only(model, step, loop) and _cleared_before(model, root, step, loop):
                     continue  # one step per pass, after its last micro-batch: the clear before the loop serves it
-                if rebuilt_in(model, loop, step.target) and not param_sources(model, step.target or ""):
+                if rebuilt_in(model, loop, step.target, step) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
                 misplaced = next((z for z in off_path if _misplaced_clear(model, z, step, loop) is not None), None)
