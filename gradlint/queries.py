@@ -684,8 +684,11 @@ def _skips_and_leaves(zero: Event, step: Event) -> bool:
     return bool(shared) and shared[-1].exits
 
 
-# A flag that says the update is to be thrown away: ``if ignore_grad:``, ``if skip_step:``, ``if found_nan:``.
-_DISCARD_FLAG = re.compile(r"skip|ignore|discard|drop|nan|inf\b|_inf|overflow|spike|invalid|bad|unstable", re.IGNORECASE)
+# Words of a flag that says the update is to be thrown away: ``if ignore_grad:``, ``if skip_step:``, ``if found_nan:``.
+_DISCARD_WORDS = frozenset({
+    "skip", "skipped", "ignore", "ignored", "discard", "drop", "nan", "inf", "isnan", "isinf", "nonfinite",
+    "overflow", "spike", "invalid", "bad", "unstable",
+})
 # A value of this batch that a test may find wrong: the loss, a gradient norm.
 _BATCH_VALUE = re.compile(r"loss|norm|grad", re.IGNORECASE)
 _CHECKS_FINITE = frozenset({"isfinite", "isnan", "isinf"})
@@ -699,13 +702,11 @@ def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
     step then applies nothing, or does not run (``if not skip_step: opt.step()``), which is the point."""
     shared = {id(f.node) for f in step.frames if f.kind is FrameKind.BRANCH}
     for frame in zero.frames:
-        if frame.kind is not FrameKind.BRANCH or id(frame.node) in shared or type(frame.node) is not cst.If:
-            continue
-        if frame.branch != "if":
+        if frame.kind is not FrameKind.BRANCH or frame.branch != "if" or id(frame.node) in shared:
             continue
         test = frame.node.test
         names = [dotted_name(n) or "" for n in walk(test) if type(n) in (cst.Name, cst.Attribute)]
-        if any(_DISCARD_FLAG.search(last_name(n)) for n in names if n):
+        if any(_DISCARD_WORDS.intersection(last_name(n).lower().split("_")) for n in names if n):
             return True
         for node in walk(test):
             if type(node) is cst.Call and callee_name(node) in _CHECKS_FINITE:
