@@ -23,7 +23,7 @@ from gradlint.positions import statement_lines
 from gradlint.project_index import python_tree
 from gradlint.python_nodes import FiledTree
 from gradlint.queries import function_holding
-from gradlint.setting_defaults import latent_note, setting_name
+from gradlint.setting_defaults import latent_note
 from gradlint.syntax import dotted_name, number, parameter_names
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
@@ -227,13 +227,29 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
     return results
 
 
+def _setting_name(node: cst.BaseExpression | None) -> str | None:
+    """The name a setting is declared under, from the expression that reads it: ``gradient_accumulation_steps`` for
+    ``args.gradient_accumulation_steps``, ``self.cfg.train.accum`` or ``config["gradient_accumulation_steps"]``;
+    None for a literal or any other expression."""
+    if node is None:
+        return None
+    if type(node) is cst.Subscript and len(node.slice) == 1:
+        index = node.slice[0].slice
+        if type(index) is cst.Index and type(index.value) is cst.SimpleString:
+            key = index.value.evaluated_value
+            return key if isinstance(key, str) and key.isidentifier() else None
+        return None
+    spelled = dotted_name(node)
+    return spelled.rsplit(".", 1)[-1] if spelled is not None else None
+
+
 def _latent_note(model: LoopModel, setting: cst.BaseExpression) -> str:
     """What the message adds when the count a finding needs above 1 ships at 1 (:mod:`gradlint.setting_defaults`):
     read from the expression itself, or from the one value a name or attribute of it is bound to
     (``accum = args.grad_accum``, ``self.accum = cfg.accum``)."""
     if number(setting) is not None:
         return ""
-    name = setting_name(setting)
+    name = _setting_name(setting)
     if name is None:
         return ""
     if name in model.ships_at_one:
@@ -245,7 +261,7 @@ def _latent_note(model: LoopModel, setting: cst.BaseExpression) -> str:
         values = model.index.assigned_anywhere(spelled)
     else:
         values = model.index.assignments.get(function_holding(model, setting), {}).get(spelled, [])
-    if len(values) == 1 and isinstance(values[0], cst.BaseExpression) and setting_name(values[0]) in model.ships_at_one:
+    if len(values) == 1 and isinstance(values[0], cst.BaseExpression) and _setting_name(values[0]) in model.ships_at_one:
         return latent_note(model.code(values[0]))
     return ""
 

@@ -10,18 +10,16 @@ that a reader does not take a true finding for a false alarm.
 
 :func:`declared_defaults` reads one file's declarations from Python's tree (the
 project index keeps them, so that a script reading ``args.accum_steps`` learns
-the default declared in ``options.py``); :func:`shipped_at_one` answers for an
-expression of the loop.
+the default declared in ``options.py``); the linter matches them with the
+expression of the loop (``gradlint.linter._latent_note``). Read by the project
+index at start-up, so this module imports no LibCST.
 """
 
 from __future__ import annotations
 
 import ast
 
-import libcst as cst
-
 from gradlint.python_nodes import FiledTree
-from gradlint.syntax import dotted_name
 
 # The value a count ships with when accumulation is off. Only that one is kept: it is all a message needs, and it
 # keeps what the project index hands each file small.
@@ -128,22 +126,6 @@ def merged(own: frozenset[str], others: frozenset[str]) -> frozenset[str]:
         name, value = fact.split("=", 1)
         table[name] = value
     return frozenset(name for name, value in table.items() if value == "1")
-
-
-def setting_name(node: cst.BaseExpression | None) -> str | None:
-    """The name a setting is declared under, from the expression that reads it: ``gradient_accumulation_steps`` for
-    ``args.gradient_accumulation_steps``, ``self.cfg.train.accum`` or ``config["gradient_accumulation_steps"]``;
-    None for a literal or any other expression."""
-    if node is None:
-        return None
-    if type(node) is cst.Subscript and len(node.slice) == 1:
-        index = node.slice[0].slice
-        if type(index) is cst.Index and type(index.value) is cst.SimpleString:
-            key = index.value.evaluated_value
-            return key if isinstance(key, str) and key.isidentifier() else None
-        return None
-    spelled = dotted_name(node)
-    return spelled.rsplit(".", 1)[-1] if spelled is not None else None
 
 
 def latent_note(spelled: str) -> str:
