@@ -892,20 +892,30 @@ def _only_handed_to_checkpoint(model: LoopModel, target: str) -> bool:
     (``checkpoint.checkpoint(self.block, x, self.dummy_tensor)``, and ``self.block(x, self.dummy_tensor)`` on the
     path without it): a tensor asking for gradients only so that the checkpointed call's output does, never a weight
     any code computes with."""
+    handed, checkpointed = model.file.once((_only_handed_to_checkpoint,), lambda: _attributes_handed(model)).get(
+        target.rsplit(".", 1)[-1], (False, False)
+    )
+    return handed and checkpointed
+
+
+def _attributes_handed(model: LoopModel) -> dict[str, tuple[bool, bool]]:
+    """For each attribute name the module reads: whether every read is an argument of a call, and whether one is an
+    argument of activation checkpointing. Read once per module."""
     parents = model.parents or {}
-    attribute = target.rsplit(".", 1)[-1]
-    checkpointed = False
+    found: dict[str, tuple[bool, bool]] = {}
     for node in model.file.every_node(model.module):
-        if type(node) is not cst.Attribute or node.attr.value != attribute:
+        if type(node) is not cst.Attribute:
             continue
         parent = parents.get(node)
         if type(parent) is cst.AssignTarget:
             continue
         call = parents.get(parent) if type(parent) is cst.Arg else None
-        if type(call) is not cst.Call:
-            return False
-        checkpointed = checkpointed or callee_name(call) in ("checkpoint", "checkpoint_sequential")
-    return checkpointed
+        handed, checkpointed = found.get(node.attr.value, (True, False))
+        found[node.attr.value] = (
+            handed and type(call) is cst.Call,
+            checkpointed or type(call) is cst.Call and callee_name(call) in ("checkpoint", "checkpoint_sequential"),
+        )
+    return found
 
 
 def _read_anywhere(model: LoopModel, target: str) -> bool:
@@ -1180,17 +1190,22 @@ def _tensor_asking_for_gradients(model: LoopModel, value: cst.BaseExpression) ->
 def _named_elsewhere(model: LoopModel, target: str, methods: list[cst.FunctionDef]) -> bool:
     """Whether the tensor is handed on by name: wrapped in a parameter, or given to any call outside the class's own
     arithmetic (an optimizer built over it, a parameter list): then it may be trained on purpose."""
-    attribute = target.split(".", 1)[1]
+    return target.split(".", 1)[1] in model.file.once((_named_elsewhere,), lambda: _attributes_handed_on(model))
+
+
+def _attributes_handed_on(model: LoopModel) -> frozenset[str]:
+    """The attribute names spelled in the arguments of calls of ``torch.nn`` or of optimizer constructors, read once
+    per module (each tensor asked about used to walk the whole module again)."""
+    found: set[str] = set()
     for node in model.file.every_node(model.module):
-        if type(node) is not cst.Call or callee_name(node) in _MOVES:
+        if type(node) is not cst.Call or callee_name(node) in _MOVES or not node.args:
             continue
-        for arg in node.args:
-            for inner in model.file.walk(arg.value):
-                if type(inner) is cst.Attribute and inner.attr.value == attribute:
-                    callee = _torch_nn_name(model, node.func)
-                    if callee is not None or _builds_optimizer(model, node):
-                        return True
-    return False
+        names = {
+            inner.attr.value for arg in node.args for inner in model.file.walk(arg.value) if type(inner) is cst.Attribute
+        }
+        if names - found and (_torch_nn_name(model, node.func) is not None or _builds_optimizer(model, node)):
+            found |= names
+    return frozenset(found)
 
 
 def _builds_optimizer(model: LoopModel, call: cst.Call) -> bool:
