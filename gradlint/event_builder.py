@@ -26,6 +26,7 @@ from gradlint.syntax import (
     is_grad,
     tracked_name,
     keyword_arg,
+    lies_under,
     method_name,
     number,
     positional_args,
@@ -406,13 +407,7 @@ class EventBuilder:
             return False
         if any(dotted_name(a.target) == name for a in self.index.augmented.get(function, ())):
             return False
-        return not any(self._inside(v, loop, parents) for v in values)
-
-    @staticmethod
-    def _inside(node: cst.CSTNode, ancestor: cst.CSTNode, parents: dict) -> bool:
-        while node is not None and node is not ancestor:
-            node = parents.get(node)
-        return node is ancestor
+        return not any(lies_under(parents, v, loop) for v in values)
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))

@@ -17,7 +17,7 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, is_grad, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, is_grad, lies_under, walk
 from gradlint.objects import ObjKind, last_name
 
 
@@ -391,10 +391,7 @@ def in_other_branch(event: Event, branch: Frame) -> bool:
 
 def lies_in(model: LoopModel, node: cst.CSTNode, ancestor: cst.CSTNode) -> bool:
     """Whether ``node`` is written inside ``ancestor`` (read up the module index's parents)."""
-    table = model.parents or {}
-    while node is not None and node is not ancestor:
-        node = table.get(node)
-    return node is not None
+    return lies_under(model.parents or {}, node, ancestor)
 
 
 def backwards_in(root: Root, frame: Frame) -> list[Event]:
@@ -564,9 +561,9 @@ def masks_by_value(event: Event) -> bool:
     if at is None:
         return False
     loop = event.frames[at].node
-    derived = _plain_names(loop.target)
+    derived = names_in(loop.target)
     for node in walk(loop.body):
-        if type(node) is cst.Assign and _plain_names(node.value) & derived:
+        if type(node) is cst.Assign and names_in(node.value) & derived:
             for target in node.targets:
                 derived |= {n.value for n in walk(target.target) if type(n) is cst.Name}
     for frame in event.frames[at + 1:]:  # the branches inside the innermost loop
@@ -576,12 +573,12 @@ def masks_by_value(event: Event) -> bool:
             if type(node) is cst.Comparison and any(
                 type(c.operator) in (cst.LessThan, cst.GreaterThan, cst.LessThanEqual, cst.GreaterThanEqual)
                 for c in node.comparisons
-            ) and _plain_names(node) & derived:
+            ) and names_in(node) & derived:
                 return True
     return False
 
 
-def _plain_names(node: cst.CSTNode) -> set[str]:
+def names_in(node: cst.CSTNode) -> set[str]:
     """The plain names spelled in ``node``."""
     return {each.value for each in walk(node) if type(each) is cst.Name}
 

@@ -152,6 +152,13 @@ def _is_node(value: object) -> bool:
 ChildrenOf = Callable[[cst.CSTNode], list[cst.CSTNode]]
 
 
+def lies_under(parents: dict, node: cst.CSTNode | None, ancestor: cst.CSTNode) -> bool:
+    """Whether ``node`` is ``ancestor`` or written inside it, read up a table of parents."""
+    while node is not None and node is not ancestor:
+        node = parents.get(node)
+    return node is not None
+
+
 def walk(node: cst.CSTNode, *, into_lambdas: bool = False, children_of: ChildrenOf | None = None) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), parents before children, never entering nested defs or classes."""
     read = children_of or children

@@ -25,6 +25,7 @@ from gradlint.queries import (
     clears,
     clears_between_backward_and_step,
     masks_by_value,
+    names_in,
     ends_with_break,
     probe_events,
     exclusive,
@@ -3070,7 +3071,7 @@ def _masks_parameters_by_name(event: Event) -> bool:
     loop_names: set[str] = set()
     for frame in event.frames:
         if frame.kind is FrameKind.LOOP and type(frame.node) is cst.For:
-            loop_names.update(_names_in(frame.node.target))
+            loop_names.update(names_in(frame.node.target))
     if not loop_names:
         return False
     for frame in event.frames:
@@ -3091,17 +3092,12 @@ def _tests_a_name(test: cst.BaseExpression, names: set[str]) -> bool:
         if type(node) is cst.Comparison:
             for target in node.comparisons:
                 if type(target.operator) in (cst.In, cst.NotIn) and type(node.left) in (cst.SimpleString, cst.FormattedString):
-                    if _names_in(target.comparator) & names:
+                    if names_in(target.comparator) & names:
                         return True
         elif type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("startswith", "endswith"):
-            if _names_in(node.func.value) & names:
+            if names_in(node.func.value) & names:
                 return True
     return False
-
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    """The plain names spelled in ``node`` (``name`` in ``_canonical_name(name)``)."""
-    return {each.value for each in walk(node) if type(each) is cst.Name}
 
 
 def _caller_chose_in_place(event: Event) -> bool:

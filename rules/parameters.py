@@ -769,8 +769,8 @@ def _layers_made_per_call(model: LoopModel, class_name: str, methods: dict[str, 
 def _built_without_weights(built: cst.Call) -> bool:
     """``nn.LayerNorm(d, elementwise_affine=False)``, ``nn.BatchNorm2d(c, affine=False)``: a layer without parameters."""
     return any(
-        a.keyword is not None and a.keyword.value in ("affine", "elementwise_affine") and bool_literal(a.value) is False
-        for a in built.args
+        (given := keyword_arg(built, name)) is not None and bool_literal(given.value) is False
+        for name in ("affine", "elementwise_affine")
     )
 
 
