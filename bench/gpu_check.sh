@@ -2,6 +2,9 @@
 # The GPU checks of the runtime, in one device call; logs under $OUT.
 #
 #   bash bench/gpu_check.sh [--quick] [WHEEL_DIR]   # WHEEL_DIR: default dist/gpu-wheels, made by bench/gpu_wheels.sh
+#   PARTS="tests vit" bash bench/gpu_check.sh        # some parts only (tests, vit, gpt2); deadlines in seconds from
+#                                                    # the start: TESTS_BY, VIT_BY, GPT2_BY. Part "cuda": only
+#                                                    # CUDA_TESTS (default tests/runtime/test_cuda.py) on the GPU
 #
 # 1. installs the carried wheels (no network) into /tmp/site, beside the machine's own torch, torchvision,
 #    transformers and pytest (the carried pytest only where the machine has none), and copies the tests,
@@ -30,7 +33,10 @@ left() {  # seconds from now until $1 seconds after the start, at least 10
     echo $(( n > 10 ? n : 10 ))
 }
 elapsed() { echo $(( $(date +%s) - started )); }
-if [ $QUICK = 1 ]; then TESTS_BY=140; VIT_BY=225; else TESTS_BY=200; VIT_BY=380; fi
+if [ $QUICK = 1 ]; then TESTS_BY=${TESTS_BY:-140}; VIT_BY=${VIT_BY:-225}; else TESTS_BY=${TESTS_BY:-200}; VIT_BY=${VIT_BY:-380}; fi
+GPT2_BY=${GPT2_BY:-540}
+PARTS=" ${PARTS:-tests vit gpt2} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 
 {
     date -u
@@ -67,8 +73,12 @@ workers=()
 python3 -c "import xdist" 2>/dev/null && workers=(-n 10)
 PYTEST=(python3 -m pytest -q -rs)
 
-timeout -s INT -k 15 "$(left $TESTS_BY)" "${PYTEST[@]}" -v tests/runtime/test_cuda.py > "$OUT/pytest-cuda.log" 2>&1 &
+export PYTHONUNBUFFERED=1
+if part tests || part cuda; then
+timeout -s INT -k 15 "$(left $TESTS_BY)" "${PYTEST[@]}" -v ${CUDA_TESTS:-tests/runtime/test_cuda.py} > "$OUT/pytest-cuda.log" 2>&1 &
 cuda=$!
+rest= hidden=
+if part tests; then
 ( GRADLINT_SLOW=1 timeout -s INT -k 15 "$(left $TESTS_BY)" "${PYTEST[@]}" "${workers[@]}" --durations=10 tests/runtime \
       --deselect tests/runtime/test_cuda.py > "$OUT/pytest.log" 2>&1
   echo "pytest tests/runtime (less test_cuda.py, ${workers[*]:-serial}) exit status $? after $(elapsed) s" >> "$OUT/pytest.log"
@@ -84,15 +94,16 @@ if [ -f bench/gpu_fake_trace.py ]; then
         timeout -s INT -k 15 "$(left $TESTS_BY)" python3 bench/gpu_fake_trace.py $kind >> "$OUT/fake-trace.log" 2>&1
     done
 fi
+fi
 wait $cuda
 echo "pytest tests/runtime/test_cuda.py exit status $? after $(elapsed) s" | tee -a "$OUT/pytest-cuda.log"
-wait $rest $hidden
+[ -n "$rest" ] && wait $rest $hidden
 pkill -f "python3 -m pytest" 2>/dev/null  # stray workers of a run stopped at its limit would load the bench
 tail -30 "$OUT/pytest-cuda.log"
-tail -25 "$OUT/pytest.log"
-tail -8 "$OUT/pytest-no-visible-gpu.log"
+[ -n "$rest" ] && tail -25 "$OUT/pytest.log" && tail -8 "$OUT/pytest-no-visible-gpu.log"
+fi
 
-if [ $QUICK = 1 ]; then
+if [ $QUICK = 1 ] && part vit; then
     timeout "$(left $VIT_BY)" python3 bench/runtime_memory.py --only gpu --gpu-models ViT --gpu-release-only \
         > "$OUT/bench-gpu-vit.log" 2>&1
     echo "bench (ViT-L, release recipes) exit status $? after $(elapsed) s" | tee -a "$OUT/bench-gpu-vit.log"
@@ -100,12 +111,16 @@ if [ $QUICK = 1 ]; then
     exit 0
 fi
 
-timeout "$(left $VIT_BY)" python3 bench/runtime_memory.py --only gpu --gpu-models ViT --steps 5 --time-steps 12 \
-    > "$OUT/bench-gpu-vit.log" 2>&1
-echo "bench (ViT-L) exit status $? after $(elapsed) s" | tee -a "$OUT/bench-gpu-vit.log"
-cat "$OUT/bench-gpu-vit.log"
+if part vit; then
+    timeout "$(left $VIT_BY)" python3 bench/runtime_memory.py --only gpu --gpu-models ViT --steps 5 --time-steps 12 \
+        > "$OUT/bench-gpu-vit.log" 2>&1
+    echo "bench (ViT-L) exit status $? after $(elapsed) s" | tee -a "$OUT/bench-gpu-vit.log"
+    cat "$OUT/bench-gpu-vit.log"
+fi
 
-timeout "$(left 540)" python3 bench/runtime_memory.py --only gpu --gpu-models GPT-2 --steps 5 --time-steps 12 \
-    > "$OUT/bench-gpu-gpt2.log" 2>&1
-echo "bench (GPT-2) exit status $? after $(elapsed) s" | tee -a "$OUT/bench-gpu-gpt2.log"
-cat "$OUT/bench-gpu-gpt2.log"
+if part gpt2; then
+    timeout "$(left $GPT2_BY)" python3 bench/runtime_memory.py --only gpu --gpu-models GPT-2 --steps 5 --time-steps 12 \
+        > "$OUT/bench-gpu-gpt2.log" 2>&1
+    echo "bench (GPT-2) exit status $? after $(elapsed) s" | tee -a "$OUT/bench-gpu-gpt2.log"
+    cat "$OUT/bench-gpu-gpt2.log"
+fi
