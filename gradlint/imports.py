@@ -47,6 +47,10 @@ class ImportMap:
             local = dotted_name(alias.asname.name) if alias.asname is not None else name
             self._aliases[local or name] = f"{module}.{name}"
 
+    def imports(self, module: str) -> bool:
+        """Whether the module imports ``module`` or anything from it."""
+        return any(q == module or q.startswith(module + ".") for q in (*self._aliases.values(), *self._star_modules))
+
     def qualify(self, node: cst.BaseExpression) -> set[str]:
         """The qualified names a name or attribute chain may stand for; empty when it is not imported."""
         name = dotted_name(node)

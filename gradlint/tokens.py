@@ -131,7 +131,7 @@ HANDS_AN_OPTIMIZER = CallNeed(r"(?i)[(,]\s*(?:\w+\.)*\w*opt\w*\s*[,):=]", handed
 # What every gradient-release set-up spells (torch's hook and ``_apply_optimizer_in_backward``, and the frameworks'
 # ``release_tokens``: ``gradlint.release_setups.RELEASE_TOKENS``, spelled out here so that start-up loads no LibCST;
 # tests/test_frameworks.py holds the two equal). A file that spells one may set release up for another file of its run.
-RELEASE_SPELLINGS = AnyOf("post_accumulate_grad_hook", "in_backward", "gradient_release", "in_bwd", "InBackward")
+RELEASE_SPELLINGS = AnyOf("post_accumulate_grad_hook", "in_backward", "gradient_release", "in_bwd", "InBackward", "GradientRelease")
 
 
 def token_key(token: Need) -> tuple:

@@ -10,9 +10,11 @@ same allocator baseline, with nothing of an earlier run alive, and what
 survives a run is reported as such.
 
 The gradient release mode measures what ``gradlint check --fix`` would give:
-the script's GL204 rewrite (torch-optimi) run as written, where the rewrite
-applies and torch-optimi is installed; elsewhere gradlint's own
-:class:`~gradlint.runtime.release.GradientRelease`, and the table says which.
+the script's GL204 rewrite run as written (the optimizer kept and handed to
+:class:`~gradlint.runtime.release.GradientRelease`; torch-optimi's release
+in a module that already uses optimi, where optimi is installed), and
+elsewhere gradlint's own release applied to every optimizer the script
+builds; the table says which.
 On CUDA, unless the script made its algorithms deterministic, the as-written
 mode runs a second time to measure the run-to-run noise that parameter
 differences are judged against.
@@ -43,15 +45,18 @@ from gradlint.runtime.modes import (
     run_in_child,
 )
 
-__all__ = ["AS_WRITTEN", "FUSED", "MODES", "RELEASE", "SET_TO_NONE", "MeasureError", "ModeResult", "measure_mode",
-           "measure_script", "max_param_difference", "format_table", "plot"]
+__all__ = ["AS_WRITTEN", "FUSED", "MODES", "OPTIMI_REWRITE", "RELEASE", "REWRITE_RELEASE", "SET_TO_NONE",
+           "MeasureError", "ModeResult", "measure_mode", "measure_script", "max_param_difference", "format_table",
+           "plot"]
 
 RELEASED_AS_WRITTEN = (
     "the script already releases gradients as written (its optimizers step inside backward); "
     "'as written' is the gradient release measurement"
 )
 OWN_RELEASE = "gradlint GradientRelease"
-REWRITE_RELEASE = "GL204 rewrite (torch-optimi)"
+REWRITE_RELEASE = "GL204 rewrite (GradientRelease)"
+OPTIMI_REWRITE = "GL204 rewrite (torch-optimi)"
+REWRITES = {REWRITE_RELEASE: "GradientRelease", OPTIMI_REWRITE: "torch-optimi"}
 
 
 @dataclasses.dataclass
@@ -75,7 +80,7 @@ class ModeResult:
     kernels: list[str] = dataclasses.field(default_factory=list)
     fused_candidates: list[str] = dataclasses.field(default_factory=list)
     release_kernels: list[str] = dataclasses.field(default_factory=list)
-    variant: str = ""  # gradient release: OWN_RELEASE or REWRITE_RELEASE, and why
+    variant: str = ""  # gradient release: REWRITE_RELEASE, OPTIMI_REWRITE, or OWN_RELEASE and why
     param_devices: list[str] = dataclasses.field(default_factory=list)
     deterministic: bool = False
     device_story: str = ""
@@ -304,7 +309,8 @@ def noise_floor_needed(base: ModeResult) -> bool:
 def _measure_release(path: str, run: Callable[..., ModeResult]) -> ModeResult:
     """The release mode on the GL204 rewrite where ``--fix`` can write one, on gradlint's own release elsewhere."""
     source, why = gl204_rewrite(path)
-    if source is not None and not _optimi_installed():
+    variant = REWRITE_RELEASE if source is None or "GradientRelease(" in source else OPTIMI_REWRITE
+    if source is not None and variant == OPTIMI_REWRITE and not _optimi_installed():
         source, why = None, "the GL204 rewrite uses torch-optimi, which is not installed (pip install torch-optimi)"
     if source is not None:
         try:
@@ -312,7 +318,7 @@ def _measure_release(path: str, run: Callable[..., ModeResult]) -> ModeResult:
         except MeasureError as err:
             why = f"the GL204 rewrite failed when run ({err.detail})"
         else:
-            result.variant = REWRITE_RELEASE
+            result.variant = variant
             return result
     result = run(RELEASE, 3)
     result.variant = f"{OWN_RELEASE}: {why}"
@@ -391,8 +397,8 @@ def format_table(results: list[ModeResult], fake: bool = False, release_refused:
     if RELEASE in by_mode and by_mode[RELEASE].variant:
         variant = by_mode[RELEASE].variant
         lines.append("gradient release measured on " + (
-            "the script's GL204 rewrite, as `gradlint check --select GL204 --unsafe-fixes --fix` writes it"
-            if variant == REWRITE_RELEASE else f"{variant}"))
+            f"the script's GL204 rewrite ({REWRITES[variant]}), as `gradlint check --select GL204 --unsafe-fixes "
+            f"--fix` writes it" if variant in REWRITES else f"{variant}"))
     if release_refused:
         lines.append(f"gradient release: not applicable to this loop: {release_refused}")
     else:

@@ -123,11 +123,13 @@ class ModeRun:
         self.release_fused = release_fused
         self.optimizers: list[torch.optim.Optimizer] = []
         self.releases: list[GradientRelease] = []
+        self.release_kernels: list[str] = []  # "AdamW: fused", per release, read when the run ends
         self.times: list[float] = []
         self.count = 0
         self.sinks: list[Any] = [meter] if meter is not None else []  # meters told about phases
         self.release_loop = False  # the script steps inside backward (gradient release as written)
         self._stepped_in_backward = False
+        self._making_release = False  # the GradientRelease being built is this run's, not the script's
         self.device_story = ""  # fake tensors: how CUDA devices were treated
         self.patcher = Patcher()
 
@@ -181,9 +183,32 @@ class ModeRun:
             if run.meter is not None:
                 run.meter.watch_optimizer(opt)
             if run.mode == RELEASE and not opt.defaults.get("gradient_release"):  # torch-optimi releases itself
-                release = GradientRelease(opt, fused=run.release_fused)
+                run._making_release = True
+                try:
+                    release = GradientRelease(opt, fused=run.release_fused)
+                finally:
+                    run._making_release = False
                 release.step_callbacks.append(run._user_step)
                 run.releases.append(release)
+
+        return __init__
+
+    def _release_init(self, original: Callable) -> Callable:
+        """``GradientRelease.__init__`` for a release the script makes itself (the GL204 rewrite does): the script's
+        own replaces the one this run made at the optimizer's construction, and its steps are counted."""
+        run = self
+
+        def __init__(release: GradientRelease, optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            if run._making_release:
+                original(release, optimizer, *args, **kwargs)
+                return
+            for made in [r for r in run.releases if r.optimizer is optimizer]:
+                made.remove()
+                run.releases.remove(made)
+            original(release, optimizer, *args, **kwargs)
+            release.step_callbacks.append(run._user_step)
+            run.releases.append(release)
+            run.release_loop = True
 
         return __init__
 
@@ -220,6 +245,7 @@ class ModeRun:
 
         p = self.patcher
         p.set(Optimizer, "__init__", self._wrap_init(Optimizer.__init__))
+        p.wrap(GradientRelease, "__init__", self._release_init)
         if self.mode == FUSED:
             for cls in FUSED_OPTIMIZERS:
                 p.wrap(cls, "__init__", self._fused_init)
@@ -231,8 +257,14 @@ class ModeRun:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        # Let go of the releases: this run's patched functions can outlive it (torch._dynamo keeps a table of
+        # torch.Tensor's methods, read while they were patched), and must not keep the script's model alive.
+        self.release_kernels = [f"{type(r.optimizer).__name__}: {', '.join(sorted(set(r.kernel)))}" for r in self.releases]
         for release in self.releases:
             release.remove()
+            if self._user_step in release.step_callbacks:
+                release.step_callbacks.remove(self._user_step)
+        self.releases = []
         self.patcher.restore()
 
 
@@ -293,7 +325,7 @@ def run_in_child(spec: RunSpec, post: Callable[[Any], None]) -> RunResult:
     result.deterministic = torch.are_deterministic_algorithms_enabled()
     result.kernels = [f"{_name(o)}: {kernel_of(o)}" for o in optimizers]
     result.fused_candidates = [type(o).__name__ for o in optimizers if fused_candidate(o)]
-    result.release_kernels = [f"{type(r.optimizer).__name__}: {', '.join(sorted(set(r.kernel)))}" for r in run.releases]
+    result.release_kernels = run.release_kernels
     result.device_story = run.device_story
     if spec.params_file and not spec.fake:
         torch.save([p.detach().to("cpu", copy=True) for p in params], spec.params_file)

@@ -193,6 +193,7 @@ class GradientRelease:
         sub._optimizer_step_pre_hooks = collections.OrderedDict()
         sub._optimizer_step_post_hooks = collections.OrderedDict()
         sub.param_groups = [{"params": bucket.params}]
+        sub._gradlint_release_of = opt  # whose steps these are, for a tracer watching every optimizer's steps
         if self._uses_fused(live) and not live.get("fused"):
             # state made by another kernel keeps its step counter on the CPU; the fused kernel wants it on the device
             for p in bucket.params:

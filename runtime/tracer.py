@@ -389,12 +389,16 @@ class Tracer:
 
     # ---------------------------------------------------------------- hooks and patches
     def _on_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        stepped = 1
+        released_by = getattr(opt, "_gradlint_release_of", None)
+        if released_by is not None:  # a bucket of gradlint's GradientRelease: its optimizer's parameters
+            stepped, opt = sum(len(g["params"]) for g in opt.param_groups), released_by
         followed = self._follow(opt)
         name = self._labelled(opt, followed)
         if in_backward():
-            # Gradient release (torch-optimi, a post-accumulate hook): a parameter
+            # Gradient release (torch-optimi, gradlint's, a post-accumulate hook): parameters
             # stepped inside backward. The backward as a whole is one loop step.
-            self._released[name] = self._released.get(name, 0) + 1
+            self._released[name] = self._released.get(name, 0) + stepped
             return
         self._check_budget()
         self.steps += 1

@@ -7,7 +7,7 @@ import pytest
 
 from gradlint.events import EventKind
 from gradlint.fixes.edits import apply_edits
-from gradlint.fixes.fuse_into_backward import find_construction, gradient_release, release_fix, release_note
+from gradlint.fixes.fuse_into_backward import find_construction, optimi_release, release_fix, release_note
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.build import build_model
 
@@ -112,7 +112,7 @@ def _release(text, root="train"):
     zeros = _events(model, EventKind.ZERO, root)
     construction = find_construction(model, step.target)
     assert construction is not None
-    return model, gradient_release(model, step, zeros, construction), construction
+    return model, optimi_release(model, step, zeros, construction), construction
 
 
 @pytest.mark.parametrize(
@@ -161,11 +161,70 @@ def test_release_note_names_the_defaults_that_differ():
     assert fix.description.startswith("rewrite to gradient release with optimi.AdamW; ") and note in fix.description
 
 
-def test_release_fix_finds_the_construction_itself():
-    model = _model(PLAIN_LOOP.format(construction="torch.optim.SGD(model.parameters(), lr=0.1)"))
-    (step,) = _events(model, EventKind.STEP, "train")
-    fixed = _apply(model, release_fix(model, step, _events(model, EventKind.ZERO, "train")))
+def _release_fix(text, root="train"):
+    model = _model(text)
+    (step,) = _events(model, EventKind.STEP, root)
+    return model, release_fix(model, step, _events(model, EventKind.ZERO, root))
+
+
+def test_release_fix_keeps_the_optimizer_and_adds_gradient_release_after_it():
+    model, fix = _release_fix(PLAIN_LOOP.format(construction="torch.optim.SGD(model.parameters(), lr=0.1)"))
+    assert fix.description.startswith("keep the optimizer and add `GradientRelease(optimizer)`")
+    assert _apply(model, fix) == """\
+import torch
+from gradlint.runtime.release import GradientRelease
+
+
+def train(model, loader, epochs=1):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    GradientRelease(optimizer)
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(
+    "construction",
+    [
+        "torch.optim.Adadelta(model.parameters())",  # no optimi twin: gradlint's release steps any torch optimizer
+        "torch.optim.AdamW(params, lr=1e-3, amsgrad=True)",  # options and parameters optimi's rewrite could not keep
+    ],
+)
+def test_gradlint_s_release_takes_any_torch_optimizer_as_it_is_built(construction):
+    model, fix = _release_fix(PLAIN_LOOP.format(construction=construction))
+    assert f"    optimizer = {construction}\n    GradientRelease(optimizer)\n" in _apply(model, fix)
+
+
+def test_gradlint_s_release_stays_out_of_lbfgs_and_lookalikes():
+    model, fix = _release_fix(PLAIN_LOOP.format(construction="torch.optim.LBFGS(model.parameters())"))
+    assert fix.edits() is None  # LBFGS re-evaluates the loss inside step()
+    text = "from mylib import AdamW\n" + PLAIN_LOOP.format(construction="AdamW(model.parameters(), lr=1e-3)")
+    model, fix = _release_fix(text)
+    assert fix.edits() is None
+
+
+def test_gradlint_s_release_is_qualified_where_its_name_is_taken():
+    text = "GradientRelease = None\n" + PLAIN_LOOP.format(construction="torch.optim.AdamW(model.parameters())")
+    model, fix = _release_fix(text)
+    fixed = _apply(model, fix)
+    assert "import gradlint.runtime.release\n" in fixed
+    assert "    gradlint.runtime.release.GradientRelease(optimizer)\n" in fixed
+
+
+def test_a_module_that_already_uses_optimi_gets_optimi_s_release():
+    text = "import optimi\n" + PLAIN_LOOP.format(construction="torch.optim.SGD(model.parameters(), lr=0.1)")
+    model, fix = _release_fix(text)
+    fixed = _apply(model, fix)
     assert "optimizer = SGD(model.parameters(), lr=0.1, gradient_release=True)" in fixed
+    assert "GradientRelease" not in fixed
+    # an optimizer optimi has no twin for still gets gradlint's
+    text = "import optimi\n" + PLAIN_LOOP.format(construction="torch.optim.Adadelta(model.parameters())")
+    model, fix = _release_fix(text)
+    assert "    GradientRelease(optimizer)\n" in _apply(model, fix)
 
 
 def test_release_fix_needs_exactly_one_construction():
@@ -228,7 +287,7 @@ def test_optimizers_without_an_optimi_twin_get_no_rewrite():
     model = _model(PLAIN_LOOP.format(construction="torch.optim.Adadelta(model.parameters())"))
     (step,) = _events(model, EventKind.STEP, "train")
     construction = find_construction(model, step.target)
-    assert gradient_release(model, step, [], construction) is None
+    assert optimi_release(model, step, [], construction) is None
     assert release_note(construction) is None
 
 
@@ -244,3 +303,9 @@ def test_a_step_whose_result_is_used_keeps_the_loop_for_a_human():
     )
     model, fix, _ = _release(text)
     assert fix.edits() is None
+
+
+def test_where_optimi_s_rewrite_cannot_keep_the_numbers_gradlint_s_release_is_written():
+    text = "import optimi\n" + PLAIN_LOOP.format(construction="torch.optim.AdamW(model.parameters(), amsgrad=True)")
+    model, fix = _release_fix(text)
+    assert "    GradientRelease(optimizer)\n" in _apply(model, fix)

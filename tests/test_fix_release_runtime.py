@@ -1,8 +1,9 @@
-"""The GL204 rewrite runs, and trains to the same parameters as the loop it replaced.
+"""The GL204 rewrites run, and train to the same parameters as the loop they replaced.
 
-torch.optim's default AdamW runs the multi-tensor (foreach) kernels; optimi
-with gradient release steps one parameter at a time from a backward hook.
-Both are float32 on the CPU here, so the parameters may differ only by
+torch.optim's default AdamW runs the multi-tensor (foreach) kernels;
+gradlint's ``GradientRelease`` steps buckets of parameters through the fused
+kernel from backward hooks, and optimi with gradient release one parameter at
+a time. All are float32 on the CPU here, so the parameters may differ only by
 rounding: the tolerance is a few float32 ulps per step.
 """
 
@@ -17,11 +18,10 @@ from fix_harness import FIXED
 from fixture_markers import FIXTURES
 from gradlint.events import EventKind
 from gradlint.fixes.edits import apply_edits
-from gradlint.fixes.fuse_into_backward import find_construction, gradient_release
+from gradlint.fixes.fuse_into_backward import find_construction, gradlint_release, optimi_release
 from gradlint.build import build_model
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("optimi")
 
 pytestmark = pytest.mark.runtime
 
@@ -48,12 +48,19 @@ def train(steps=25):
 """
 
 
-def _rewrite(text: str, root: str = "train") -> str:
+REWRITES = ["gradlint", "optimi"]
+MARK = {"gradlint": "GradientRelease(optimizer)", "optimi": "gradient_release=True"}
+
+
+def _rewrite(text: str, which: str = "gradlint", root: str = "train") -> str:
+    if which == "optimi":
+        pytest.importorskip("optimi")
     model = build_model(cst.parse_module(text))
     events = next(r for r in model.roots if r.name == root).events
     (step,) = [e for e in events if e.kind is EventKind.STEP]
     zeros = [e for e in events if e.kind is EventKind.ZERO]
-    fix = gradient_release(model, step, zeros, find_construction(model, step.target))
+    construction = find_construction(model, step.target)
+    fix = gradlint_release(model, construction) if which == "gradlint" else optimi_release(model, step, zeros, construction)
     return apply_edits(model.module, fix.edits()).code
 
 
@@ -74,7 +81,7 @@ def _assert_same_parameters(original, rewritten):
 def test_the_shipped_example_and_its_rewrite_train_to_the_same_parameters():
     original = runpy.run_path(str(FIXTURES / "fixable" / "release_candidate_adamw.py"))["train"]()
     rewritten_text = (FIXED / "fixable" / "release_candidate_adamw.py").read_text(encoding="utf-8")
-    assert "gradient_release=True" in rewritten_text and "        optimizer.step()\n" not in rewritten_text
+    assert "    GradientRelease(optimizer)\n" in rewritten_text and "        optimizer.step()\n" in rewritten_text
     rewritten = runpy.run_path(str(FIXED / "fixable" / "release_candidate_adamw.py"))["train"]()
     _assert_same_parameters(original, rewritten)
 
@@ -94,16 +101,18 @@ def test_the_shipped_example_rewrite_is_what_the_fix_produces():
         "torch.optim.SGD(model.parameters(), 0.05)",
     ],
 )
-def test_rewritten_loops_match_torch_optim(construction, tmp_path):
+@pytest.mark.parametrize("which", REWRITES)
+def test_rewritten_loops_match_torch_optim(construction, which, tmp_path):
     original_text = SCRIPT.format(construction=construction)
-    rewritten_text = _rewrite(original_text)
-    assert "gradient_release=True" in rewritten_text
+    rewritten_text = _rewrite(original_text, which)
+    assert MARK[which] in rewritten_text
     original = _train(original_text, tmp_path, "original")
     rewritten = _train(rewritten_text, tmp_path, "rewritten")
     _assert_same_parameters(original, rewritten)
 
 
-def test_gradients_are_released_during_backward_in_the_rewrite(tmp_path):
-    text = _rewrite(SCRIPT.format(construction="torch.optim.AdamW(model.parameters(), lr=1e-2)"))
+@pytest.mark.parametrize("which", REWRITES)
+def test_gradients_are_released_during_backward_in_the_rewrite(which, tmp_path):
+    text = _rewrite(SCRIPT.format(construction="torch.optim.AdamW(model.parameters(), lr=1e-2)"), which)
     model = _train(text, tmp_path, "rewritten")
     assert all(p.grad is None for p in model.parameters())

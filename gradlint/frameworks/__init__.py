@@ -25,6 +25,7 @@ from gradlint.frameworks import (
     colossalai,
     deepspeed,
     fp16_optimizers,
+    gradlint_runtime,
     hf_trainer,
     lightning,
     opacus,
@@ -72,6 +73,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     torch_xla.FRAMEWORK,
     colossalai.FRAMEWORK,
     torch_geometric.FRAMEWORK,
+    gradlint_runtime.FRAMEWORK,
 )
 
 

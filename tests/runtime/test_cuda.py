@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from gradlint.runtime.fake import CUDA, STORIES
-from gradlint.runtime.measure import AS_WRITTEN, RELEASE, REWRITE_RELEASE, measure_mode, measure_script
+from gradlint.runtime.measure import AS_WRITTEN, OPTIMI_REWRITE, RELEASE, measure_mode, measure_script
 from gradlint.runtime.release import GradientRelease
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -43,13 +43,13 @@ def test_allocator_agrees_with_the_tensor_meter_in_every_mode_from_the_same_base
     by_mode = {r.mode: r for r in results}
     assert {r.allocator["baseline"] for r in results} == {0}  # a fresh process each: nothing of an earlier mode
     for r in results:
-        phases = {"forward", "backward", "step"} | ({"clear"} if r.variant != REWRITE_RELEASE else set())
+        phases = {"forward", "backward", "step"} | ({"clear"} if r.variant != OPTIMI_REWRITE else set())
         assert phases <= set(r.cuda_phases), r.mode
         assert r.allocator_peak == max(p["peak"] for p in r.cuda_phases.values())
         # cuBLAS's workspaces are allocator memory, not tensors; the rest rounds blocks up (512 bytes at least)
         net = r.allocator_peak - r.allocator["workspaces"]
         assert r.memory.peak <= net <= r.memory.peak * 1.05 + MiB, (r.mode, net, r.memory.peak)
-        if r.variant != REWRITE_RELEASE:  # optimi's hooks keep its model alive in a cycle gc does not break
+        if r.variant != OPTIMI_REWRITE:  # optimi's hooks keep its model alive in a cycle gc does not break
             assert r.allocator["survived"] == 0, r.mode
         for stats in r.cuda_phases.values():
             assert stats["reserved"] >= stats["allocated"]

@@ -60,11 +60,8 @@ def test_a_cache_that_outlives_a_run_is_reported_and_not_folded_into_the_next_mo
     # each mode allocates the cache anew: in one process the second mode would start with it and peak 16 MiB lower
     assert plain.memory.peak > 16 * MiB
     assert cleared.memory.peak == plain.memory.peak
-    for r in results:  # the cache, still held by its module once the script's objects are gone
-        if r.mode == RELEASE:  # the GL204 rewrite: optimi's hooks also keep the model (see test_measure)
-            assert 16 * MiB < r.survived < 17 * MiB
-        else:
-            assert r.survived == 16 * MiB, r.mode
+    for r in results:  # the cache, still held by its module once the script's objects are gone, and nothing else
+        assert r.survived == 16 * MiB, r.mode
     assert "outlived its run" in format_table(results) and "as written 16.00 MiB" in format_table(results)
 
 

@@ -72,7 +72,7 @@ def test_gl204_rewrite_output_runs_under_gradlint_run(tmp_path):
         capture_output=True, text=True, env=env, cwd=tmp_path,
     )
     text = script.read_text()
-    assert "prepare_for_gradient_release(model, optimizer)" in text, fixed.stdout + fixed.stderr
+    assert "GradientRelease(optimizer)" in text, fixed.stdout + fixed.stderr
     report = run_and_judge(str(script), [], steps=3)
     assert report.steps == 3 and report.outcome.how == "stopped"
     assert [e.facts["released"] for e in report.events if e.kind is EventKind.STEP] == [4, 4, 4]
