@@ -17,6 +17,7 @@ from gradlint.project_index import BackwardHelper
 from gradlint.queries import handoff_may_step
 from gradlint.syntax import (
     SCALING_CALLS,
+    bind_arguments,
     bool_literal,
     boolean_terms,
     callee_name,
@@ -918,7 +919,7 @@ class EventBuilder:
         if helper in scope.stack or scope.depth >= MAX_INLINE_DEPTH:
             return
         events = self._summary(helper, scope.depth + 1, scope.stack)
-        bindings = _bind_arguments(helper, call)
+        bindings = bind_arguments(helper, call)
         for event in events:
             out.append(self._rebind(event, bindings, scope, call))
 
@@ -947,13 +948,25 @@ class EventBuilder:
             bound_loss = bindings.get(event.loss.value)
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
-            if bound_loss is not None and not event.scaled and self._scales(_unreduced(_uncast(bound_loss))):
+            if bound_loss is not None and not event.scaled and self._scaled_value(bound_loss, scope):
                 changes["scaled"] = True  # ``self._backward(scaler.scale(loss))``: the helper backpropagates a scaled loss
         return dataclasses.replace(event, **changes)
 
     def _scales(self, value: cst.BaseExpression) -> bool:
-        """``scaler.scale(loss)``: a grad scaler's scaling of a loss."""
+        """``scaler.scale(loss)``: a grad scaler's scaling of a loss; also ``scaler.scale(loss) if scaler else loss``,
+        scaled whenever there is a scaler to step through."""
+        if type(value) is cst.IfExp:
+            return self._scales(_uncast(value.body)) or self._scales(_uncast(value.orelse))
         return type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER
+
+    def _scaled_value(self, value: cst.BaseExpression, scope: _Scope) -> bool:
+        """Whether ``value``, handed to a helper, is a scaled loss: ``scaler.scale(loss)``, or a name the calling
+        function bound to one (``loss = self.scaler.scale(loss) if self.scaler else loss; self._backward(loss)``)."""
+        value = _unreduced(_uncast(value))
+        if self._scales(value):
+            return True
+        name = dotted_name(value)
+        return name is not None and any(self._scales(_uncast(v)) for v in self._assigned(name, scope.function))
 
 
 def _reads_name(nodes: list[cst.CSTNode], name: str) -> bool:
@@ -1328,20 +1341,6 @@ def _unreduced(node: cst.BaseExpression | None) -> cst.BaseExpression | None:
 
 def _within(scope: _Scope, frame: Frame) -> _Scope:
     return dataclasses.replace(scope, frames=scope.frames + (frame,))
-
-
-def _bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
-    """Which caller expression each helper parameter receives (positional and keyword, no ``*args``)."""
-    params = [p.name.value for p in helper.params.posonly_params] + [p.name.value for p in helper.params.params]
-    if params and params[0] in ("self", "cls") and type(call.func) is cst.Attribute:
-        params = params[1:]
-    bindings: dict[str, cst.BaseExpression] = {}
-    for name, arg in zip(params, positional_args(call)):
-        bindings[name] = arg.value
-    for arg in call.args:
-        if arg.keyword is not None:
-            bindings[arg.keyword.value] = arg.value
-    return bindings
 
 
 # In a communication hook's divisor, as written: the number of ranks (``process_group.size()``, ``world_size``).

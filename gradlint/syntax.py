@@ -134,6 +134,44 @@ def bool_literal(node: cst.BaseExpression) -> bool | None:
     return None
 
 
+def bind_arguments(helper: cst.FunctionDef, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """Which caller expression each helper parameter receives (positional and keyword, no ``*args``)."""
+    params = [p.name.value for p in helper.params.posonly_params] + [p.name.value for p in helper.params.params]
+    if params and params[0] in ("self", "cls") and type(call.func) is cst.Attribute:
+        params = params[1:]
+    bindings: dict[str, cst.BaseExpression] = {}
+    for name, arg in zip(params, positional_args(call)):
+        bindings[name] = arg.value
+    for arg in call.args:
+        if arg.keyword is not None:
+            bindings[arg.keyword.value] = arg.value
+    return bindings
+
+
+def with_arguments(test: cst.BaseExpression, bindings: dict[str, cst.BaseExpression]) -> cst.BaseExpression:
+    """A helper's branch test read at one call site: each parameter replaced by the caller's expression, and ``not``,
+    ``and``, ``or`` of literal booleans folded (``not accumulate or is_last`` with ``accumulate=True`` and
+    ``is_last=((i + 1) % k == 0)`` reads ``((i + 1) % k == 0)``). The test itself when it reads no bound name."""
+    kind = type(test)
+    if kind is cst.Name:
+        return bindings.get(test.value, test)
+    if kind is cst.UnaryOperation and type(test.operator) is cst.Not:
+        inner = with_arguments(test.expression, bindings)
+        literal = bool_literal(inner)
+        if literal is not None:
+            return cst.Name("False" if literal else "True")
+        return test if inner is test.expression else test.with_changes(expression=inner)
+    if kind is cst.BooleanOperation:
+        left, right = with_arguments(test.left, bindings), with_arguments(test.right, bindings)
+        left_value, right_value = bool_literal(left), bool_literal(right)
+        absorbing = type(test.operator) is cst.Or  # ``True or x`` is True, ``False and x`` is False
+        for value, other in ((left_value, right), (right_value, left)):
+            if value is absorbing:
+                return cst.Name("True" if absorbing else "False")
+            if value is not None:
+                return other
+        return test if (left is test.left and right is test.right) else test.with_changes(left=left, right=right)
+    return test
 # isinstance() against LibCST's abstract node classes is slow; the answer per type is cached.
 _NODE_TYPES: dict[type, bool] = {}
 

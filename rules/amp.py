@@ -114,6 +114,17 @@ def _is_receiver_of(call: cst.Call, loss: cst.CSTNode) -> bool:
     return call.func.value is loss or receiver_name.split(".")[-1] == "autograd"
 
 
+def _loss_handed_in(model: LoopModel, backward: Event) -> bool:
+    """``def _backward(self, loss): loss.backward(); self.scaler.step(opt)`` read on its own: the loss is the
+    function's parameter and no caller of this module is in view, so the caller may have scaled it
+    (equiformer's trainer runs ``loss = self.scaler.scale(loss) if self.scaler else loss`` before the call). Where a
+    caller inlines the function, its argument tells."""
+    if backward.call_chain or type(backward.loss) is not cst.Name:
+        return False
+    function = function_holding(model, backward.node)
+    return function is not None and backward.loss.value in parameter_names(function)
+
+
 class BackwardWithoutScaler(Rule):
     """A ``GradScaler`` steps the optimizer, but the loss is backpropagated without ``scaler.scale()``.
 
@@ -133,7 +144,12 @@ class BackwardWithoutScaler(Rule):
       DeepSpeed engine), or an object's own ``backward`` is handed the loss
       (``accel.backward(loss)``: audiotools' ``Accelerator`` scales it with
       its own scaler), or the loss is rebound to ``scaler.scale(loss)``
-      (also through ``typing.cast``);
+      (also through ``typing.cast``, or ``scaler.scale(loss) if scaler else
+      loss``);
+    - the loss is the parameter of a helper no caller in view inlines
+      (``def _backward(self, loss): loss.backward(); self.scaler.step(opt)``):
+      its caller may have scaled it. Where a caller of the module inlines
+      the helper, the loss it hands in decides;
     - the backward is a probe: a helper that backpropagates, reads the
       gradients and clears them before returning, stepping nothing
       (``fixtures/realworld/gl002_probe_backward_in_first_step_helper__MeZO.py``).
@@ -173,7 +189,7 @@ class BackwardWithoutScaler(Rule):
                 backwards = [
                     e for e in events
                     if e.kind is EventKind.BACKWARD and e.framework is None and not _without_scaler(e, scaler)
-                    and id(e) not in probes and not _backward_of_an_owner(e)
+                    and id(e) not in probes and not _backward_of_an_owner(e) and not _loss_handed_in(model, e)
                 ]
                 if any(b.scaled for b in backwards):
                     done.add(id(loop))

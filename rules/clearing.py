@@ -58,7 +58,7 @@ from gradlint.rules.network_in_no_optimizer import (
 )
 from gradlint.rules.parameter_groups import _optimizer_constructions
 from gradlint.rules.parameters import _is_requires_grad, _layer_built as _layer_built_by
-from gradlint.syntax import bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk
+from gradlint.syntax import bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk, with_arguments
 
 
 class MissingZeroGrad(Rule):
@@ -1214,7 +1214,10 @@ class ZeroGradInAccumulation(Rule):
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
     (GL002's finding), clears the prepared optimizer inside
-    ``accumulate()`` after the backward, or sits in the other branch of an
+    ``accumulate()`` after the backward (also an optimizer whose origin is
+    not in view, cleared right where it is stepped: ``for opt in
+    self.optimizers.values(): opt.step(); opt.zero_grad()``,
+    ``fixtures/realworld/gl003_prepared_optimizers_from_dict_values__HFTrainer.py``), or sits in the other branch of an
     ``if accumulation_steps > 1:`` that picks the mode once (its branches
     never alternate between batches). Inside ``accumulate()`` it is also
     quiet when the module builds an ``Accelerator`` that cannot accumulate
@@ -1332,7 +1335,9 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
             continue  # the framework's object comes from elsewhere, and nothing here says a micro-batch may not sync
         backwards = root.events_of(EventKind.BACKWARD, block)
         for zero in root.events_of(EventKind.ZERO, block):
-            if zero.target_kind is ObjKind.OPTIMIZER:
+            # The optimizer's own clear, also when its kind is unknown (``for opt in self.optimizers.values(): opt.step();
+            # opt.zero_grad()``): prepared, the framework skips it with the step; plain, both run every micro-batch.
+            if zero.target_kind is ObjKind.OPTIMIZER or _clears_what_it_steps(zero, step):
                 report = _prepared_clear_before_backward(model, root, zero, step, block, backwards, declared)
                 if report is not None:
                     yield report
@@ -1341,7 +1346,22 @@ def _ungated_clears_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
                 continue
             if any(f.accumulation for f in frames_inside(zero, block)) or leaves_before(zero, step):
                 continue
-            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), step.target), event=zero, against=(step,))
+            stepped = model.code(step.node.func.value) if type(step.node) is cst.Call and type(step.node.func) is cst.Attribute else step.target
+            yield Report(zero.node, declared.clear_message(model.code(zero.node), model.line(block.node), stepped), event=zero, against=(step,))
+
+
+def _clears_what_it_steps(zero: Event, step: Event) -> bool:
+    """``opt.zero_grad()`` of the object ``opt.step()`` steps (``for opt in self.optimizers.values(): opt.step();
+    opt.zero_grad()``), whatever its kind is known to be."""
+    if zero.manual or type(zero.node) is not cst.Call or type(step.node) is not cst.Call:
+        return False
+    if same_object(zero.target, step.target):
+        return True
+    cleared, stepped = zero.node.func, step.node.func
+    return (
+        type(cleared) is cst.Attribute and type(stepped) is cst.Attribute
+        and dotted_name(cleared.value) is not None and dotted_name(cleared.value) == dotted_name(stepped.value)
+    )
 
 
 def _plain_backward_in_accumulate(model: LoopModel, root) -> Iterator[Report]:
@@ -1433,7 +1453,7 @@ def _boundary_clears_before_backward(model: LoopModel, root: Root) -> Iterator[t
                 continue  # (a helper inlined at two call sites shares its loop: each copy is judged alone)
             same_test = any(
                 f.kind is FrameKind.BRANCH and f.accumulation and type(f.node) is cst.If
-                and _micro_batches_selected(model, f) == selects
+                and _micro_batches_selected(model, f, _test_at_call(model, zero, f)) == selects
                 and not _counter_changed_between(model, f.node, acc.frame.node, loop)
                 for f in frames_inside(zero, loop)
             )
@@ -1503,7 +1523,18 @@ def _others_backwards_only(model: LoopModel, root: Root, loop: Frame, step: Even
     return True
 
 
-def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool | None]:
+def _test_at_call(model: LoopModel, event: Event, branch: Frame) -> cst.BaseExpression:
+    """The test of a branch of a helper the event was inlined through, as the call hands it its arguments
+    (``self._step(batch, is_last=(i + 1) % k == 0)`` with ``if is_last: zero_grad()`` inside)."""
+    test = branch.node.test
+    function = function_holding(model, branch.node)
+    if function is None or not event.call_chain:
+        return test
+    call = next((c for c in reversed(event.call_chain) if terminal(c.func) == function.name.value), None)
+    return with_arguments(test, bind_arguments(function, call)) if call is not None else test
+
+
+def _micro_batches_selected(model: LoopModel, branch: Frame, test: cst.BaseExpression | None = None) -> tuple[str, bool | None]:
     """Which micro-batches a branch of an ``if`` runs on: the remainder it tests and whether the branch runs where that
     remainder is zero (for a test that is no remainder, compared with 0 or bare: the whole test, and whether this is
     its ``if`` branch).
@@ -1511,7 +1542,9 @@ def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool 
     ``if (i + 1) % k == 0:``, the ``else`` of ``if (i + 1) % k:`` and the rest of the block after ``if (i + 1) %
     k: continue`` all run where ``(i + 1) % k`` is zero: one guard spelled three ways.
     """
-    test = branch.node.test
+    test = branch.node.test if test is None else test
+    while getattr(test, "lpar", ()):  # ``((i + 1) % k == 0)`` handed in with its parentheses
+        test = test.with_changes(lpar=(), rpar=())
     negated = False
     while type(test) is cst.UnaryOperation and type(test.operator) is cst.Not:
         test, negated = test.expression, not negated
@@ -1521,7 +1554,7 @@ def _micro_batches_selected(model: LoopModel, branch: Frame) -> tuple[str, bool 
             true_when_zero = type(test.comparisons[0].operator) is cst.Equal
             test = test.left
     if type(test) is not cst.BinaryOperation or type(test.operator) is not cst.Modulo:
-        return model.code(branch.node.test), branch.branch == "if"
+        return model.code(test), branch.branch == "if"
     runs_when_zero = true_when_zero != negated
     if branch.branch != "if":  # ``else``, or the rest of the block after an ``if`` that leaves
         runs_when_zero = not runs_when_zero
@@ -2930,7 +2963,10 @@ class GradsKeptAllocated(Rule):
       on or backpropagates itself (the inputs' gradients of a sensitivity
       analysis, of an operator's timing benchmark:
       ``fixtures/realworld/ok_gl005_input_gradients_zeroed_for_sensitivity__prosper_nn.py``,
-      ``ok_gl005_input_gradients_zeroed_in_timing_benchmark__ArcNerf.py``);
+      ``ok_gl005_input_gradients_zeroed_in_timing_benchmark__ArcNerf.py``),
+      or under a test that the object is a tensor at all or a leaf (``if
+      torch.is_tensor(x) and x.is_leaf:``, a walk over nested inputs:
+      ``gl005_pipeline_inputs_zeroed__nanoRLHF.py``);
     - a per-parameter loop zeroes a gradient under a test of a value
       computed from it (``if clip_coef < 0.2: p.grad.mul_(0)``: a clip that
       drops it, ``fixtures/realworld/ok_gl005_per_parameter_clip_drops_gradient__Infinity.py``);
@@ -2995,7 +3031,9 @@ def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
     """Whether a hand-written zeroing clears the gradients of tensors the code made to ask for them, where nothing
     steps: the zeroing walks no network's ``parameters()`` (``for x in inputs: x.grad.zero_()``, a sensitivity
     analysis, an operator's timing benchmark), and the function turns ``requires_grad`` on for something
-    (``input_batch.requires_grad_(True)``) or backpropagates itself (its caller made the inputs ask for gradients).
+    (``input_batch.requires_grad_(True)``) or backpropagates itself (its caller made the inputs ask for gradients), or
+    the zeroing is under a test of whether the object is a tensor at all or a leaf (a walk over nested inputs: a
+    parameter is always a leaf tensor, nanoRLHF's pipeline stages clear their received inputs so).
     A clearing helper that only zeroes what it is handed is still judged."""
     if any(e.kind is EventKind.STEP or e.kind is HANDOFF for e in root.events):
         return False
@@ -3003,6 +3041,8 @@ def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
         return False
     if any(e.kind is EventKind.BACKWARD and _same_chain(e.call_chain, event.call_chain) for e in root.events):
         return True  # the zeroing's own function backpropagates
+    if any(f.kind is FrameKind.BRANCH and type(f.node) is cst.If and _tests_for_any_tensor(f.node.test) for f in event.frames):
+        return True  # ``if torch.is_tensor(x) and x.is_leaf: x.grad.zero_()``: a walk over nested inputs of any type
     function = function_holding(model, event.node)
     return function is not None and any(
         type(node) is cst.Call and callee_name(node) == "requires_grad_"
@@ -3010,6 +3050,21 @@ def _zeroes_input_gradients(model: LoopModel, root, event: Event) -> bool:
         or type(node) is cst.Assign and bool_literal(node.value) is True and any(_is_requires_grad(t.target) for t in node.targets)
         for node in model.file.walk(function.body)
     )
+
+
+def _tests_for_any_tensor(test: cst.BaseExpression) -> bool:
+    """``torch.is_tensor(x)``, ``isinstance(x, torch.Tensor)``, ``x.is_leaf``: a test no walk over parameters needs."""
+    for node in walk(test):
+        if type(node) is cst.Attribute and node.attr.value == "is_leaf":
+            return True
+        if type(node) is cst.Call:
+            name = callee_name(node)
+            if name == "is_tensor":
+                return True
+            args = positional_args(node)
+            if name == "isinstance" and len(args) == 2 and any(terminal(n) == "Tensor" for n in walk(args[1].value) if type(n) in (cst.Name, cst.Attribute)):
+                return True
+    return False
 
 
 def _inside_own_zero_grad(model: LoopModel, event: Event) -> bool:

@@ -25,6 +25,7 @@ from gradlint.queries import (
     handoff_may_step,
     lies_in,
     opposite_sides_of_settings,
+    probe_events,
     same_object,
     steps_with_loops,
 )
@@ -68,6 +69,10 @@ class LastWindowOfPassNotStepped(Rule):
       ``accum - 1`` micro-batches at the very end of training), iterates a
       ``range`` (whose length the code sets), or an endless iterator
       (``itertools.cycle``, a name saying ``infinite``);
+    - the micro-batch loop clears the optimizer before its backward (under
+      whatever test): the micro-batches left at a pass's end meet that
+      clear first, and whether it is right is GL003's question
+      (``fixtures/realworld/gl003_clear_under_flag_handed_to_step_helper__SDXL-Training-Improvements.py``);
     - the guard's window is shifted (GL014 reports it, the same micro-batches
       included), or the count exceeds 1 only where a framework's engine steps
       at its own boundary.
@@ -121,6 +126,8 @@ class LastWindowOfPassNotStepped(Rule):
                     continue  # counted across passes: the windows run on into the next pass
                 if frameworks.count_above_one_only_under_own_engine(model, test.count):
                     continue
+                if _cleared_before_backward(model, root, step, loop, acc.backwards):
+                    continue  # what is left at a pass's end meets that clear first: its fate is the clear's (GL003's) business
                 cleared = _cleared_in_pass(model, root, step, loop, passes)
                 if cleared is None and not _divided_by_the_count(root, acc.backwards, loop):
                     continue  # carried into the next window and normalised there: one larger batch, weighed right
@@ -209,6 +216,18 @@ def _cleared_in_pass(model: LoopModel, root: Root, step: Event, loop: Frame, pas
     return next(
         (z for z in root.events_of(EventKind.ZERO, passes) if not z.inside(loop) and clears(model, z, step.target)),
         None,
+    )
+
+
+def _cleared_before_backward(model: LoopModel, root: Root, step: Event, loop: Frame, backwards: list[Event]) -> bool:
+    """Whether the micro-batch loop clears the step's optimizer before a backward of the same iteration
+    (``if not accumulate or is_last: opt.zero_grad()`` in a step helper, a window-start clear): the micro-batches
+    left at a pass's end are then not simply added into the next pass's first step."""
+    probes = probe_events(root)  # a probe's own clear wipes only what the probe backpropagated
+    return any(
+        id(z) not in probes and clears(model, z, step.target)
+        and any(root.order(z) < root.order(b) < root.order(step) for b in backwards)
+        for z in root.events_of(EventKind.ZERO, loop)
     )
 
 
