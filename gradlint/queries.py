@@ -772,6 +772,34 @@ def _setting_sides(model: LoopModel, event: Event) -> tuple[set[str], list[froze
     return holds, fails
 
 
+def setting_values(model: LoopModel, node: cst.CSTNode) -> dict[str, bool]:
+    """What the settings tested by the ``if``s around ``node`` are wherever it runs: ``{"configs.only_eval": True}``
+    in the body of ``if configs.only_eval:``, ``False`` in its ``else`` or in the body of ``if not
+    configs.only_eval:``. Only single-term tests of settings (:func:`_is_setting`) not assigned in the function, and
+    each term of an ``and`` whose body holds the node."""
+    parents = model.parents or {}
+    values: dict[str, bool] = {}
+    child, current = node, parents.get(node)
+    while current is not None:
+        if type(current) is cst.If and child is not current.test:
+            in_body = child is current.body
+            terms = boolean_terms(current.test, cst.And)
+            if (in_body or len(terms) == 1) and all(_is_setting(t) for t in terms) and not _assigned_where_tested(model, current, terms, once=True):
+                for term in terms:
+                    holds = in_body
+                    while type(term) is cst.UnaryOperation and type(term.operator) is cst.Not:
+                        term, holds = term.expression, not holds
+                    values.setdefault(model.code(term), holds)
+        child, current = current, parents.get(current)
+    return values
+
+
+def contradicting_settings(model: LoopModel, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` run under opposite values of one setting (:func:`setting_values`): they never meet."""
+    values_a, values_b = setting_values(model, a), setting_values(model, b)
+    return any(values_b.get(term, value) != value for term, value in values_a.items())
+
+
 def _is_setting(term: cst.BaseExpression) -> bool:
     """``args.fp16``, ``not use_amp``, ``cfg.amp == "apex"``, ``scaler is not None``: a read of configuration."""
     if type(term) is cst.UnaryOperation and type(term.operator) is cst.Not:
@@ -788,13 +816,14 @@ def _is_setting_read(node: cst.BaseExpression) -> bool:
     return type(node) in (cst.Name, cst.Attribute) and dotted_name(node) is not None
 
 
-def _assigned_where_tested(model: LoopModel, test: cst.If, terms: list[cst.BaseExpression]) -> bool:
-    """Whether a name the test reads is assigned in the function holding it (more than once at module level)."""
+def _assigned_where_tested(model: LoopModel, test: cst.If, terms: list[cst.BaseExpression], once: bool = False) -> bool:
+    """Whether a name the test reads is assigned in the function holding it (more than once at module level, or
+    with ``once``, anywhere: a configuration read once into a local is still fixed)."""
     if model.index is None:
         return True
     function = function_holding(model, test)
     table = model.index.assignments.get(function, {})
-    allowed = 1 if function is None else 0
+    allowed = 1 if function is None or once else 0
     for term in terms:
         for node in walk(term):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
@@ -845,23 +874,32 @@ def leaves_before(event: Event, later: Event) -> bool:
 
 
 def rebuilt_in(model: LoopModel, loop: Frame, name: str | None, step: Event | None = None) -> bool:
-    """Whether ``name`` is assigned anew inside ``loop`` on every iteration: an optimizer built per iteration starts
-    clean each time. One rebuilt under an ``if`` that ``step`` is not under too (``if it == switch_point: opt =
+    """Whether ``name`` is assigned anew inside ``loop`` on every iteration, or in the helper the loop calls that steps
+    it: an optimizer built per iteration starts clean each time. One rebuilt under an ``if`` that ``step`` is not under too (``if it == switch_point: opt =
     Adam(...)``, a new phase) serves many iterations."""
     if name is None:
         return False
-    for node in model.file.walk(loop.node.body):
-        if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
-            value = node.value
-        elif type(node) is cst.AnnAssign and dotted_name(node.target) == name:
-            value = node.value
-        else:
-            continue
-        if loop.called_by is not None and _fetches_optimizer(value):
-            continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
-        if _under_if_within(model, node, loop.node, step.node if step is not None else None):
-            continue
-        return True
+    bodies: list[tuple[cst.CSTNode, cst.CSTNode]] = [(loop.node, loop.node.body)]
+    if step is not None and step.call_chain and lies_in(model, step.call_chain[0], loop.node):
+        # a helper the loop calls, which builds the optimizer it steps (``optim = optim_config.build(model)``)
+        function = function_holding(model, step.node)
+        if function is not None:
+            bodies.append((function, function.body))
+    for outer, body in bodies:
+        for node in model.file.walk(body):
+            if type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets):
+                value = node.value
+            elif type(node) is cst.AnnAssign and dotted_name(node.target) == name:
+                value = node.value
+            else:
+                continue
+            if (loop.called_by is not None or outer is not loop.node) and _fetches_optimizer(value):
+                continue  # a step function fetching the one optimizer it steps (``opt = self.optimizers()``)
+            if outer is not loop.node and not _builds(value):
+                continue  # ``opt = self.get_optimizer()`` in a helper: may hand back the same optimizer every call
+            if _under_if_within(model, node, outer, step.node if step is not None else None):
+                continue
+            return True
     return False
 
 
@@ -874,6 +912,15 @@ def _under_if_within(model: LoopModel, node: cst.CSTNode, outer: cst.CSTNode, be
             return True
         node = parents.get(node)
     return False
+
+
+_BUILDING_CALL = re.compile(r"^[A-Z]|build|create|make|^new|^init")
+
+
+def _builds(value: cst.BaseExpression | None) -> bool:
+    """``Adam(...)``, ``optim_config.build(model)``, ``create_optimizer(...)``: a call that makes a new object."""
+    name = callee_name(value) if type(value) is cst.Call else None
+    return name is not None and _BUILDING_CALL.search(name) is not None
 
 
 def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:

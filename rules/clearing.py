@@ -161,7 +161,9 @@ class MissingZeroGrad(Rule):
       epoch)``, ``save_checkpoint(...)``), or every function of that name in
       the files of the run is read and none clears (no ``zero_grad``, no
       store into ``.grad``, no argument handed on to other code);
-    - a fresh optimizer over fresh tensors is built every iteration, or the
+    - a fresh optimizer over fresh tensors is built every iteration (also in
+      the helper the loop calls, which builds it and steps it:
+      ``fixtures/realworld/gl001_fresh_optimizer_built_in_called_helper__OLMo-core.py``), or the
       optimizer's own ``step()`` clears after stepping (ColossalAI's
       ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``);
     - the optimizer is set up for gradient release (optimi's

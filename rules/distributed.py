@@ -20,6 +20,7 @@ from gradlint.queries import (
     accumulation,
     accumulation_place,
     counter_and_offset,
+    contradicting_settings,
     exclusive,
     frames_inside,
     function_holding,
@@ -110,7 +111,11 @@ class AccumulationWithoutNoSync(Rule):
       (``fixtures/realworld/ok_gl302_accumulation_asserted_off_under_ddp__P-tuning-v2.py``);
     - no wrapped model is reachable from the loop's code (the wrapper belongs
       to another function, and no caller hands it in), or the loop forwards
-      through the module the DDP model wraps rather than the DDP model itself;
+      through the module the DDP model wraps rather than the DDP model itself,
+      or every wrap of the name runs under the opposite value of a setting
+      the backward runs under (``if configs.only_eval: m = DDP(model) else: m
+      = FSDP(model)``, trained under ``if not configs.only_eval:``:
+      ``fixtures/realworld/gl302_ddp_only_on_the_side_that_never_trains__coconut.py``);
       a model prepared by accelerate or Fabric, or sharded with
       ``fully_shard``, counts only when the loop calls it, itself or in a
       function of the module it calls (a model prepared in a list,
@@ -212,6 +217,9 @@ class AccumulationWithoutNoSync(Rule):
                         continue
                     if _stepped_on_its_own_path(root, backward, step):
                         continue  # a retried batch's backward, stepped at once: its all-reduce is needed
+                    sites = _wrap_sites(model, name)
+                    if sites and all(contradicting_settings(model, site, backward.node) for site in sites):
+                        continue  # ``if only_eval: model = DDP(model) else: model = FSDP(model)``, trained under ``not only_eval``
                     place = _in_loop(model, backward, region)
                     if place is not backward.node and any(call is place for call in step.call_chain):
                         place = backward.node  # the helper also steps: moving its call moves the step (report_site)
@@ -329,6 +337,21 @@ def _plain_callee(call: cst.Call) -> str | None:
     """The name of a call's callee when it is a plain name (``smart_DDP(model)``): a function the module imports, not a
     method (the project index notes only calls of names imported so)."""
     return call.func.value if type(call.func) is cst.Name else None
+
+
+def _wrap_sites(model: LoopModel, name: str) -> list[cst.CSTNode]:
+    """The wrapper classes' constructions assigned to ``name`` anywhere in the module (``DDP(model, ...)``)."""
+    if model.index is None:
+        return []
+    settings = framework_settings(model)
+    wrap_calls = {
+        id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
+    }
+    return [
+        value.value if isinstance(value, Unpacked) else value
+        for table in model.index.assignments.values() for value in table.get(name, ())
+        if _constructed(value, wrap_calls) is not None
+    ]
 
 
 def _constructed(value, wrap_calls: dict[int, Wrap]) -> Wrap | None:

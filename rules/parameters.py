@@ -1240,7 +1240,10 @@ class OptimizerNeverStepped(Rule):
     its scope (the module, or for a local variable its function: two
     functions may each build their own ``optimizer_d``), or only built; when
     another optimizer holds the same network (it may be the one that trains
-    it), or the optimizer is built anew in a loop that also holds the
+    it), or the optimizer is set on an object from outside
+    (``trainer.actor_optimizer = Adam(...)``) and a class of the module
+    steps or hands on ``self.actor_optimizer``
+    (``fixtures/realworld/gl019_optimizer_reset_on_trainer_object__CORL.py``), or the optimizer is built anew in a loop that also holds the
     backward (a fresh network and optimizer per round whose gradients are
     only read: ``fixtures/realworld/ok_gl019_optimizer_rebuilt_per_round__ROLL.py``); when no loop backpropagates a loss that visibly runs through the
     network it was built over
@@ -1287,6 +1290,8 @@ class OptimizerNeverStepped(Rule):
             owners = owners_of_construction(model, built) if scope is not None else parameter_owners(model, name)
             if not owners or not _only_built_and_cleared(model, name, scope):
                 continue
+            if _object_steps_its_own(model, name):
+                continue  # ``trainer.actor_optimizer = Adam(...)`` where a class's method steps ``self.actor_optimizer``
             others = [c for c in by_scope.get(id(scope), []) + by_scope.get(id(None), []) if c is not built]
             if any(owners & owners_of_construction(model, other) for other in others):
                 continue  # another optimizer holds the same network: it may be the one that trains it
@@ -1326,6 +1331,14 @@ def _an_optimizer(model: LoopModel, name: str) -> bool:
         return known.kind is ObjKind.OPTIMIZER
     last = name.rsplit(".", 1)[-1].lstrip("_")
     return bool(last) and kind_from_name(last) is ObjKind.OPTIMIZER
+
+
+def _object_steps_its_own(model: LoopModel, name: str) -> bool:
+    """Whether ``name`` is an attribute set on an object from outside (``trainer.critic_optimizer = Adam(...)``) that a
+    method of some class of the module uses as its own (``self.critic_optimizer.step()``): the object may be an
+    instance of that class (CORL's SPOT resets its optimizers so before online tuning)."""
+    owner, _, attribute = name.rpartition(".")
+    return bool(owner) and owner != "self" and not _only_built_and_cleared(model, f"self.{attribute}", None)
 
 
 def _only_built_and_cleared(model: LoopModel, name: str, scope: cst.CSTNode | None, depth: int = 0) -> bool:
