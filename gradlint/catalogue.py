@@ -237,7 +237,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((STEP, '%'),),
+        needs=((STEP, '%'), ('%', 'accum')),
     ),
     RuleInfo(
         code='GL024',
@@ -274,6 +274,15 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         fix=None,
         enabled_by_default=True,
         needs=((BACKWARD, _TOKEN_6),),
+    ),
+    RuleInfo(
+        code='GL028',
+        name='optimizer-over-replaced-network',
+        summary='a network is replaced after the optimizer was built over its parameters: the new one never trains',
+        severity=Severity.ERROR,
+        fix=None,
+        enabled_by_default=True,
+        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'load'), (_TOKEN_6, 'from_pretrained')),
     ),
     RuleInfo(
         code='GL101',

@@ -311,8 +311,10 @@ class EventBuilder:
             return True, count
         if self._count_reaches_threshold(test, function):
             return True, None
+        # ``config["is_warmup"]``: the key names the setting read, not whatever else the container holds
+        containers = {id(n.value) for n in self._walk(test) if type(n) is cst.Subscript and _string_key(n) is not None}
         for node in self._walk(test):
-            name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
+            name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) and id(node) not in containers else None
             if name is None:
                 continue
             if _ACCUMULATION_WORDS.search(name):
@@ -967,6 +969,14 @@ class EventBuilder:
             return True
         name = dotted_name(value)
         return name is not None and any(self._scales(_uncast(v)) for v in self._assigned(name, scope.function))
+
+
+def _string_key(subscript: cst.Subscript) -> str | None:
+    """The text of a subscript's one string-literal key (``config["is_warmup"]``), or None."""
+    if len(subscript.slice) != 1 or type(subscript.slice[0].slice) is not cst.Index:
+        return None
+    key = subscript.slice[0].slice.value
+    return key.evaluated_value if type(key) is cst.SimpleString and isinstance(key.evaluated_value, str) else None
 
 
 def _reads_name(nodes: list[cst.CSTNode], name: str) -> bool:

@@ -5,6 +5,7 @@
 - ``steps``: whether a step has gradients to apply (GL022)
 - ``parameter_groups``: whether every parameter group a function fills reaches its optimizer, once (GL025, GL026)
 - ``network_in_no_optimizer``: whether every network a backpropagated loss runs through is held by an optimizer (GL027)
+- ``replaced_network``: whether a network an optimizer holds is replaced by a new one before it steps (GL028)
 - ``guard_precedence``: whether a step's guard computes the remainder it means (GL023)
 - ``gradient_reads``: whether gradients read in a loop are that iteration's own (GL024)
 - ``pass_end``: the micro-batches left over at the end of a pass over the data (GL021)
@@ -52,6 +53,7 @@ from gradlint.rules.steps import StepWithoutBackward
 from gradlint.rules.guard_precedence import RemainderPrecedenceInGuard
 from gradlint.rules.parameter_groups import ParameterGroupNeverAdded, ParametersRepeatedInGroup
 from gradlint.rules.network_in_no_optimizer import NetworkInNoOptimizer
+from gradlint.rules.replaced_network import OptimizerOverReplacedNetwork
 from gradlint.rules.gradient_reads import GradientReadWithoutClear
 from gradlint.rules.parameters import (
     OptimizerOverFrozenParams,
@@ -106,6 +108,7 @@ ALL_RULES: tuple[type[Rule], ...] = (
     ParameterGroupNeverAdded,
     ParametersRepeatedInGroup,
     NetworkInNoOptimizer,
+    OptimizerOverReplacedNetwork,
     BackwardWithoutScaler,
     StepBypassesScaler,
     ClipBeforeUnscale,

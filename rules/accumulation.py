@@ -963,15 +963,23 @@ class LossDividedWithoutAccumulation(Rule):
     setting fixed for the whole run (``if args.fp16:``), so some micro-batches
     may not step, or under a test of the count itself (``if accum == 1:``: it
     steps on every micro-batch only when there is nothing to accumulate); the
-    loop has an accumulation guard, ``accelerator.accumulate``
-    or a framework's backward (accelerate, DeepSpeed, Lightning decide the
-    step themselves); the backward runs in an inner loop of micro-batches and
+    loop has an accumulation guard or ``accelerator.accumulate``, or its
+    backward is a framework's that decides the step itself (DeepSpeed,
+    Lightning); the backward runs in an inner loop of micro-batches and
     the step after it (``fixtures/accumulation/micro_step_loop_correct.py``),
     or another backward of the loop does, before the last micro-batch's own
     (``fixtures/realworld/gl010_last_micro_batch_outside_inner_loop__lightning-thunder.py``);
     or the loss backpropagated is a sum built from divided parts
     (``loss += part / accum``) rather than the divided loss itself
     (``fixtures/accumulation/ok_loss_divided_with_accumulation.py``).
+
+    The same when a framework's backward divides by the count its object
+    was built with (``Accelerator(gradient_accumulation_steps=8)``, then
+    ``accelerator.backward(loss)``) and the loop never enters the
+    framework's accumulation context (``accumulate()``), the only place it
+    holds the step back: the prepared optimizer steps and clears on every
+    batch
+    (``fixtures/realworld/gl010_framework_divides_outside_its_context__EAGLE.py``).
 
     The same when the division is written on the gradients under the
     accumulation's boundary test (``if i % iter_size == 0: for p in params:
@@ -990,15 +998,18 @@ class LossDividedWithoutAccumulation(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         for root in model.roots:
             for backward in root.events_of(EventKind.BACKWARD):
-                if backward.framework is not None or backward.loss is None or not backward.loops:
+                if backward.loss is None or not backward.loops:
                     continue
-                yield from self._every_micro_batch(model, root, backward, backward.loops[-1])
+                if backward.framework is None:
+                    yield from self._every_micro_batch(model, root, backward, backward.loops[-1])
+                elif not backward.call_chain:
+                    yield from _framework_divides_outside_its_context(model, root, backward, backward.loops[-1])
             yield from _gradients_divided_under_guard(model, root)
 
     def _every_micro_batch(self, model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
-        events = root.events_in(loop)
-        if any(f.accumulation or f.context == "accumulate" for e in events for f in frames_inside(e, loop)):
+        if _accumulates(root, loop):
             return  # the loop accumulates somewhere: GL003 and GL004 weigh it
+        events = root.events_in(loop)
         if any(
             e.kind is EventKind.BACKWARD and any(f.kind is FrameKind.LOOP for f in frames_inside(e, loop)) for e in events
         ):
@@ -1027,6 +1038,39 @@ class LossDividedWithoutAccumulation(Rule):
             f"accumulates, so each step is "
             f"`{model.code(divisor)}` times too small; step and clear under an accumulation guard, or drop the division",
         )
+
+
+def _accumulates(root: Root, loop: Frame) -> bool:
+    """Whether anything in the loop is under an accumulation guard or in a framework's accumulation context."""
+    return any(f.accumulation or f.context == "accumulate" for e in root.events_in(loop) for f in frames_inside(e, loop))
+
+
+def _framework_divides_outside_its_context(model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
+    """A framework's backward that divides the loss by the accumulation count of an object built with one that may
+    exceed 1, in a loop that never enters the framework's accumulation context, guards nothing, and steps and clears
+    a plain optimizer on every batch (``Accelerator(gradient_accumulation_steps=8)``, then ``accelerator.backward(loss);
+    optimizer.step()``): outside the context the framework holds no step back, so nothing accumulates."""
+    declared = frameworks.dividing_backward(backward)
+    count = declared.count if declared is not None else None
+    if count is None or count.held_back_only_in is None or count.unheld_message is None or _accumulates(root, loop):
+        return
+    setting = framework_settings(model).accumulation_of(count.settings)
+    if setting.without_count:
+        return  # some construction divides by nothing: the backward may be that one's
+    counted = next((c for c in setting.counts if counts_more_than_one(c)), None)
+    if counted is None:
+        return
+    at = root.order(backward)
+    step = next((e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at), None)
+    if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER or not _unconditional(step, loop):
+        return
+    if not any(clears(model, z, step.target) and _unconditional(z, loop) for z in root.events_of(EventKind.ZERO, loop)):
+        return
+    yield Report(
+        step.node,
+        count.unheld_message(model.code(step.node), model.code(backward.node), model.code(counted), model.line(counted)),
+        event=step, against=(backward,),
+    )
 
 
 def _gradients_divided_under_guard(model: LoopModel, root: Root) -> Iterator[Report]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import libcst as cst
@@ -26,9 +27,15 @@ class RemainderPrecedenceInGuard(Rule):
 
     **Fix.** Parenthesise the sum: ``(batch_idx + 1) % accum == 0``.
 
+    The same sum is reported wherever the divisor is an accumulation count
+    (``skip_step = epoch_minibatches + 1 % self.accumulation_steps`` in a
+    callback, the test of the micro-batches that run outside ``no_sync()``:
+    ``fixtures/realworld/gl023_remainder_of_one_outside_the_step_guard__myrtlespeech.py``).
+
     **Stays quiet when** the literal is not the left operand of ``%``
     (``i + k % 2``, a remainder of a name, may be meant), or the test guards
-    no optimizer step, clear or scheduler step.
+    no optimizer step, clear or scheduler step and its divisor is no
+    accumulation count.
 
     **Bad**::
 
@@ -52,10 +59,11 @@ class RemainderPrecedenceInGuard(Rule):
     summary = "a step's guard writes `i + 1 % k`, which is `i + (1 % k)`: `%` binds tighter than `+`"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ((STEP, "%"),)
+    needs = ((STEP, "%"), ("%", "accum"))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         reported: set[int] = set()
+        yield from _traps_on_accumulation_counts(model, reported)
         for root in model.roots:
             for event in root.events:
                 if event.kind not in (EventKind.STEP, EventKind.ZERO, EventKind.SCHED_STEP):
@@ -78,11 +86,34 @@ class RemainderPrecedenceInGuard(Rule):
                         )
 
 
-def _precedence_traps(model: LoopModel, test: cst.BaseExpression) -> list[cst.BinaryOperation]:
+# A divisor that is an accumulation count: the remainder decides which micro-batches step, wherever it is written.
+_ACCUMULATION_COUNT = re.compile(r"accum|update_freq", re.IGNORECASE)
+
+
+def _traps_on_accumulation_counts(model: LoopModel, reported: set[int]) -> Iterator[Report]:
+    """``a + 1 % k`` with ``k`` an accumulation count, in any test or assignment of the module: a flag handed to the
+    loop (``skip_step = kwargs["epoch_minibatches"] + 1 % self.accumulation_steps``), the test of the micro-batches
+    that run outside ``no_sync()``. The remainder of 1 decides nothing."""
+    for trap in _precedence_traps(model, model.module, every=True):
+        if not _ACCUMULATION_COUNT.search(model.code(trap.right.right)):
+            continue
+        reported.add(id(trap))
+        meant = f"({model.code(trap.left)} {_sign(trap)} {model.code(trap.right.left)}) % {model.code(trap.right.right)}"
+        yield Report(
+            trap,
+            f"`{model.code(trap)}` is `{model.code(trap.left)} {_sign(trap)} ({model.code(trap.right)})`: `%` binds "
+            f"tighter than `{_sign(trap)}`, so it takes the remainder of `{model.code(trap.right.left)}`, not of the "
+            f"counter: for any `{model.code(trap.right.right)}` above 1 the test is the same on every micro-batch of "
+            f"a counter that starts at 0, not the accumulation window it means; write `{meant}`",
+            fix=_parenthesise(trap),
+        )
+
+
+def _precedence_traps(model: LoopModel, test: cst.CSTNode, every: bool = False) -> list[cst.BinaryOperation]:
     """``a + 1 % k`` / ``a - 1 % k`` in a test: a sum or difference whose right operand is a remainder of an integer
     literal, written without parentheses around the remainder."""
     found = []
-    for node in model.file.walk(test):
+    for node in model.file.every_node(test) if every else model.file.walk(test):
         if type(node) is not cst.BinaryOperation or type(node.operator) not in (cst.Add, cst.Subtract):
             continue
         right = node.right

@@ -51,8 +51,12 @@ class SchedulerStepsPerMicroBatch(Rule):
       (``if i + 1 == len(loader):``,
       ``fixtures/schedule/ok_scheduler_on_last_batch_of_loader.py``), alone or
       in an ``and``;
-    - the loop is accelerate's (``accelerator.backward`` or ``accumulate()``):
-      its prepared schedulers skip the micro-batches that do not step. Inside
+    - the loop runs in accelerate's ``accumulate()``: its prepared schedulers
+      skip the micro-batches that do not step (outside it, with
+      ``accelerator.backward`` under a guard of the loop's own, they step
+      every time: ``AcceleratedScheduler.step`` waits only while
+      ``sync_gradients`` is False, which only ``accumulate()`` sets;
+      ``fixtures/realworld/gl301_prepared_scheduler_outside_accumulate__fluxflow-training.py``). Inside
       ``with accelerator.accumulate(...)`` it reports a scheduler stepped beside
       the optimizer only when that scheduler is certainly plain: built in the
       module (a ``torch.optim.lr_scheduler`` class or a ``get_*schedule*`` of
@@ -131,9 +135,10 @@ class SchedulerStepsPerMicroBatch(Rule):
                         if cadence is not None:
                             yield settled.note(Report(sched.node, cadence, event=sched, against=(step,)))
                 if id(loop) not in framework_decides:
-                    # a framework's prepared schedulers skip the micro-batches that do not step
+                    # inside a framework's accumulation context its prepared schedulers skip the micro-batches that do not
+                    # step; outside it (``accelerator.backward`` under a hand-written guard) they step every time
                     events = root.events_in(loop)
-                    framework_decides[id(loop)] = any(frameworks.prepared_steps_wait(e) or e.with_context("accumulate") for e in events)
+                    framework_decides[id(loop)] = any(e.with_context("accumulate") for e in events)
                 if framework_decides[id(loop)]:
                     continue
                 for sched in scheds:

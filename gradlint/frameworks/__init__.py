@@ -163,12 +163,6 @@ def all_reduces_as_plain(event: Event) -> bool:
     return backward is not None and not backward.decides_sync
 
 
-def prepared_steps_wait(event: Event) -> bool:
-    """Whether the event is a framework's whose prepared schedulers step only on the micro-batch that syncs."""
-    framework = _FRAMEWORK_OF_KEY.get(event.framework) if event.framework is not None else None
-    return framework is not None and framework.prepared_steps_wait
-
-
 def dividing_backward(event: Event) -> Backward | None:
     """The declaration of the event's backward when it divides by a count whose spelling GL007 knows."""
     backward = _BY_KEY.get(event.framework) if event.framework is not None else None

@@ -12,7 +12,11 @@ the one that completes the accumulation and runs the others under the
 model's ``no_sync()``; the optimizer ``prepare`` returns
 (``AcceleratedOptimizer``) steps and clears only when ``sync_gradients`` is
 set, and so does the prepared scheduler (``AcceleratedScheduler.step``
-returns early otherwise). ``no_sync(model)`` enters the model's own.
+returns early otherwise). Only ``accumulate()`` (``_do_sync``) ever sets
+``sync_gradients`` to False: a loop that calls ``accelerator.backward``
+under a guard of its own steps the prepared optimizer and scheduler on
+every call, and ``backward`` still divides the loss by
+``gradient_accumulation_steps``. ``no_sync(model)`` enters the model's own.
 ``clip_grad_norm_`` (and ``clip_grad_value_``) unscales the gradients first:
 under ``mixed_precision="fp16"`` (``native_amp``, a ``GradScaler``)
 ``unscale_gradients`` calls ``self.scaler.unscale_(opt)`` for every prepared
@@ -155,6 +159,15 @@ def _read_from_deepspeed_config(model: LoopModel, divisor: cst.BaseExpression) -
 
 def _is_key(node: cst.BaseExpression, key: str) -> bool:
     return type(node) is cst.SimpleString and node.evaluated_value == key
+
+
+def _unheld_message(step: str, backward: str, count: str, line: int) -> str:
+    return (
+        f"`{step}` steps on every batch, but `{backward}` divides the loss by the Accelerator's "
+        f"`gradient_accumulation_steps` (`{count}`, line {line}) and the loop never enters `accumulate()`, the only "
+        f"place accelerate holds the prepared optimizer's step back: nothing accumulates, and each step is that many "
+        f"times too small; run the batch in `with accelerator.accumulate(model):`, or build the Accelerator without the count"
+    )
 
 
 def _read_elsewhere_message(divisor: str, line: int, call: str) -> str:
@@ -452,6 +465,8 @@ FRAMEWORK = Framework(
                 divides_again="`{call}` divides it again (`Accelerator(gradient_accumulation_steps=...)`)",
                 read_elsewhere=_read_from_deepspeed_config,
                 read_elsewhere_message=_read_elsewhere_message,
+                held_back_only_in="accumulate",
+                unheld_message=_unheld_message,
             ),
         ),
     ),
@@ -482,5 +497,4 @@ FRAMEWORK = Framework(
         "accelerate": AccumulationSetting(_ACCELERATOR, "gradient_accumulation_steps", ("gradient_accumulation_plugin",)),
     },
     clip_owner_kinds={ObjKind.PREPARER: "accelerate"},
-    prepared_steps_wait=True,
 )

@@ -31,7 +31,7 @@ The terms, and who reads them:
 - :class:`ReleaseCall`: a gradient-release set-up (:mod:`gradlint.release_setups`; GL201-GL204);
 - ``owns_backwards_of``: classes whose methods' backwards the framework
   divides for itself (GL007 leaves them alone);
-- ``clip_methods``, ``clip_owner_kinds``, ``prepared_steps_wait``,
+- ``clip_methods``, ``clip_owner_kinds``,
   ``comm_hooks``, ``averaging_steps``, ``clearing_steps``, ``step_functions``,
   ``loss_scalers``, ``per_batch``: the rest of what the event builder,
   the model builder and GL301 ask.
@@ -70,6 +70,11 @@ class CountSetting:
     # by it as well; and the message then (``divisor code, line, call code``)
     read_elsewhere: Callable[[LoopModel, cst.BaseExpression], cst.CSTNode | None] | None = None
     read_elsewhere_message: Callable[[str, int, str], str] | None = None
+    # The accumulation context (an :class:`AccumulateContext` method) outside which the framework holds no step back:
+    # its prepared optimizer steps on every call there while the backward still divides; and the message for a loop
+    # that divides so and steps every batch (step code, backward code, count code, line of the count)
+    held_back_only_in: str | None = None
+    unheld_message: Callable[[str, str, str, int], str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,9 +410,6 @@ class Framework:
     # -- the rest the event builder and the model builder ask
     clip_methods: frozenset[str] = frozenset()  # clipping calls of its own (whatever the receiver)
     clip_owner_kinds: dict[ObjKind, str] = dataclasses.field(default_factory=dict)  # a clip on such a receiver is ``by``'s
-    # The schedulers it prepared step only on the micro-batch that syncs: a loop with any event of its own (a
-    # backward, a clip) needs no guard around theirs.
-    prepared_steps_wait: bool = False
     # Methods of a wrapped model that install a communication hook: ``method -> (position, keyword)`` of the hook;
     # a hook that divides by more than the world size normalises the accumulated gradients as it all-reduces them.
     comm_hooks: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)

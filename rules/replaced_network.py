@@ -1,0 +1,184 @@
+"""Whether a network an optimizer was built over is replaced by a new one before the optimizer steps (GL028)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import libcst as cst
+
+from gradlint.findings import Severity
+from gradlint.model import LoopModel
+from gradlint.queries import function_holding
+from gradlint.reach import owners_of_construction
+from gradlint.rule import Report, Rule, call_of
+from gradlint.rules.parameter_groups import _optimizer_constructions
+from gradlint.syntax import callee_name, dotted_name, positional_args, receiver, walk
+
+# Calls whose value is a network with parameters of its own: a deep copy, a network read back from a file.
+_COPIES = frozenset({"deepcopy", "load", "from_pretrained"})
+
+
+class OptimizerOverReplacedNetwork(Rule):
+    """A network is replaced by a new one after an optimizer was built over its parameters, and that optimizer steps.
+
+    **Why it matters.** An optimizer holds the parameter tensors it was
+    given, not the name they were reached by. Rebind the name to a new
+    network (``deepcopy`` of an untrained copy to start over, a network read
+    back with ``torch.load``, a fresh construction) and the loss
+    backpropagates through the new network's parameters, which no optimizer
+    holds, while ``optimizer.step()`` updates the discarded ones, which get
+    no gradients. The new network never trains. Nothing raises.
+
+    **Fix.** Build the optimizer after the replacement, over the new
+    network's ``parameters()`` (or load the weights in place with
+    ``load_state_dict``).
+
+    **Stays quiet when** the new value shares the parameters (``.to()``,
+    ``torch.compile``, a wrapper handed the network such as
+    ``DistributedDataParallel(model)``, ``model.module``), is made by a
+    function whose result is unknown (``get_model(cfg)``), the optimizer is
+    built again or assigned between the replacement and its step, the
+    replacement and the step sit in two branches of one ``if``, or the step
+    comes before the replacement in the function
+    (``fixtures/parameters/ok_gl028_network_shared_or_optimizer_rebuilt.py``).
+
+    **Bad**::
+
+        optimizer = torch.optim.Adam(self.posterior.net.parameters())
+        if retrain_from_scratch:
+            self.posterior = deepcopy(self.untrained_posterior)
+        for x in loader:
+            loss = -self.posterior.net.log_prob(x).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    **Good**::
+
+        if retrain_from_scratch:
+            self.posterior = deepcopy(self.untrained_posterior)
+        optimizer = torch.optim.Adam(self.posterior.net.parameters())
+    """
+
+    code = "GL028"
+    name = "optimizer-over-replaced-network"
+    summary = "a network is replaced after the optimizer was built over its parameters: the new one never trains"
+    severity = Severity.ERROR
+    fix = None  # where the optimizer is built again (and what becomes of its state) is the author's call
+    needs = ((call_of("parameters"), "deepcopy"), (call_of("parameters"), "load"), (call_of("parameters"), "from_pretrained"))
+
+    def check(self, model: LoopModel) -> Iterator[Report]:
+        if model.index is None:
+            return
+        for construction in _optimizer_constructions(model):
+            function = function_holding(model, construction)
+            optimizer = _assigned_to(model, construction)
+            if function is None or optimizer is None:
+                continue
+            owners = owners_of_construction(model, construction)
+            for assign, network in _replacements(model, function, construction, owners):
+                step = _later_step(model, function, optimizer, assign)
+                if step is None:
+                    continue
+                yield Report(
+                    assign,
+                    f"`{network}` is replaced by a new network here, after `{optimizer}` was built over "
+                    f"its parameters at line {model.line(construction)}: the loss then runs through the new "
+                    f"network, whose parameters no optimizer holds, and `{optimizer}`'s step at line "
+                    f"{model.line(step)} updates the discarded ones. Build `{optimizer}` after the replacement",
+                )
+                break
+
+
+def _assigned_to(model: LoopModel, construction: cst.Call) -> str | None:
+    """The name an optimizer construction is assigned to (``optimizer = Adam(...)``), or None."""
+    parent = (model.parents or {}).get(construction)
+    if type(parent) is cst.Assign and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None
+
+
+def _replacements(
+    model: LoopModel, function: cst.FunctionDef, construction: cst.Call, owners: frozenset[str]
+) -> Iterator[tuple[cst.Assign, str]]:
+    """The assignments after the construction, in its function, that rebind a network the optimizer holds (or an
+    object holding it: ``self.posterior`` of ``self.posterior.net``) to a new network."""
+    start = model.line(construction)
+    for node in model.file.walk(function.body):
+        if type(node) is not cst.Assign or len(node.targets) != 1 or model.line(node) <= start:
+            continue
+        target = dotted_name(node.targets[0].target)
+        if target is None or target == "self":
+            continue
+        held = target.removeprefix("self.")  # the owners are named without ``self.``
+        if not any(owner == held or owner.startswith(held + ".") for owner in owners):
+            continue
+        if _new_network(node.value, target):
+            yield node, target
+
+
+def _new_network(value: cst.BaseExpression, target: str) -> bool:
+    """``deepcopy(x)``, ``torch.load(path)``, ``Net.from_pretrained(...)``, or a class built without being handed
+    the network it replaces (``Net(cfg)``, not ``DistributedDataParallel(model)``)."""
+    if type(value) is not cst.Call:
+        return False
+    name = callee_name(value) or ""
+    if name in _COPIES:
+        return name != "load" or _loads_a_file(value)
+    if not name[:1].isupper():
+        return False
+    handed = {dotted_name(n) for arg in value.args for n in walk(arg.value) if type(n) in (cst.Name, cst.Attribute)}
+    return target not in handed and target.rsplit(".", 1)[-1] not in {h.rsplit(".", 1)[-1] for h in handed if h}
+
+
+def _loads_a_file(call: cst.Call) -> bool:
+    """``torch.load(path)``: a module's ``load`` (``torch``), not ``json.load`` or ``self.load(...)``."""
+    owner = dotted_name(receiver(call)) if type(call.func) is cst.Attribute else None
+    return owner == "torch" and bool(positional_args(call))
+
+
+def _later_step(model: LoopModel, function: cst.FunctionDef, optimizer: str, replacement: cst.Assign) -> cst.Call | None:
+    """The first step of ``optimizer`` after the replacement in ``function`` (``optimizer.step()`` or
+    ``scaler.step(optimizer)``), when nothing assigns ``optimizer`` between them and no ``if`` puts the two in
+    different branches."""
+    after = model.line(replacement)
+    rebound: list[int] = []
+    steps: list[cst.Call] = []
+    for node in model.file.walk(function.body):
+        if type(node) is cst.Assign and any(dotted_name(t.target) == optimizer for t in node.targets):
+            rebound.append(model.line(node))
+        elif type(node) is cst.Call and callee_name(node) == "step" and model.line(node) > after and _steps(node, optimizer):
+            steps.append(node)
+    for step in sorted(steps, key=model.line):
+        if any(after < line <= model.line(step) for line in rebound):
+            return None
+        if not _in_two_branches(model, replacement, step):
+            return step
+    return None
+
+
+def _steps(call: cst.Call, optimizer: str) -> bool:
+    if type(call.func) is not cst.Attribute:
+        return False
+    if dotted_name(call.func.value) == optimizer:
+        return True
+    args = positional_args(call)
+    return bool(args) and dotted_name(args[0].value) == optimizer  # ``scaler.step(optimizer)``
+
+
+def _in_two_branches(model: LoopModel, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """Whether ``a`` and ``b`` sit in different branches of one ``if`` (the body and the ``else`` never both run)."""
+    parents = model.parents or {}
+    chain: list[cst.CSTNode] = []
+    node = parents.get(a)
+    while node is not None:
+        chain.append(node)
+        node = parents.get(node)
+    ancestors = {id(n): i for i, n in enumerate(chain)}
+    child, node = b, parents.get(b)
+    while node is not None and id(node) not in ancestors:
+        child, node = node, parents.get(node)
+    if type(node) is not cst.If:
+        return False
+    a_child = chain[ancestors[id(node)] - 1] if ancestors[id(node)] > 0 else a
+    return a_child is not child and node.test not in (a_child, child)
