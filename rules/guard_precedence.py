@@ -63,7 +63,6 @@ class RemainderPrecedenceInGuard(Rule):
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         reported: set[int] = set()
-        yield from _traps_on_accumulation_counts(model, reported)
         for root in model.roots:
             for event in root.events:
                 if event.kind not in (EventKind.STEP, EventKind.ZERO, EventKind.SCHED_STEP):
@@ -84,6 +83,7 @@ class RemainderPrecedenceInGuard(Rule):
                             f"{model.line(event.node)} runs only where another clause of the test allows it; write `{meant}`",
                             fix=_parenthesise(trap),
                         )
+        yield from _traps_on_accumulation_counts(model, reported)  # the rest: not around a step, clear or schedule
 
 
 # A divisor that is an accumulation count: the remainder decides which micro-batches step, wherever it is written.
@@ -95,7 +95,7 @@ def _traps_on_accumulation_counts(model: LoopModel, reported: set[int]) -> Itera
     loop (``skip_step = kwargs["epoch_minibatches"] + 1 % self.accumulation_steps``), the test of the micro-batches
     that run outside ``no_sync()``. The remainder of 1 decides nothing."""
     for trap in _precedence_traps(model, model.module, every=True):
-        if not _ACCUMULATION_COUNT.search(model.code(trap.right.right)):
+        if id(trap) in reported or not _ACCUMULATION_COUNT.search(model.code(trap.right.right)):
             continue
         reported.add(id(trap))
         meant = f"({model.code(trap.left)} {_sign(trap)} {model.code(trap.right.left)}) % {model.code(trap.right.right)}"
