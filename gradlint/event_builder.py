@@ -72,6 +72,7 @@ class _Scope:
     depth: int
     stack: tuple[cst.FunctionDef, ...]
     chain: tuple[cst.Call, ...]
+    self_class: str | None = None  # the class ``self`` is an instance of: the root's method's, through ``self.`` calls
 
 
 class EventBuilder:
@@ -112,13 +113,18 @@ class EventBuilder:
             return events
         return self._summary(function, depth=0, stack=())
 
-    def _summary(self, function: cst.FunctionDef, depth: int, stack: tuple[cst.FunctionDef, ...]) -> list[Event]:
-        """A function's events, computed once per inlining depth (deeper copies see fewer nested helpers)."""
-        key = (function, depth)
+    def _summary(
+        self, function: cst.FunctionDef, depth: int, stack: tuple[cst.FunctionDef, ...], self_class: str | None = None
+    ) -> list[Event]:
+        """A function's events, computed once per inlining depth (deeper copies see fewer nested helpers) and per
+        class of ``self`` (a base class's method inlined into a subclass's calls the subclass's overrides)."""
+        method = self.index.method_holding(function)
+        self_class = self_class or (self.index.class_of.get(method) if method is not None else None)
+        key = (function, depth, self_class)
         if key in self._summaries:
             return self._summaries[key]
         events: list[Event] = []
-        scope = _Scope(function, (), depth, stack + (function,), ())
+        scope = _Scope(function, (), depth, stack + (function,), (), self_class)
         self._block(_body(function.body), scope, events)
         self._summaries[key] = events
         return events
@@ -520,7 +526,7 @@ class EventBuilder:
 
         # ``self.backward(loss)`` or ``self.step()`` defined by the class itself: judge what the method does.
         if type(recv) is cst.Name and recv.value in ("self", "cls"):
-            helper = index.resolve_function(call, scope.function)
+            helper = index.resolve_function(call, scope.function, scope.self_class)
             if helper is not None:
                 self._inline(helper, call, scope, out)
                 return
@@ -630,7 +636,7 @@ class EventBuilder:
             args = positional_args(call)
             emit(EventKind.STEP, target=dotted_name(args[0].value) if args else None, target_kind=ObjKind.OPTIMIZER)
             return
-        helper = index.resolve_function(call, scope.function)
+        helper = index.resolve_function(call, scope.function, scope.self_class)
         if self._clips_by_hand(helper or self._instance_method(call, scope.function)):
             emit(EventKind.CLIP, framework="by_hand")  # ``clipper.step(params)``: the module's own norm clipping
             return
@@ -920,7 +926,8 @@ class EventBuilder:
         """Append a helper's events as if its body were written at the call site."""
         if helper in scope.stack or scope.depth >= MAX_INLINE_DEPTH:
             return
-        events = self._summary(helper, scope.depth + 1, scope.stack)
+        on_self = type(call.func) is cst.Attribute and type(call.func.value) is cst.Name and call.func.value.value in ("self", "cls")
+        events = self._summary(helper, scope.depth + 1, scope.stack, scope.self_class if on_self else None)
         bindings = bind_arguments(helper, call)
         for event in events:
             out.append(self._rebind(event, bindings, scope, call))

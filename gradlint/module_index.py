@@ -93,8 +93,12 @@ class ModuleIndex:
         """The qualified names a name or attribute node stands for, through the module's imports."""
         return self.imports.qualify(node)
 
-    def resolve_function(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
-        """The function of this module a call lands in: a nested def, a module function or ``self.method``."""
+    def resolve_function(
+        self, call: cst.Call, function: cst.FunctionDef | None, self_class: str | None = None
+    ) -> cst.FunctionDef | None:
+        """The function of this module a call lands in: a nested def, a module function or ``self.method``; with
+        ``self_class``, ``self.method`` as an instance of that class dispatches it (a base class's method calling
+        what a subclass overrides)."""
         func = call.func
         if type(func) is cst.Name:
             scope = function
@@ -108,6 +112,8 @@ class ModuleIndex:
         if type(func) is cst.Attribute and type(func.value) is cst.Name and func.value.value in ("self", "cls"):
             method = self.method_holding(function)
             owner = self.class_of.get(method) if method is not None else None
+            if self_class is not None and owner is not None and (self_class == owner or self.inherits(self_class, owner)):
+                owner = self_class
             return self._method(owner, func.attr.value, set()) if owner else None
         return None
 

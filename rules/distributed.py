@@ -141,7 +141,11 @@ class AccumulationWithoutNoSync(Rule):
       ``fixtures/distributed/gl302_step_helper_reported_once.py``), and the
       helper, also read as a function that runs once per micro-batch, adds no
       second finding; a loop that enters ``no_sync()`` around the call covers
-      it (``fixtures/distributed/ok_gl302_step_helper_no_sync.py``).
+      it (``fixtures/distributed/ok_gl302_step_helper_no_sync.py``), and so
+      does a decorator of the module that runs what it is handed under the
+      wrapped model's ``no_sync()``: it may be installed over the function
+      holding the backward
+      (``fixtures/realworld/gl103_subclass_overrides_reached_through_inherited_method__PyMarlin.py``).
 
     **Bad**::
 
@@ -215,6 +219,8 @@ class AccumulationWithoutNoSync(Rule):
                         continue  # the stepping micro-batch's backward must all-reduce
                     if _synced_for_you(backward) or _in_context_handed(model, backward, name):
                         continue
+                    if _no_sync_in_a_wrapper_of_its_call(model, backward, name):
+                        continue  # a decorator installed over the backward's function enters no_sync for it
                     if _stepped_on_its_own_path(root, backward, step):
                         continue  # a retried batch's backward, stepped at once: its all-reduce is needed
                     sites = _wrap_sites(model, name)
@@ -663,6 +669,28 @@ def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
     if guard is not None and any(type(n) is cst.Attribute and n.attr.value in frameworks.SYNC_STEP_FLAGS for n in walk(guard.test)):
         return True
     return any(event.with_context("accumulate") for event in root.events_in(loop))
+
+
+def _no_sync_in_a_wrapper_of_its_call(model: LoopModel, backward: Event, name: str) -> bool:
+    """Whether the module enters the wrapped model's ``no_sync()`` in a function nested in another (a decorator's
+    wrapper, ``def new_fw_bw(*args, **kwargs): ... with self.trainer_backend.model.no_sync(): fwbw(...)``) that calls
+    a function it was handed: the wrapper may be installed over the function holding the backward, where the loop
+    cannot see it (PyMarlin's DDP backend decorates its single-process backend's ``_forward_backward`` so)."""
+    if model.index is None:
+        return False
+    for node in model.file.every_node(model.module):
+        if type(node) is not cst.Call or callee_name(node) not in frameworks.MODEL_NO_SYNC or type(node.func) is not cst.Attribute:
+            continue
+        if last_name(dotted_name(node.func.value) or "") != last_name(name):
+            continue
+        wrapper = function_holding(model, node)
+        outer = function_holding(model, wrapper) if wrapper is not None else None
+        if wrapper is None or outer is None:
+            continue
+        handed = {p.name.value for p in outer.params.params}
+        if any(type(n) is cst.Call and type(n.func) is cst.Name and n.func.value in handed for n in walk(wrapper)):
+            return True
+    return False
 
 
 def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
