@@ -404,6 +404,33 @@ def frames_inside(event: Event, loop: Frame) -> tuple[Frame, ...]:
     return event.frames[_index(event.frames, loop) + 1 :]
 
 
+def runs_once(model: LoopModel, event: Event, loop: Frame) -> bool:
+    """Whether ``event`` sits in a block the loop runs at most once: ``if not self._check_done and ...:`` whose body
+    sets ``self._check_done = True``, a flag nothing in the loop sets back (a one-time debug probe)."""
+    for frame in frames_inside(event, loop):
+        if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or frame.branch != "if":
+            continue
+        flags = {
+            dotted_name(term.expression) for term in boolean_terms(frame.node.test, cst.And)
+            if type(term) is cst.UnaryOperation and type(term.operator) is cst.Not
+        } - {None}
+        if not flags:
+            continue
+        set_true = _flags_set(model, frame.node.body, "True") & flags
+        if set_true and not (_flags_set(model, loop.node.body, "False") & set_true):
+            return True
+    return False
+
+
+def _flags_set(model: LoopModel, block: cst.CSTNode, literal: str) -> set[str]:
+    """The names assigned the literal ``True`` or ``False`` under ``block``."""
+    return {
+        dotted_name(t.target) for node in model.file.walk(block)
+        if type(node) is cst.Assign and type(node.value) is cst.Name and node.value.value == literal
+        for t in node.targets
+    } - {None}
+
+
 def _index(frames: tuple[Frame, ...], frame: Frame) -> int:
     for i, f in enumerate(frames):
         if f is frame:

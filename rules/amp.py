@@ -999,7 +999,11 @@ class ScalerUpdateSkipped(Rule):
       setting; only a test of the gradients' norm or finiteness
       (``torch.isfinite(grad_norm)``, ``grad_norm < max_norm``, a name
       assigned from ``clip_grad_norm_``) counts as a skip;
-    - the ``unscale_`` runs under the same check as the ``update()``.
+    - the ``unscale_`` runs under the same check as the ``update()``;
+    - the check builds the scaler anew before leaving (``self.scaler =
+      GradScaler(enabled=True)``): the next ``unscale_`` meets a scaler with
+      no state
+      (``fixtures/realworld/gl105_one_time_probe_and_rebuilt_scaler__zalo_ai_2025.py``).
 
     **Bad**::
 
@@ -1085,8 +1089,21 @@ def _leaving_check(model: LoopModel, root, setter: Event, updates: list[Event]) 
     for event in root.events[root.order(setter) + 1 : root.order(later[0])]:
         for frame in _conditions(model, event, setter):
             if frame.exits and _is_gradient_check(model, frame) and not any(u.inside(frame) for u in later):
+                if _rebuilds(model, frame.node, setter.via_scaler):
+                    continue  # ``self.scaler = GradScaler(...)`` before leaving: the next unscale_ meets a fresh scaler
                 return frame
     return None
+
+
+def _rebuilds(model: LoopModel, check: cst.CSTNode, scaler: str | None) -> bool:
+    """Whether the block assigns the scaler anew (``self.scaler = GradScaler(enabled=True)``)."""
+    if scaler is None:
+        return False
+    return any(
+        type(node) is cst.Assign and type(node.value) is cst.Call
+        and any(dotted_name(t.target) == scaler for t in node.targets)
+        for node in model.file.walk(check.body if type(check) is cst.If else check)
+    )
 
 
 def _left_message(model: LoopModel, setter: Event, check: Frame) -> str:
@@ -1277,7 +1294,9 @@ class ScalerRebuiltEveryStep(Rule):
     - the scaler is built in an outer loop (once per epoch) and stepped in an
       inner one: it adapts within the epoch;
     - the constructor sits under a test of the scaler itself (``if scaler is
-      None: scaler = GradScaler()``: built once, lazily);
+      None: scaler = GradScaler()``: built once, lazily), or in a branch that
+      leaves the iteration (``if has_nan_grad: scaler = GradScaler();
+      continue``: a recovery on the batches that fail, not every step);
     - the scaler is built with ``enabled=False``, or the function loads a
       state into it (``scaler.load_state_dict(...)``) before it steps;
     - a function that builds and steps a scaler is called by no loop of the
@@ -1365,7 +1384,18 @@ def _built_once_per(built: cst.Call, name: str, function: cst.FunctionDef, paren
             return False
         if type(node) is cst.IfExp and _mentions(node.test, name):
             return False
+        if type(node) is cst.If and _leaves_iteration(node.body):
+            return False  # ``if has_nan_grad: ...; scaler = GradScaler(); continue``: a recovery, not every step
     return loop
+
+
+def _leaves_iteration(block: cst.BaseSuite) -> bool:
+    """Whether a block ends by ``continue``, ``break``, ``return`` or ``raise``."""
+    body = getattr(block, "body", ())
+    last = body[-1] if body else None
+    return type(last) is cst.SimpleStatementLine and any(
+        type(small) in (cst.Continue, cst.Break, cst.Return, cst.Raise) for small in last.body
+    )
 
 
 def _mentions(test: cst.BaseExpression, name: str) -> bool:

@@ -42,6 +42,7 @@ from gradlint.queries import (
     loop_phrase,
     param_sources,
     rebuilt_in,
+    runs_once,
     same_object,
     single_branch_guards,
     split_by_setting,
@@ -1212,7 +1213,11 @@ class ZeroGradInAccumulation(Rule):
     may exceed 1): it runs on the micro-batch that syncs, before that
     micro-batch's backward, and clears what the earlier ones accumulated.
 
-    **Stays quiet when** the clear is under the same guard as the step (or
+    **Stays quiet when** the clear is in a block the loop runs once (``if
+    not self._check_done: ...; self._check_done = True``, a one-time debug
+    probe:
+    ``fixtures/realworld/gl105_one_time_probe_and_rebuilt_scaler__zalo_ai_2025.py``),
+    under the same guard as the step (or
     ``if accelerator.sync_gradients:``), leaves the loop early (``if not
     finite: zero_grad(); continue``), falls between backward and step
     (GL002's finding), clears the prepared optimizer inside
@@ -1287,6 +1292,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
                     if _under_window_start_flag(model, zero, step, loop):
                         continue  # ``if start: clear; start = False`` ... ``step; start = True``: once per window
+                    if runs_once(model, zero, loop):
+                        continue  # ``if not self._check_done: ...; self._check_done = True``: a one-time probe
                     yield settled.note(
                         Report(
                             zero.node,

@@ -1491,9 +1491,10 @@ class ParameterInNoOptimizer(Rule):
                     continue
                 owners = sorted({o for call in optimizers for o in owners_of_construction(model, call)})
                 held = ", ".join(f"`{o}`" for o in owners) if owners else "other parameters"
+                built = ("lines " if len(optimizers) > 1 else "line ") + ", ".join(str(model.line(call)) for call in optimizers)
                 yield Report(
                     node,
-                    f"`{target}` is an `nn.Parameter`, but every optimizer `{class_name}` builds holds {held}: nothing "
+                    f"`{target}` is an `nn.Parameter`, but every optimizer `{class_name}` builds ({built}) holds {held}: nothing "
                     f"steps it, so it never leaves its initial value (and its gradient piles up); hand it to one "
                     f"(`list(....parameters()) + [{target}]`) or give it a parameter group",
                 )
