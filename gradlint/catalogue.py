@@ -282,7 +282,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'load'), (_TOKEN_6, 'from_pretrained')),
+        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'load'), (_TOKEN_6, 'from_pretrained'), ('super(', 'ActorCriticPolicy')),
     ),
     RuleInfo(
         code='GL101',

@@ -6,12 +6,14 @@ from collections.abc import Iterator
 
 import libcst as cst
 
+from gradlint import frameworks
 from gradlint.findings import Severity
 from gradlint.model import LoopModel
 from gradlint.queries import function_holding
 from gradlint.reach import owners_of_construction
 from gradlint.rule import Report, Rule, call_of
 from gradlint.rules.parameter_groups import _optimizer_constructions
+from gradlint.rules.parameters import _layer_built
 from gradlint.syntax import callee_name, dotted_name, positional_args, receiver, walk
 
 # Calls whose value is a network with parameters of its own: a deep copy, a network read back from a file.
@@ -28,6 +30,14 @@ class OptimizerOverReplacedNetwork(Rule):
     backpropagates through the new network's parameters, which no optimizer
     holds, while ``optimizer.step()`` updates the discarded ones, which get
     no gradients. The new network never trains. Nothing raises.
+
+    The same when a library's base class builds the optimizer over
+    ``self.parameters()`` in a method a subclass overrides (Stable-Baselines3's
+    ``ActorCriticPolicy._build``, run by its ``__init__``; declared in
+    ``gradlint/frameworks/``), and the override calls ``super()._build(...)``
+    and then assigns a new layer with parameters, or an ``nn.Parameter``, to
+    ``self`` without building the optimizer again
+    (``fixtures/frameworks/gl028_layers_built_after_super_build_stable_baselines3.py``).
 
     **Fix.** Build the optimizer after the replacement, over the new
     network's ``parameters()`` (or load the weights in place with
@@ -65,11 +75,15 @@ class OptimizerOverReplacedNetwork(Rule):
     summary = "a network is replaced after the optimizer was built over its parameters: the new one never trains"
     severity = Severity.ERROR
     fix = None  # where the optimizer is built again (and what becomes of its state) is the author's call
-    needs = ((call_of("parameters"), "deepcopy"), (call_of("parameters"), "load"), (call_of("parameters"), "from_pretrained"))
+    needs = (
+        (call_of("parameters"), "deepcopy"), (call_of("parameters"), "load"), (call_of("parameters"), "from_pretrained"),
+        *(("super(", *built.tokens) for built in frameworks.OPTIMIZER_BUILT_BY_SUPER),
+    )
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         if model.index is None:
             return
+        yield from _layers_built_after_super(model)
         for construction in _optimizer_constructions(model):
             function = function_holding(model, construction)
             optimizer = _assigned_to(model, construction)
@@ -88,6 +102,82 @@ class OptimizerOverReplacedNetwork(Rule):
                     f"{model.line(step)} updates the discarded ones. Build `{optimizer}` after the replacement",
                 )
                 break
+
+
+def _layers_built_after_super(model: LoopModel) -> Iterator[Report]:
+    """In a subclass of a library's base whose method builds the optimizer over ``self.parameters()``, an override
+    of that method that calls ``super().method(...)`` and then assigns a new layer or parameter to ``self``
+    without building the optimizer again (Stable-Baselines3's ``_build``)."""
+    for cls in (n for n in model.file.every_node(model.module) if type(n) is cst.ClassDef):
+        built = _built_by_base(model, cls)
+        if built is None:
+            continue
+        for method in (s for s in cls.body.body if type(s) is cst.FunctionDef and s.name.value in built.methods):
+            statements = list(method.body.body) if type(method.body) is cst.IndentedBlock else []
+            start = next((i for i, st in enumerate(statements) if _calls_super(st, method.name.value)), None)
+            if start is None:
+                continue
+            later = statements[start + 1:]
+            if any(_assigns(model, st, built.optimizer) for st in later):
+                continue  # the override builds the optimizer again, over what it added
+            layer = next((found for st in later for found in [_new_layer(model, st)] if found is not None), None)
+            if layer is None:
+                continue
+            assign, target = layer
+            yield Report(
+                assign,
+                f"`{target}` is built here, after `super().{method.name.value}(...)` built `{built.optimizer}` over "
+                f"`self.parameters()`: its parameters are in no optimizer, get gradients and never train. Build the "
+                f"optimizer again at the end of `{method.name.value}` (`{built.rebuild}`)",
+            )
+
+
+def _built_by_base(model: LoopModel, cls: cst.ClassDef):
+    """The declaration of a library base class of ``cls`` (directly) whose methods build the optimizer, or None."""
+    for base in cls.bases:
+        qualified = model.index.qualified_names(base.value)
+        for built in frameworks.OPTIMIZER_BUILT_BY_SUPER:
+            if qualified & built.bases:
+                return built
+    return None
+
+
+def _calls_super(statement: cst.CSTNode, method: str) -> bool:
+    """``super().method(...)`` or ``super(Cls, self).method(...)`` as a statement."""
+    if type(statement) is not cst.SimpleStatementLine:
+        return False
+    for small in statement.body:
+        call = small.value if type(small) is cst.Expr else None
+        if (
+            type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == method
+            and type(call.func.value) is cst.Call and callee_name(call.func.value) == "super"
+        ):
+            return True
+    return False
+
+
+def _assigns(model: LoopModel, statement: cst.CSTNode, name: str) -> bool:
+    return any(
+        type(node) is cst.Assign and any(dotted_name(t.target) == name for t in node.targets)
+        for node in model.file.walk(statement)
+    )
+
+
+def _new_layer(model: LoopModel, statement: cst.CSTNode) -> tuple[cst.Assign, str] | None:
+    """``self.action_net = nn.Linear(...)``, ``self.log_std = nn.Parameter(...)``: a top-level assignment to an
+    attribute of ``self`` of a layer that holds parameters, or of a parameter."""
+    if type(statement) is not cst.SimpleStatementLine:
+        return None
+    for small in statement.body:
+        if type(small) is not cst.Assign or len(small.targets) != 1 or type(small.value) is not cst.Call:
+            continue
+        target = dotted_name(small.targets[0].target)
+        if target is None or not target.startswith("self.") or target.count(".") != 1:
+            continue
+        qualified = model.index.qualified_names(small.value.func)
+        if "torch.nn.Parameter" in qualified or "torch.nn.parameter.Parameter" in qualified or _layer_built(model, small.value) is not None:
+            return small, target  # a layer with parameters (not ``nn.Dropout``), or a parameter
+    return None
 
 
 def _assigned_to(model: LoopModel, construction: cst.Call) -> str | None:

@@ -31,6 +31,7 @@ from gradlint.frameworks import (
     opacus,
     optimi,
     ray_train,
+    stable_baselines3,
     torch_ddp,
     torch_geometric,
     torch_xla,
@@ -73,6 +74,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     torch_xla.FRAMEWORK,
     colossalai.FRAMEWORK,
     torch_geometric.FRAMEWORK,
+    stable_baselines3.FRAMEWORK,
     gradlint_runtime.FRAMEWORK,
 )
 
@@ -100,6 +102,8 @@ RETURNS_GIVEN_ALONE: frozenset[str] = frozenset(_joined("returns_given_alone"))
 RETURNS_BY_POSITION: dict[str, dict[int, ObjKind]] = _merged("returns_by_position")
 
 _LAYER_FAMILIES = _joined("layers_with_parameters")
+# Base classes whose methods build the optimizer over ``self.parameters()`` (GL028)
+OPTIMIZER_BUILT_BY_SUPER: tuple = _joined("optimizer_built_by_super")
 
 
 def layer_with_parameters(qualified: str) -> bool:

@@ -378,6 +378,18 @@ class LayerFamily:
 
 
 @dataclasses.dataclass(frozen=True)
+class OptimizerBuiltBySuper:
+    """Base classes whose methods build the optimizer over ``self.parameters()``: a subclass's override that calls
+    ``super().method(...)`` and then builds new layers leaves them out of it (GL028)."""
+
+    bases: frozenset[str]  # qualified names of the base classes
+    methods: frozenset[str]  # the methods whose ``super()`` call builds it (``__init__`` runs ``_build``)
+    optimizer: str  # the attribute it is stored in (``self.optimizer``)
+    rebuild: str  # how the library's own code builds it, for the message
+    tokens: tuple[str, ...]  # what a file must spell for the base to be one of these (a rule's prefilter tokens)
+
+
+@dataclasses.dataclass(frozen=True)
 class Framework:
     """Everything one framework module declares (see the module docstring for the terms)."""
 
@@ -437,6 +449,8 @@ class Framework:
     hooks_before_step: frozenset[str] = frozenset()
     # Layer classes that hold learnable parameters (GL018, GL027: a plain list of them is not registered)
     layers_with_parameters: tuple[LayerFamily, ...] = ()
+    # Base classes whose methods build the optimizer themselves (GL028: layers built after ``super().method()``)
+    optimizer_built_by_super: tuple[OptimizerBuiltBySuper, ...] = ()
     # -- gradient release
     release_calls: tuple[ReleaseCall, ...] = ()
     release_keyword: tuple[str, str] | None = None  # (keyword, style): a constructor given it releases
