@@ -347,17 +347,28 @@ def _plain_callee(call: cst.Call) -> str | None:
 
 def _wrap_sites(model: LoopModel, name: str) -> list[cst.CSTNode]:
     """The wrapper classes' constructions assigned to ``name`` anywhere in the module (``DDP(model, ...)``)."""
-    if model.index is None:
-        return []
-    settings = framework_settings(model)
-    wrap_calls = {
-        id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
-    }
-    return [
-        value.value if isinstance(value, Unpacked) else value
-        for table in model.index.assignments.values() for value in table.get(name, ())
-        if _constructed(value, wrap_calls) is not None
-    ]
+    return _wrap_sites_by_name(model).get(name, [])
+
+
+def _wrap_sites_by_name(model: LoopModel) -> dict[str, list[cst.CSTNode]]:
+    """Every name assigned a wrapper class's construction, with those constructions (read once)."""
+
+    def read() -> dict[str, list[cst.CSTNode]]:
+        if model.index is None:
+            return {}
+        settings = framework_settings(model)
+        wrap_calls = {
+            id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
+        }
+        sites: dict[str, list[cst.CSTNode]] = {}
+        for table in model.index.assignments.values():
+            for name, values in table.items():
+                for value in values:
+                    if _constructed(value, wrap_calls) is not None:
+                        sites.setdefault(name, []).append(value.value if isinstance(value, Unpacked) else value)
+        return sites
+
+    return model.file.once((_wrap_sites_by_name,), read)
 
 
 def _constructed(value, wrap_calls: dict[int, Wrap]) -> Wrap | None:
@@ -676,21 +687,29 @@ def _no_sync_in_a_wrapper_of_its_call(model: LoopModel, backward: Event, name: s
     wrapper, ``def new_fw_bw(*args, **kwargs): ... with self.trainer_backend.model.no_sync(): fwbw(...)``) that calls
     a function it was handed: the wrapper may be installed over the function holding the backward, where the loop
     cannot see it (PyMarlin's DDP backend decorates its single-process backend's ``_forward_backward`` so)."""
-    if model.index is None:
-        return False
-    for node in model.file.every_node(model.module):
-        if type(node) is not cst.Call or callee_name(node) not in frameworks.MODEL_NO_SYNC or type(node.func) is not cst.Attribute:
-            continue
-        if last_name(dotted_name(node.func.value) or "") != last_name(name):
-            continue
-        wrapper = function_holding(model, node)
-        outer = function_holding(model, wrapper) if wrapper is not None else None
-        if wrapper is None or outer is None:
-            continue
-        handed = {p.name.value for p in outer.params.params}
-        if any(type(n) is cst.Call and type(n.func) is cst.Name and n.func.value in handed for n in walk(wrapper)):
-            return True
-    return False
+    return last_name(name) in _models_synced_by_decorators(model)
+
+
+def _models_synced_by_decorators(model: LoopModel) -> frozenset[str]:
+    """The last names of the models whose ``no_sync()`` a decorator's wrapper of the module enters (read once)."""
+
+    def read() -> frozenset[str]:
+        found: set[str] = set()
+        if model.index is None:
+            return frozenset()
+        for node in model.file.every_node(model.module):
+            if type(node) is not cst.Call or callee_name(node) not in frameworks.MODEL_NO_SYNC or type(node.func) is not cst.Attribute:
+                continue
+            wrapper = function_holding(model, node)
+            outer = function_holding(model, wrapper) if wrapper is not None else None
+            if wrapper is None or outer is None:
+                continue
+            handed = {p.name.value for p in outer.params.params}
+            if any(type(n) is cst.Call and type(n.func) is cst.Name and n.func.value in handed for n in walk(wrapper)):
+                found.add(last_name(dotted_name(node.func.value) or ""))
+        return frozenset(found)
+
+    return model.file.once((_models_synced_by_decorators,), read)
 
 
 def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
