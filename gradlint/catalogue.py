@@ -22,14 +22,15 @@ _TOKEN_7 = Spelled('self', 'self\\.\\w+\\s*=\\s*[\\[{][^\\n]*\\bnn\\.[A-Z]|self\
 _TOKEN_8 = Spelled('self', 'self\\.\\w+\\.append\\(\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\.append\\(\\s*\\w+\\s*\\)|self\\.\\w+\\s*=\\s*\\[\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\s*=\\s*\\{[^\\n]*:\\s*(?:self\\.)?\\w+\\(|self\\.\\w+\\[[^\\n]*\\]\\s*=\\s*(?:self\\.)?[\\w.]+\\(')
 _TOKEN_9 = Spelled('Module', 'class\\s+\\w+\\s*\\([^)]*Module\\b')
 _TOKEN_10 = Spelled('nn.', 'nn\\.[A-Z]\\w*\\([^\\n]*\\)\\(|\\n\\s*\\)\\(\\w|(?<![\\w.])\\w+\\.append\\(\\s*(?:torch\\.)?nn\\.[A-Z]')
-_TOKEN_11 = call_of('named_parameters')
-_TOKEN_12 = call_of('modules')
-_TOKEN_13 = call_of('update')
-_TOKEN_14 = call_of('unscale_')
-_TOKEN_15 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward', 'GradientRelease')
-_TOKEN_16 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_17 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
-_TOKEN_18 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
+_TOKEN_11 = Spelled('%', '[+\\-]\\s*\\d+\\s*%\\s*[\\w.\\[\\]\'\\"]*(?:accum|update_freq)')
+_TOKEN_12 = call_of('named_parameters')
+_TOKEN_13 = call_of('modules')
+_TOKEN_14 = call_of('update')
+_TOKEN_15 = call_of('unscale_')
+_TOKEN_16 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward', 'GradientRelease')
+_TOKEN_17 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
+_TOKEN_18 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
+_TOKEN_19 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (
     RuleInfo(
@@ -237,7 +238,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((STEP, '%'), ('%', 'accum')),
+        needs=((STEP, '%'), (_TOKEN_11,)),
     ),
     RuleInfo(
         code='GL024',
@@ -255,7 +256,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_6, 'append'), (_TOKEN_11, 'append')),
+        needs=((_TOKEN_6, 'append'), (_TOKEN_12, 'append')),
     ),
     RuleInfo(
         code='GL026',
@@ -264,7 +265,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_12, _TOKEN_6),),
+        needs=((_TOKEN_13, _TOKEN_6),),
     ),
     RuleInfo(
         code='GL027',
@@ -282,7 +283,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'load'), (_TOKEN_6, 'from_pretrained'), ('super(', 'ActorCriticPolicy')),
+        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'torch.load'), (_TOKEN_6, 'from_pretrained'), ('super(', 'ActorCriticPolicy')),
     ),
     RuleInfo(
         code='GL101',
@@ -291,7 +292,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_13, SCALER), (BACKWARD, _TOKEN_14, SCALER)),
+        needs=((BACKWARD, STEP, SCALER), (BACKWARD, _TOKEN_14, SCALER), (BACKWARD, _TOKEN_15, SCALER)),
     ),
     RuleInfo(
         code='GL102',
@@ -327,7 +328,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=FixKind.SAFE,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP, _TOKEN_14, SCALER), (BACKWARD, STEP, _TOKEN_13, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
+        needs=((BACKWARD, STEP, _TOKEN_15, SCALER), (BACKWARD, STEP, _TOKEN_14, SCALER), (BACKWARD, STEP, 'accumulate', 'clip_grad', 'fp16')),
     ),
     RuleInfo(
         code='GL106',
@@ -336,7 +337,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_13, SCALER),),
+        needs=((BACKWARD, _TOKEN_14, SCALER),),
     ),
     RuleInfo(
         code='GL107',
@@ -345,7 +346,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_14, SCALER),),
+        needs=((BACKWARD, _TOKEN_15, SCALER),),
     ),
     RuleInfo(
         code='GL108',
@@ -354,7 +355,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((STEP, SCALER), (_TOKEN_13, SCALER)),
+        needs=((STEP, SCALER), (_TOKEN_14, SCALER)),
     ),
     RuleInfo(
         code='GL201',
@@ -363,7 +364,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_15, SCALER), (_TOKEN_15, 'autocast')),
+        needs=((_TOKEN_16, SCALER), (_TOKEN_16, 'autocast')),
     ),
     RuleInfo(
         code='GL202',
@@ -372,7 +373,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_15, _TOKEN_16), (_TOKEN_15, BACKWARD, STEP), (_TOKEN_15, BACKWARD, _TOKEN_17), (_TOKEN_15, BACKWARD, _TOKEN_2), (_TOKEN_15, BACKWARD, _TOKEN_3)),
+        needs=((_TOKEN_16, _TOKEN_17), (_TOKEN_16, BACKWARD, STEP), (_TOKEN_16, BACKWARD, _TOKEN_18), (_TOKEN_16, BACKWARD, _TOKEN_2), (_TOKEN_16, BACKWARD, _TOKEN_3)),
     ),
     RuleInfo(
         code='GL203',
@@ -381,7 +382,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_15, 'clip'),),
+        needs=((_TOKEN_16, 'clip'),),
     ),
     RuleInfo(
         code='GL204',
@@ -408,7 +409,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.WARNING,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_18)),
+        needs=((BACKWARD, STEP), (BACKWARD, _TOKEN_19)),
     ),
     RuleInfo(
         code='GL303',

@@ -11,7 +11,11 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.fixes.edits import Fix, Replace
 from gradlint.model import FrameKind, LoopModel
-from gradlint.rule import STEP, Report, Rule
+from gradlint.rule import STEP, Report, Rule, Spelled
+
+# ``x + 1 % accum_steps``: a sum whose right operand is a literal's remainder by an accumulation count (the prefilter's
+# spelling of what :func:`_traps_on_accumulation_counts` reports).
+_SUM_WITH_REMAINDER_OF_COUNT = Spelled("%", r"[+\-]\s*\d+\s*%\s*[\w.\[\]'\"]*(?:accum|update_freq)")
 
 
 class RemainderPrecedenceInGuard(Rule):
@@ -59,7 +63,7 @@ class RemainderPrecedenceInGuard(Rule):
     summary = "a step's guard writes `i + 1 % k`, which is `i + (1 % k)`: `%` binds tighter than `+`"
     severity = Severity.ERROR
     fix = FixKind.SAFE
-    needs = ((STEP, "%"), ("%", "accum"))
+    needs = ((STEP, "%"), (_SUM_WITH_REMAINDER_OF_COUNT,))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         reported: set[int] = set()

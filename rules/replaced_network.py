@@ -76,7 +76,7 @@ class OptimizerOverReplacedNetwork(Rule):
     severity = Severity.ERROR
     fix = None  # where the optimizer is built again (and what becomes of its state) is the author's call
     needs = (
-        (call_of("parameters"), "deepcopy"), (call_of("parameters"), "load"), (call_of("parameters"), "from_pretrained"),
+        (call_of("parameters"), "deepcopy"), (call_of("parameters"), "torch.load"), (call_of("parameters"), "from_pretrained"),
         *(("super(", *built.tokens) for built in frameworks.OPTIMIZER_BUILT_BY_SUPER),
     )
 
