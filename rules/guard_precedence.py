@@ -98,6 +98,9 @@ def _traps_on_accumulation_counts(model: LoopModel, reported: set[int]) -> Itera
     """``a + 1 % k`` with ``k`` an accumulation count, in any test or assignment of the module: a flag handed to the
     loop (``skip_step = kwargs["epoch_minibatches"] + 1 % self.accumulation_steps``), the test of the micro-batches
     that run outside ``no_sync()``. The remainder of 1 decides nothing."""
+    text = model.file.text
+    if text is not None and _SUM_WITH_REMAINDER_OF_COUNT.search(text) is None:
+        return  # no such sum is spelled anywhere in the file: nothing to walk for
     for trap in _precedence_traps(model, model.module, every=True):
         if id(trap) in reported or not _ACCUMULATION_COUNT.search(model.code(trap.right.right)):
             continue

@@ -108,7 +108,7 @@ def _layers_built_after_super(model: LoopModel) -> Iterator[Report]:
     """In a subclass of a library's base whose method builds the optimizer over ``self.parameters()``, an override
     of that method that calls ``super().method(...)`` and then assigns a new layer or parameter to ``self``
     without building the optimizer again (Stable-Baselines3's ``_build``)."""
-    for cls in (n for n in model.file.every_node(model.module) if type(n) is cst.ClassDef):
+    for cls in (n for n in model.module.body if type(n) is cst.ClassDef):  # classes of the module's top level
         built = _built_by_base(model, cls)
         if built is None:
             continue
@@ -193,17 +193,18 @@ def _replacements(
 ) -> Iterator[tuple[cst.Assign, str]]:
     """The assignments after the construction, in its function, that rebind a network the optimizer holds (or an
     object holding it: ``self.posterior`` of ``self.posterior.net``) to a new network."""
-    start = model.line(construction)
+    start: int | None = None  # positions are resolved only for the few assignments that qualify
     for node in model.file.walk(function.body):
-        if type(node) is not cst.Assign or len(node.targets) != 1 or model.line(node) <= start:
+        if type(node) is not cst.Assign or len(node.targets) != 1:
             continue
         target = dotted_name(node.targets[0].target)
         if target is None or target == "self":
             continue
         held = target.removeprefix("self.")  # the owners are named without ``self.``
-        if not any(owner == held or owner.startswith(held + ".") for owner in owners):
+        if not any(owner == held or owner.startswith(held + ".") for owner in owners) or not _new_network(node.value, target):
             continue
-        if _new_network(node.value, target):
+        start = model.line(construction) if start is None else start
+        if model.line(node) > start:
             yield node, target
 
 
