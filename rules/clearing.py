@@ -1213,7 +1213,12 @@ class ZeroGradInAccumulation(Rule):
     may exceed 1): it runs on the micro-batch that syncs, before that
     micro-batch's backward, and clears what the earlier ones accumulated.
 
-    **Stays quiet when** the clear is in a block the loop runs once (``if
+    **Stays quiet when** the step is a flush after an inner loop that steps
+    under its own guard (``if n != 0: opt.step()`` after the batch loop of
+    a function an epoch loop calls: the clear at the function's start is
+    once per epoch,
+    ``fixtures/realworld/gl003_epoch_start_clear_with_flush__GraphINVENT2.py``),
+    the clear is in a block the loop runs once (``if
     not self._check_done: ...; self._check_done = True``, a one-time debug
     probe:
     ``fixtures/realworld/gl105_one_time_probe_and_rebuilt_scaler__zalo_ai_2025.py``),
@@ -1268,7 +1273,7 @@ class ZeroGradInAccumulation(Rule):
             unguarded: dict[int, list[Event]] = {}  # per loop: the clears under no accumulation guard of an iteration
             after_loops = [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root)]
             for step, loop, acc in [(s, l, accumulation(root, s, l)) for s, l in steps_with_loops(root)] + after_loops:
-                if acc is None:
+                if acc is None or _flushes_inner_loop(root, step, loop):
                     continue
                 if acc.style == "guard":
                     if id(loop) not in unguarded:
@@ -1306,6 +1311,18 @@ class ZeroGradInAccumulation(Rule):
                             event=zero, against=(step,),
                         )
                     )
+
+
+def _flushes_inner_loop(root: Root, step: Event, loop: Frame) -> bool:
+    """Whether ``step`` flushes what an inner loop left (``for batch in loader: ... if n % k == 0: opt.step()`` then
+    ``if n != 0: opt.step()`` after it, in a function an epoch loop calls): the outer loop's iterations are epochs,
+    and a clear at their start is no clear of every micro-batch."""
+    if not step.inside(loop) or any(f.kind is FrameKind.LOOP for f in frames_inside(step, loop)):
+        return False
+    return any(
+        e is not step and same_object(e.target, step.target) and any(f.kind is FrameKind.LOOP for f in frames_inside(e, loop))
+        for e in root.events_of(EventKind.STEP, loop)
+    )
 
 
 def _steps_in_accumulate(root: Root) -> Iterator[tuple[Event, Frame, AccumulateContext]]:
