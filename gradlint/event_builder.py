@@ -817,7 +817,8 @@ class EventBuilder:
                 if self._normalised(positional_args(value)[0].value, scope, through | {name}):
                     return True
             if type(value) is cst.Call:
-                helper = self.index.resolve_function(value, scope.function)
+                # ``self.scale_loss(loss)``, or ``self.accumulator.scale_loss(loss)`` of an object of a module class
+                helper = self.index.resolve_function(value, scope.function) or self._instance_method(value, scope.function)
                 if helper is not None and helper in self.index.returns_divided:
                     return True
             if isinstance(value, Unpacked) and type(value.value) is cst.Call:

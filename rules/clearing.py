@@ -1978,7 +1978,10 @@ class UnscaledAccumulatedLoss(Rule):
     **Stays quiet when**
 
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
-      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss;
+      ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss
+      (also a method of an object built from a class of the module,
+      ``self.gradient_accumulator.scale_loss(loss)``:
+      ``fixtures/realworld/gl004_loss_divided_by_accumulator_object__student_aware_distillation.py``);
       a division by the world size alone does not count: DDP already
       averages over ranks and the micro-batches are still summed; nor does a
       division by a count of the micro-batch's own tokens, made in the same

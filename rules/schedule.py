@@ -72,8 +72,10 @@ class SchedulerStepsPerMicroBatch(Rule):
     - the module counts the schedule's length in micro-batches: a
       ``..._steps`` it assigns is the number of batches of an epoch
       (``len(loader)``, ``epoch_len``) times the epochs, with no accumulation
-      count in it (``lr_decay_steps = epoch_len * max_epochs``,
-      ``fixtures/realworld/gl006_clip_in_step_method__EveryDream2trainer.py``):
+      count in it (``lr_decay_steps = epoch_len * max_epochs``, also with
+      the epochs read by key, ``len(loader) * config.get("num_epochs")``;
+      ``fixtures/realworld/gl006_clip_in_step_method__EveryDream2trainer.py``,
+      ``fixtures/realworld/gl004_loss_divided_by_accumulator_object__student_aware_distillation.py``):
       stepped once per micro-batch, such a schedule runs at the pace it was
       planned for.
 
@@ -178,7 +180,9 @@ def _horizon_in_micro_batches(model: LoopModel) -> bool:
 
 def _batches_times_epochs(value: cst.BaseExpression) -> bool:
     names = [dotted_name(n) or "" for n in walk(value) if type(n) in (cst.Name, cst.Attribute)]
-    last = [n.rsplit(".", 1)[-1].lower() for n in names]
+    # a setting read by its key counts as its name: ``self.config.get('num_epochs', 3)``
+    keys = [n.evaluated_value for n in walk(value) if type(n) is cst.SimpleString and isinstance(n.evaluated_value, str)]
+    last = [n.rsplit(".", 1)[-1].lower() for n in names] + [k.lower() for k in keys]
     if any("accum" in n for n in last):
         return False
     batches = any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value)) or any(
