@@ -23,6 +23,7 @@ from gradlint.queries import (
     calls_unseen_inherited_method,
     clears,
     handoff_may_step,
+    leaves_before,
     lies_in,
     opposite_sides_of_settings,
     probe_events,
@@ -70,7 +71,10 @@ class LastWindowOfPassNotStepped(Rule):
       ``range`` (whose length the code sets), or an endless iterator
       (``itertools.cycle``, a name saying ``infinite``);
     - the micro-batch loop clears the optimizer before its backward (under
-      whatever test): the micro-batches left at a pass's end meet that
+      whatever test, unless the clear leaves the iteration, ``if not
+      finite: zero_grad(); continue``:
+      ``fixtures/accumulation/gl021_nan_skip_clear_before_backward.py``):
+      the micro-batches left at a pass's end meet that
       clear first, and whether it is right is GL003's question
       (``fixtures/realworld/gl003_clear_under_flag_handed_to_step_helper__SDXL-Training-Improvements.py``);
     - the guard's window is shifted (GL014 reports it, the same micro-batches
@@ -225,7 +229,7 @@ def _cleared_before_backward(model: LoopModel, root: Root, step: Event, loop: Fr
     left at a pass's end are then not simply added into the next pass's first step."""
     probes = probe_events(root)  # a probe's own clear wipes only what the probe backpropagated
     return any(
-        id(z) not in probes and clears(model, z, step.target)
+        id(z) not in probes and clears(model, z, step.target) and not leaves_before(z, step)
         and any(root.order(z) < root.order(b) < root.order(step) for b in backwards)
         for z in root.events_of(EventKind.ZERO, loop)
     )
