@@ -802,8 +802,8 @@ def _setting_sides(model: LoopModel, event: Event) -> tuple[set[str], list[froze
 def setting_values(model: LoopModel, node: cst.CSTNode) -> dict[str, bool]:
     """What the settings tested by the ``if``s around ``node`` are wherever it runs: ``{"configs.only_eval": True}``
     in the body of ``if configs.only_eval:``, ``False`` in its ``else`` or in the body of ``if not
-    configs.only_eval:``. Only single-term tests of settings (:func:`_is_setting`) not assigned in the function, and
-    each term of an ``and`` whose body holds the node."""
+    configs.only_eval:``. Only single-term tests of settings (:func:`_is_setting`) assigned at most once in the
+    function (a configuration read once into a local), and each term of an ``and`` whose body holds the node."""
     parents = model.parents or {}
     values: dict[str, bool] = {}
     child, current = node, parents.get(node)

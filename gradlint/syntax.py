@@ -172,6 +172,8 @@ def with_arguments(test: cst.BaseExpression, bindings: dict[str, cst.BaseExpress
                 return other
         return test if (left is test.left and right is test.right) else test.with_changes(left=left, right=right)
     return test
+
+
 # isinstance() against LibCST's abstract node classes is slow; the answer per type is cached.
 _NODE_TYPES: dict[type, bool] = {}
 

@@ -1040,9 +1040,9 @@ class LossDividedWithoutAccumulation(Rule):
         )
 
 
-def _accumulates(root: Root, loop: Frame) -> bool:
+def _accumulates(root: Root, loop: Frame, context: str = "accumulate") -> bool:
     """Whether anything in the loop is under an accumulation guard or in a framework's accumulation context."""
-    return any(f.accumulation or f.context == "accumulate" for e in root.events_in(loop) for f in frames_inside(e, loop))
+    return any(f.accumulation or f.context == context for e in root.events_in(loop) for f in frames_inside(e, loop))
 
 
 def _framework_divides_outside_its_context(model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
@@ -1052,7 +1052,9 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
     optimizer.step()``): outside the context the framework holds no step back, so nothing accumulates."""
     declared = frameworks.dividing_backward(backward)
     count = declared.count if declared is not None else None
-    if count is None or count.held_back_only_in is None or count.unheld_message is None or _accumulates(root, loop):
+    if count is None or count.held_back_only_in is None or count.unheld_message is None:
+        return
+    if _accumulates(root, loop, count.held_back_only_in):
         return
     setting = framework_settings(model).accumulation_of(count.settings)
     if setting.without_count:

@@ -297,9 +297,7 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
     if index is None:
         return wrapped, scopes
     settings = framework_settings(model)
-    wrap_calls = {
-        id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
-    }
+    wrap_calls = _wrapper_constructions(model)
     returned = _returned_by_other_files(model)
     for function, table in index.assignments.items():
         for name, values in table.items():
@@ -356,10 +354,7 @@ def _wrap_sites_by_name(model: LoopModel) -> dict[str, list[cst.CSTNode]]:
     def read() -> dict[str, list[cst.CSTNode]]:
         if model.index is None:
             return {}
-        settings = framework_settings(model)
-        wrap_calls = {
-            id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
-        }
+        wrap_calls = _wrapper_constructions(model)
         sites: dict[str, list[cst.CSTNode]] = {}
         for table in model.index.assignments.values():
             for name, values in table.items():
@@ -369,6 +364,15 @@ def _wrap_sites_by_name(model: LoopModel) -> dict[str, list[cst.CSTNode]]:
         return sites
 
     return model.file.once((_wrap_sites_by_name,), read)
+
+
+def _wrapper_constructions(model: LoopModel) -> dict[int, Wrap]:
+    """The wrap of each wrapper class's construction in the module (``DistributedDataParallel(model, ...)``), by the
+    call's id."""
+    settings = framework_settings(model)
+    return {
+        id(call): wrap for key, calls in settings.wraps.items() if (wrap := frameworks.WRAPS[key]).constructors for call in calls
+    }
 
 
 def _constructed(value, wrap_calls: dict[int, Wrap]) -> Wrap | None:

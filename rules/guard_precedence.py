@@ -13,9 +13,12 @@ from gradlint.fixes.edits import Fix, Replace
 from gradlint.model import FrameKind, LoopModel
 from gradlint.rule import STEP, Report, Rule, Spelled
 
+# A divisor that is an accumulation count: the remainder decides which micro-batches step, wherever it is written.
+_COUNT_WORDS = r"accum|update_freq"
+_ACCUMULATION_COUNT = re.compile(_COUNT_WORDS, re.IGNORECASE)
 # ``x + 1 % accum_steps``: a sum whose right operand is a literal's remainder by an accumulation count (the prefilter's
 # spelling of what :func:`_traps_on_accumulation_counts` reports).
-_SUM_WITH_REMAINDER_OF_COUNT = Spelled("%", r"[+\-]\s*\d+\s*%\s*[\w.\[\]'\"]*(?:accum|update_freq)")
+_SUM_WITH_REMAINDER_OF_COUNT = Spelled("%", rf"[+\-]\s*\d+\s*%\s*[\w.\[\]'\"]*(?:{_COUNT_WORDS})")
 
 
 class RemainderPrecedenceInGuard(Rule):
@@ -78,7 +81,7 @@ class RemainderPrecedenceInGuard(Rule):
                         if id(trap) in reported:
                             continue
                         reported.add(id(trap))
-                        meant = f"({model.code(trap.left)} {_sign(trap)} {model.code(trap.right.left)}) % {model.code(trap.right.right)}"
+                        meant = _meant(model, trap)
                         yield Report(
                             trap,
                             f"`{model.code(trap)}` is `{model.code(trap.left)} {_sign(trap)} ({model.code(trap.right)})`: "
@@ -89,9 +92,6 @@ class RemainderPrecedenceInGuard(Rule):
                         )
         yield from _traps_on_accumulation_counts(model, reported)  # the rest: not around a step, clear or schedule
 
-
-# A divisor that is an accumulation count: the remainder decides which micro-batches step, wherever it is written.
-_ACCUMULATION_COUNT = re.compile(r"accum|update_freq", re.IGNORECASE)
 
 
 def _traps_on_accumulation_counts(model: LoopModel, reported: set[int]) -> Iterator[Report]:
@@ -105,7 +105,7 @@ def _traps_on_accumulation_counts(model: LoopModel, reported: set[int]) -> Itera
         if id(trap) in reported or not _ACCUMULATION_COUNT.search(model.code(trap.right.right)):
             continue
         reported.add(id(trap))
-        meant = f"({model.code(trap.left)} {_sign(trap)} {model.code(trap.right.left)}) % {model.code(trap.right.right)}"
+        meant = _meant(model, trap)
         yield Report(
             trap,
             f"`{model.code(trap)}` is `{model.code(trap.left)} {_sign(trap)} ({model.code(trap.right)})`: `%` binds "
@@ -129,6 +129,11 @@ def _precedence_traps(model: LoopModel, test: cst.CSTNode, every: bool = False) 
         if type(right.left) is cst.Integer:
             found.append(node)
     return found
+
+
+def _meant(model: LoopModel, trap: cst.BinaryOperation) -> str:
+    """``(a + 1) % k`` for ``a + 1 % k``: the sum the remainder was meant of, as the message writes it."""
+    return f"({model.code(trap.left)} {_sign(trap)} {model.code(trap.right.left)}) % {model.code(trap.right.right)}"
 
 
 def _sign(operation: cst.BinaryOperation) -> str:
