@@ -27,6 +27,7 @@ from gradlint.syntax import (
     is_grad,
     tracked_name,
     keyword_arg,
+    leaves_block,
     lies_under,
     method_name,
     number,
@@ -169,7 +170,7 @@ class EventBuilder:
             self._block(_body(statement.body), scope, out)
             for handler in statement.handlers:
                 # Runs only when the try body failed (OOM recovery): not on the path from a backward to its step.
-                frame = Frame(FrameKind.BRANCH, handler, "except", exits=_leaves(handler.body))
+                frame = Frame(FrameKind.BRANCH, handler, "except", exits=leaves_block(handler.body))
                 self._block(_body(handler.body), _within(scope, frame), out)
             if statement.orelse is not None:
                 self._block(_body(statement.orelse.body), scope, out)
@@ -191,7 +192,7 @@ class EventBuilder:
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
         side = _setting_test(statement.test) if fixed else None
         body_frame = Frame(
-            FrameKind.BRANCH, statement, "if", accumulation, count, exits=_leaves(statement.body), fixed=fixed, accumulation_on=side,
+            FrameKind.BRANCH, statement, "if", accumulation, count, exits=leaves_block(statement.body), fixed=fixed, accumulation_on=side,
         )
         self._block(_body(statement.body), _within(scope, body_frame), out)
         orelse = statement.orelse
@@ -199,7 +200,7 @@ class EventBuilder:
             return
         else_frame = Frame(
             FrameKind.BRANCH, statement, "else", accumulation, count,
-            exits=type(orelse) is not cst.If and _leaves(orelse.body), fixed=fixed,
+            exits=type(orelse) is not cst.If and leaves_block(orelse.body), fixed=fixed,
             accumulation_on=(side[0], not side[1]) if side is not None else None,
         )
         if type(orelse) is cst.If:
@@ -1317,16 +1318,6 @@ def _argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression
 def _body(suite: cst.BaseSuite) -> Sequence[cst.CSTNode]:
     """The statements of a block: an indented block's lines, or the small statements of a one-line suite."""
     return suite.body
-
-
-def _leaves(block: cst.BaseSuite) -> bool:
-    """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``."""
-    if not block.body:
-        return False
-    last = block.body[-1]
-    if type(block) is cst.SimpleStatementSuite:
-        return type(last) in (cst.Continue, cst.Break, cst.Return, cst.Raise)
-    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) in (cst.Continue, cst.Break, cst.Return, cst.Raise)
 
 
 def _uncast(node: cst.BaseExpression | None) -> cst.BaseExpression | None:

@@ -192,6 +192,20 @@ def _is_node(value: object) -> bool:
 ChildrenOf = Callable[[cst.CSTNode], list[cst.CSTNode]]
 
 
+def leaves_block(block: cst.BaseSuite) -> bool:
+    """Whether a block's last statement leaves it: ``continue``, ``break``, ``return`` or ``raise``, also on one line
+    (``if bad: scaler = GradScaler(); continue``)."""
+    if not block.body:
+        return False
+    last = block.body[-1]
+    if type(block) is cst.SimpleStatementSuite:
+        return type(last) in _LEAVING
+    return type(last) is cst.SimpleStatementLine and type(last.body[-1]) in _LEAVING
+
+
+_LEAVING = (cst.Continue, cst.Break, cst.Return, cst.Raise)
+
+
 def lies_under(parents: dict, node: cst.CSTNode | None, ancestor: cst.CSTNode) -> bool:
     """Whether ``node`` is ``ancestor`` or written inside it, read up a table of parents."""
     while node is not None and node is not ancestor:

@@ -37,7 +37,17 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, SCALER, STEP, Report, Rule, Settled, call_of
 from gradlint.rules.accumulation import _clips as clips_gradients
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, parameter_names, positional_args, receiver, walk
+from gradlint.syntax import (
+    boolean_terms,
+    callee_name,
+    dotted_name,
+    keyword_arg,
+    leaves_block,
+    parameter_names,
+    positional_args,
+    receiver,
+    walk,
+)
 
 _SCALER_EVENTS = (EventKind.UNSCALE, EventKind.SCALER_UPDATE)
 
@@ -1384,18 +1394,9 @@ def _built_once_per(built: cst.Call, name: str, function: cst.FunctionDef, paren
             return False
         if type(node) is cst.IfExp and _mentions(node.test, name):
             return False
-        if type(node) is cst.If and _leaves_iteration(node.body):
+        if type(node) is cst.If and leaves_block(node.body):
             return False  # ``if has_nan_grad: ...; scaler = GradScaler(); continue``: a recovery, not every step
     return loop
-
-
-def _leaves_iteration(block: cst.BaseSuite) -> bool:
-    """Whether a block ends by ``continue``, ``break``, ``return`` or ``raise``."""
-    body = getattr(block, "body", ())
-    last = body[-1] if body else None
-    return type(last) is cst.SimpleStatementLine and any(
-        type(small) in (cst.Continue, cst.Break, cst.Return, cst.Raise) for small in last.body
-    )
 
 
 def _mentions(test: cst.BaseExpression, name: str) -> bool:
