@@ -665,6 +665,9 @@ class EventBuilder:
         backpropagates ``loss`` on every call and steps ``optimizer`` only when the flag is true (the project index read
         its definition): a BACKWARD, then a STEP under a branch of the flag's value (an accumulation guard when the
         value is one), both ``framework="handed"``."""
+        if not helper.steps:
+            self._backpropagating_call(call, helper, scope, out)
+            return
         loss, optimizer, flag = (_argument(call, *where) for where in (helper.loss, helper.optimizer, helper.flag))
         if loss is None or optimizer is None or dotted_name(optimizer) is None:
             return
@@ -681,6 +684,22 @@ class EventBuilder:
             frames = frames + (Frame(FrameKind.BRANCH, written, "if", accumulation, count),)
         out.append(Event(
             EventKind.STEP, call, frames, dotted_name(optimizer), ObjKind.OPTIMIZER, call_chain=scope.chain, framework="handed",
+        ))
+
+    def _backpropagating_call(self, call: cst.Call, helper: BackwardHelper, scope: _Scope, out: list[Event]) -> None:
+        """``loss, meta = sft_microbatch_train_step(log_probs, mask, k)``: a function of another file of the run that only
+        backpropagates (the project index read its definition) is a BACKWARD at the call, ``framework="handed"``. Its
+        loss is the argument it backpropagates, or the call when it builds the loss itself; the loss counts as divided
+        when the helper divides or scales it on the way, or when the caller divided the argument; ``divided_by`` is what
+        the call hands the parameter the helper divides by."""
+        loss = _argument(call, *helper.loss) if helper.loss[1] else call
+        if loss is None:
+            return
+        normalised = helper.divides or (loss is not call and self._normalised(loss, scope))
+        divided_by = _argument(call, *helper.divisor) if helper.divisor[1] else None
+        out.append(Event(
+            EventKind.BACKWARD, call, scope.frames, call_chain=scope.chain, framework="handed", loss=loss,
+            scaled=helper.scaled, normalised=normalised, divided_by=divided_by,
         ))
 
     def _clip_framework(self, recv_name: str | None, qualified: set[str]) -> str | None:

@@ -96,6 +96,7 @@ class Event:
     has_args: bool = False  # SCHED_STEP: stepped with an argument (a metric or an epoch)
     call_chain: tuple[cst.Call, ...] = ()  # the helper calls this event was inlined through
     upstream: bool = False  # BACKWARD: ``y.backward(dy)`` feeds a given gradient, there is no mean loss to divide
+    divided_by: cst.BaseExpression | None = None  # BACKWARD in a helper that divides its loss by what the call hands it
 
     @property
     def loops(self) -> tuple[Frame, ...]:

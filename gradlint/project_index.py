@@ -435,8 +435,12 @@ def _with_assigned_and_helpers(calls: FileCalls, text: str, tree: FiledTree) -> 
     lines = _lines_naming("backward", text)
     if lines:
         for function in (*by_type.get(ast.FunctionDef, ()), *by_type.get(ast.AsyncFunctionDef, ())):
-            if not _spans_one_of(function, lines) or not _may_hand_optimizer(function):
-                continue  # no line of it names backward, or no parameter is named as an optimizer
+            if not _spans_one_of(function, lines):
+                continue  # no line of it names backward
+            if not _may_hand_optimizer(function):
+                if function in tree.tree.body and (shape := _backpropagating_function(function)) is not None:
+                    helpers.add(f"{function.name}:{shape}")
+                continue
             first = (function.args.posonlyargs + function.args.args)[:1]
             shape = _backward_helper(function, skip_self=bool(first) and first[0].arg in ("self", "cls"))
             if shape is None:
@@ -486,20 +490,29 @@ class BackwardHelper:
     flag: tuple[int, str]
     flag_default: str  # the flag's default as written (``True``), or "" when it must be given
     scaled: bool  # the loss goes through a gradient scaler's ``scale`` on its way to backward
+    divides: bool = False  # a backward-only helper divides (or scales) the loss on its way to backward
+    divisor: tuple[int, str] = (-1, "")  # the parameter a backward-only helper divides the loss by, when one is
+
+    @property
+    def steps(self) -> bool:
+        """Whether the helper steps the optimizer it is handed (under its flag); False for a helper that only
+        backpropagates (:func:`_backpropagating_function`)."""
+        return bool(self.optimizer[1])
 
     def encode(self) -> str:
         """The form a context name holds (no ``:`` in it)."""
         return ",".join((
             f"{self.loss[0]}={self.loss[1]}", f"{self.optimizer[0]}={self.optimizer[1]}", f"{self.flag[0]}={self.flag[1]}",
-            self.flag_default, "scaled" if self.scaled else "plain",
+            self.flag_default, "scaled" if self.scaled else "plain", "divides" if self.divides else "whole",
+            f"{self.divisor[0]}={self.divisor[1]}",
         ))
 
     @classmethod
     def decode(cls, text: str) -> "BackwardHelper":
         """The inverse of :meth:`encode`."""
-        loss, optimizer, flag, default, scaled = text.split(",")
+        loss, optimizer, flag, default, scaled, divides, divisor = text.split(",")
         pair = lambda item: (int(item.split("=")[0]), item.split("=")[1])  # noqa: E731
-        return cls(pair(loss), pair(optimizer), pair(flag), default, scaled == "scaled")
+        return cls(pair(loss), pair(optimizer), pair(flag), default, scaled == "scaled", divides == "divides", pair(divisor))
 
 
 def _backward_helper(function: ast.FunctionDef | ast.AsyncFunctionDef, skip_self: bool) -> str | None:
@@ -562,6 +575,52 @@ def _backward_helper(function: ast.FunctionDef | ast.AsyncFunctionDef, skip_self
         return (names.index(name) if name in names else -1, name)
 
     return BackwardHelper(where(loss), where(optimizer), where(flag), written, scaled).encode()
+
+
+# Calls that make a function more than a backward: it steps, clears, unscales, clips or syncs itself.
+_MORE_THAN_BACKWARD = frozenset({"step", "zero_grad", "unscale_", "update", "clip_grad_norm_", "clip_grad_value_", "no_sync"})
+
+
+def _backpropagating_function(function: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """The encoded :class:`BackwardHelper` shape of a module-level function that only backpropagates, or None.
+
+    ``def sft_microbatch_train_step(log_probs, mask, accumulation_steps): loss = ... / accumulation_steps;
+    loss.backward(); return loss, meta``: one of its own top-level statements, before any ``return``, calls
+    ``backward()`` on a name (a parameter or a local; also ``scaler.scale(name).backward()``), and nothing in it
+    steps, clears, unscales, clips or enters ``no_sync``. Whether a division (or a multiplication) comes before the
+    backward is noted (a caller's finding about an undivided loss needs the helper not to divide), and the parameter
+    it divides by when it is the only one (``/ accumulation_steps``): the caller hands it its count.
+    """
+    for node in walk(function):
+        if isinstance(node, ast.Call) and _callee(node.func)[0] in _MORE_THAN_BACKWARD:
+            return None
+    names = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    divides, divisors = False, set()
+    for statement in function.body:
+        if any(isinstance(node, ast.Return) for node in walk(statement)):
+            return None  # a way out before the backward: it may be skipped
+        for node in walk(statement):
+            if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult)):
+                divides = True
+                by = node.right if isinstance(node, ast.BinOp) else node.value
+                if isinstance(node.op, ast.Div) and isinstance(by, ast.Name) and by.id in names:
+                    divisors.add(by.id)
+        if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
+            continue
+        name, _ = _callee(statement.value.func)
+        receiver = statement.value.func.value if isinstance(statement.value.func, ast.Attribute) else None
+        if name != "backward" or receiver is None:
+            continue
+        scaled = isinstance(receiver, ast.Call) and _callee(receiver.func)[0] == "scale" and len(receiver.args) == 1
+        if scaled:
+            receiver = receiver.args[0]
+        if not isinstance(receiver, ast.Name):
+            return None
+        loss = (names.index(receiver.id), receiver.id) if receiver.id in names else (-1, "")
+        divisor = divisors.pop() if len(divisors) == 1 else None
+        divided_by = (names.index(divisor), divisor) if divisor else (-1, "")
+        return BackwardHelper(loss, (-1, ""), (-1, ""), "", scaled, divides, divided_by).encode()
+    return None
 
 
 def _steps_of(statement: ast.AST, optimizer: str) -> bool:
@@ -1182,7 +1241,11 @@ class ProjectIndex:
         callees = {fact.split(":", 1)[1] for fact in calls.assigned}
         returned, helpers, summing = self._known_to(unit)
         returns = sorted(f"{name}:{returned[name]}" for name in callees - calls.top_level if name in returned)
-        backs = sorted(f"{name}:{helpers[name]}" for name in calls.hands if name in helpers)
+        # A helper that steps is known where it is handed an optimizer; one that only backpropagates, where a loop calls it.
+        backs = sorted(
+            f"{name}:{helpers[name]}" for name in calls.hands | calls.alone | calls.shared
+            if name in helpers and (name in calls.hands or not BackwardHelper.decode(helpers[name]).steps)
+        )
         return (
             tuple(sorted(per_batch))
             + tuple(CALLED_IN_LOOP + name for name in sorted(called))

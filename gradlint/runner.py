@@ -186,12 +186,14 @@ def _scan_where_checked(files: list[_File], cache: Cache | None) -> None:
     never parses them. A file known only from the cache counts as one that may be checked.
     """
     scopes: dict[str, str | None] = {}
-    # A file that sets gradient release up for others, runs their callbacks on scaled gradients or hands an optimizer
-    # to a call (a backward helper of another file) may make a file of its unit that fires nothing by its own text a
-    # checked one.
+    # A file that sets gradient release up for others, runs their callbacks on scaled gradients, hands an optimizer
+    # to a call (a backward helper of another file) or defines a backward helper may make a file of its unit that
+    # fires nothing by its own text a checked one.
     checked = {
         join_scope(f.path, scopes) for f in files
-        if f.scanned and (f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch or f.calls.hands)
+        if f.scanned and (
+            f.text is None or f.firing or f.calls.releases or f.calls.scaled_dispatch or f.calls.hands or f.calls.backward_helpers
+        )
     }
     _scan_scopes(files, checked, scopes, cache)
     # Then the folders beside them that their files import: what a function there returns or backpropagates counts.
@@ -214,10 +216,13 @@ def _scan_scopes(files: list[_File], wanted: set[str], scopes: dict[str, str | N
 def _may_decide_for_others(text: str) -> bool:
     """Whether a file no rule fires on may still decide what another file of its run does: it spells a gradient-release
     set-up (a function of it may set release up for its callers), a scaled backward (it may run another file's
-    callbacks on scaled gradients), or a call handed an optimizer (a backward helper of another file may
-    backpropagate for it: GL302 then reads it in context, :func:`gradlint.prefilter.text_in_context`). The project index reads such a file (:mod:`gradlint.scaler_release_facts`)."""
+    callbacks on scaled gradients), a call handed an optimizer (a backward helper of another file may
+    backpropagate for it: GL302 then reads it in context, :func:`gradlint.prefilter.text_in_context`), or a backward
+    (a function of it may backpropagate for a loop of another file). The project index reads such a file
+    (:mod:`gradlint.scaler_release_facts`)."""
     return (
         RELEASE_SPELLINGS.search(text) is not None
+        or ".backward(" in text
         or (".scale(" in text and "backward" in text)
         or HANDS_AN_OPTIMIZER.pattern.search(text) is not None
     )

@@ -75,6 +75,10 @@ class ClipPerMicroBatch(Rule):
     clipper built elsewhere and held under a name that says so
     (``self.gradient_clipper(model)``, a configured ``clip_grad_norm_``:
     ``fixtures/realworld/gl006_configured_clipper_every_micro_batch__modalities.py``).
+    The backward may also run in a function of another module of the run
+    that only builds the loss and backpropagates it
+    (``sft_microbatch_train_step(log_probs, mask, accum)``:
+    ``fixtures/crossfile/backward_in_microbatch_helper__cs336``).
 
     **Bad**::
 
@@ -986,6 +990,13 @@ class LossDividedWithoutAccumulation(Rule):
     p.grad /= iter_size``) while the step and the clear run on every
     micro-batch outside it
     (``fixtures/realworld/gl010_gradients_divided_under_guard_step_outside__action-detection.py``).
+
+    The same when the backward runs in a function of another module of the
+    run that builds the loss, divides it by a count the call hands it and
+    backpropagates it (``loss, meta = grpo_microbatch_train_step(log_probs,
+    mask, gradient_accumulation_steps, ...)``): the call is the backward and
+    the count it hands is the division
+    (``fixtures/crossfile/backward_in_microbatch_helper__cs336``).
     """
 
     code = "GL010"
@@ -1000,7 +1011,7 @@ class LossDividedWithoutAccumulation(Rule):
             for backward in root.events_of(EventKind.BACKWARD):
                 if backward.loss is None or not backward.loops:
                     continue
-                if backward.framework is None:
+                if backward.framework is None or backward.divided_by is not None:
                     yield from self._every_micro_batch(model, root, backward, backward.loops[-1])
                 elif not backward.call_chain:
                     yield from _framework_divides_outside_its_context(model, root, backward, backward.loops[-1])
@@ -1030,11 +1041,20 @@ class LossDividedWithoutAccumulation(Rule):
         if _tests_count(step, loop, divisor) or _tests_count(clear, loop, divisor):
             return  # ``if accum == 1: optimizer.step()``: it steps every micro-batch only when the count is 1
         # Each event's own node: a helper's step is reported once, in the helper, whichever loop inlines it.
+        if backward.divided_by is not None:
+            divided = (
+                f"the function called at line {model.line(backward.node)} divides its loss by `{model.code(divisor)}` "
+                f"and backpropagates it"
+            )
+        else:
+            divided = (
+                f"the loss of the backward at line {model.line(backward.node)} is divided by `{model.code(divisor)}` "
+                f"at line {model.line(node)}"
+            )
         yield Report(
             step.node,
             f"`{model.code(step.node)}` steps on every micro-batch and `{model.code(clear.node)}` at line "
-            f"{model.line(clear.node)} clears on every one, but the loss of the backward at line "
-            f"{model.line(backward.node)} is divided by `{model.code(divisor)}` at line {model.line(node)}: nothing "
+            f"{model.line(clear.node)} clears on every one, but {divided}: nothing "
             f"accumulates, so each step is "
             f"`{model.code(divisor)}` times too small; step and clear under an accumulation guard, or drop the division",
         )
@@ -1145,6 +1165,8 @@ def _accumulation_division(model: LoopModel, backward: Event, loop: Frame) -> tu
     or the last assignment to its name before the backward inside ``loop`` (``loss /= accum``, ``loss = x / accum``),
     written on the way to the backward or under a test of the count itself (``if accum > 1:``). The name is looked
     up only when the backward itself lies in the loop's code (not in a helper the loop calls)."""
+    if backward.divided_by is not None:  # a helper of another file divides by what the call hands it
+        return (backward.node, backward.divided_by) if _names_accumulation(backward.divided_by) else None
     loss = backward.loss
     if _is_division(loss):
         return (loss, loss.right) if _names_accumulation(loss.right) else None

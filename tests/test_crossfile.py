@@ -291,7 +291,7 @@ class Scaler:
     [
         # backward on every call, step only under the flag: a backward helper
         ("        self._scaler.scale(loss).backward()\n        if update_grad:\n            self._scaler.step(optimizer)\n",
-         "0=loss,1=optimizer,2=update_grad,True,scaled"),
+         "0=loss,1=optimizer,2=update_grad,True,scaled,whole,-1="),
         # a step outside the flag's branch: it steps on every call
         ("        loss.backward()\n        optimizer.step()\n", None),
         # a way out before the backward: it may not backpropagate
@@ -305,6 +305,55 @@ def test_a_backward_helper_backpropagates_on_every_call_and_steps_only_under_its
 
     facts = scan_calls(_HELPER.format(body=body)).backward_helpers
     assert facts == (frozenset({f"Scaler():{shape}"}) if shape else frozenset())
+
+
+@pytest.mark.parametrize(
+    ("source", "shape"),
+    [
+        # builds its loss, divides it by a parameter and backpropagates it: a backward-only helper
+        ("def micro_step(log_probs, mask, accum):\n    loss = (log_probs * mask).mean() / accum\n    loss.backward()\n"
+         "    return loss\n", "-1=,-1=,-1=,,plain,divides,2=accum"),
+        # backpropagates the loss it is handed, undivided
+        ("def backprop(loss):\n    loss.backward()\n", "0=loss,-1=,-1=,,plain,whole,-1="),
+        # a scaled backward of a local loss divided by two parameters: no one divisor to name
+        ("def micro_step(x, scaler, a, b):\n    loss = x.mean() / a / b\n    scaler.scale(loss).backward()\n",
+         "-1=,-1=,-1=,,scaled,divides,-1="),
+        # it also steps: a train step, not a backward-only helper
+        ("def train_step(model, x, opt):\n    loss = model(x)\n    loss.backward()\n    opt.step()\n", None),
+        ("def train_step(model, x, lr):\n    loss = model(x)\n    loss.backward()\n    model.optim.step()\n", None),
+        # it clips: more than a backward
+        ("def micro_step(model, x):\n    model(x).backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1)\n", None),
+        # a way out before the backward, or the backward only under a condition
+        ("def micro_step(x):\n    if x is None:\n        return\n    x.mean().backward()\n", None),
+        ("def micro_step(loss, do):\n    if do:\n        loss.backward()\n", None),
+    ],
+)
+def test_a_module_function_that_only_backpropagates_is_a_backward_helper(source, shape):
+    from gradlint.project_index import scan_calls
+
+    name = source.split("(", 1)[0].removeprefix("def ")
+    facts = scan_calls("import torch\n\n\n" + source).backward_helpers
+    assert facts == (frozenset({f"{name}:{shape}"}) if shape else frozenset())
+
+
+def test_a_backward_only_helper_is_known_where_a_loop_calls_it(tmp_path):
+    """The fact reaches a file whose loop calls the helper, and no file that only defines or mentions it."""
+    from gradlint.project_index import ProjectIndex, scan_calls
+
+    files = {
+        "utils.py": "def micro_step(x, accum):\n    loss = x.mean() / accum\n    loss.backward()\n    return loss\n",
+        "train.py": "from utils import micro_step\n\n\ndef train(xs, opt):\n    for x in xs:\n        micro_step(x, 4)\n        opt.step()\n",
+        "other.py": "from utils import micro_step\n\nSTEP = micro_step\n",
+    }
+    calls = {str(tmp_path / p): scan_calls(t) for p, t in files.items()}
+    index = ProjectIndex(calls.items())
+
+    def backs(name):
+        path = str(tmp_path / name)
+        return [c for c in index.context_of(path, calls[path]) if c.startswith("backs:")]
+
+    assert backs("train.py") == ["backs:micro_step:-1=,-1=,-1=,,plain,divides,1=accum"]
+    assert backs("other.py") == []
 
 
 def test_a_helper_class_is_reached_only_through_names_bound_to_its_instances_alone(tmp_path):
@@ -324,5 +373,5 @@ def test_a_helper_class_is_reached_only_through_names_bound_to_its_instances_alo
         path = str(tmp_path / "engine.py")
         return [c for c in index.context_of(path, calls[path]) if c.startswith("backs:")]
 
-    assert backs({}) == ["backs:loss_scaler:0=loss,1=optimizer,2=update_grad,True,plain"]
+    assert backs({}) == ["backs:loss_scaler:0=loss,1=optimizer,2=update_grad,True,plain,whole,-1="]
     assert backs({"other.py": other}) == []
