@@ -283,7 +283,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'torch.load'), (_TOKEN_6, 'from_pretrained'), ('super(', 'ActorCriticPolicy')),
+        needs=((_TOKEN_6, 'deepcopy'), (_TOKEN_6, 'torch.load'), (_TOKEN_6, 'from_pretrained'), ('super(', 'ActorCritic'), ('super(', 'ActorCritic')),
     ),
     RuleInfo(
         code='GL101',

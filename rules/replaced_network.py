@@ -38,6 +38,10 @@ class OptimizerOverReplacedNetwork(Rule):
     and then assigns a new layer with parameters, or an ``nn.Parameter``, to
     ``self`` without building the optimizer again
     (``fixtures/frameworks/gl028_layers_built_after_super_build_stable_baselines3.py``).
+    sb3-contrib's maskable policies do the same; its recurrent policy builds
+    the optimizer again at the end of its ``__init__``, so there only layers
+    added after ``super().__init__(...)`` miss it
+    (``fixtures/frameworks/gl028_layers_built_after_super_init_sb3_contrib.py``).
 
     **Fix.** Build the optimizer after the replacement, over the new
     network's ``parameters()`` (or load the weights in place with

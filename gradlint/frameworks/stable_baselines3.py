@@ -12,6 +12,16 @@ optimizer unless it builds the optimizer again, as many subclasses do.
 Where it was read: ``stable_baselines3/common/policies.py``
 (``ActorCriticPolicy.__init__``, ``_build``; ``ActorCriticCnnPolicy`` and
 ``MultiInputActorCriticPolicy`` derive from it and keep its ``_build``).
+
+sb3-contrib, read in ``sb3_contrib/common/maskable/policies.py`` and
+``sb3_contrib/common/recurrent/policies.py``: ``MaskableActorCriticPolicy``
+(and its Cnn and MultiInput subclasses) does the same as
+``ActorCriticPolicy``, its ``__init__`` ending with ``self._build(lr_schedule)``.
+``RecurrentActorCriticPolicy`` derives from ``ActorCriticPolicy``, adds its
+LSTMs after ``super().__init__(...)`` and then builds the optimizer again over
+``self.parameters()`` at the end of its own ``__init__``: layers a subclass's
+``_build`` adds are in that optimizer, only those added after
+``super().__init__(...)`` are not.
 """
 
 from __future__ import annotations
@@ -19,6 +29,9 @@ from __future__ import annotations
 from gradlint.frameworks.framework import Framework, OptimizerBuiltBySuper
 
 _POLICIES = "stable_baselines3.common.policies."
+_MASKABLE = "sb3_contrib.common.maskable.policies."
+_RECURRENT = "sb3_contrib.common.recurrent.policies."
+_REBUILD = "self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)"
 
 FRAMEWORK = Framework(
     name="Stable-Baselines3",
@@ -26,11 +39,23 @@ FRAMEWORK = Framework(
         OptimizerBuiltBySuper(
             bases=frozenset({
                 _POLICIES + "ActorCriticPolicy", _POLICIES + "ActorCriticCnnPolicy", _POLICIES + "MultiInputActorCriticPolicy",
+                _MASKABLE + "MaskableActorCriticPolicy", _MASKABLE + "MaskableActorCriticCnnPolicy",
+                _MASKABLE + "MaskableMultiInputActorCriticPolicy",
             }),
             methods=frozenset({"__init__", "_build"}),
             optimizer="self.optimizer",
-            rebuild="self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)",
-            tokens=("ActorCriticPolicy",),
+            rebuild=_REBUILD,
+            tokens=("ActorCritic",),
+        ),
+        OptimizerBuiltBySuper(  # its ``__init__`` builds the optimizer again after ``_build``: only ``__init__`` counts
+            bases=frozenset({
+                _RECURRENT + "RecurrentActorCriticPolicy", _RECURRENT + "RecurrentActorCriticCnnPolicy",
+                _RECURRENT + "RecurrentMultiInputActorCriticPolicy",
+            }),
+            methods=frozenset({"__init__"}),
+            optimizer="self.optimizer",
+            rebuild=_REBUILD,
+            tokens=("ActorCritic",),
         ),
     ),
 )
