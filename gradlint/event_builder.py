@@ -951,7 +951,7 @@ class EventBuilder:
         events = self._summary(helper, scope.depth + 1, scope.stack, scope.self_class if on_self else None)
         bindings = bind_arguments(helper, call)
         for event in events:
-            out.append(self._rebind(event, bindings, scope, call))
+            out.append(self._rebind(event, bindings, scope, call, helper))
 
     def _inline_closure(self, closure: cst.BaseExpression, scope: _Scope, out: list[Event]) -> None:
         """``optimizer.step(closure)`` runs the closure first: its events belong before the step."""
@@ -963,7 +963,9 @@ class EventBuilder:
         elif type(closure) is cst.Lambda:
             self._expression(closure.body, scope, out)
 
-    def _rebind(self, event: Event, bindings: dict[str, cst.BaseExpression], scope: _Scope, call: cst.Call) -> Event:
+    def _rebind(
+        self, event: Event, bindings: dict[str, cst.BaseExpression], scope: _Scope, call: cst.Call, helper: cst.FunctionDef,
+    ) -> Event:
         changes: dict = {"frames": scope.frames + event.frames, "call_chain": scope.chain + (call,) + event.call_chain}
         if event.target is not None:
             head, _, rest = event.target.partition(".")
@@ -975,12 +977,24 @@ class EventBuilder:
                     if event.target_kind is ObjKind.UNKNOWN:
                         changes["target_kind"] = self._kind(new_target)
         if event.kind is EventKind.BACKWARD and not event.normalised and type(event.loss) is cst.Name:
-            bound_loss = bindings.get(event.loss.value)
+            bound_loss = bindings.get(self._parameter_aliased(event.loss.value, helper, bindings))
             if bound_loss is not None and self._normalised(bound_loss, scope):
                 changes["normalised"] = True
             if bound_loss is not None and not event.scaled and self._scaled_value(bound_loss, scope):
                 changes["scaled"] = True  # ``self._backward(scaler.scale(loss))``: the helper backpropagates a scaled loss
         return dataclasses.replace(event, **changes)
+
+    def _parameter_aliased(self, name: str, helper: cst.FunctionDef, bindings: dict[str, cst.BaseExpression]) -> str:
+        """The parameter a helper's local only renames (``loss = lm_loss``, its one binding, never changed in place),
+        or the name itself: the caller's division of ``lm_loss`` reaches ``loss.backward()``."""
+        if name in bindings:
+            return name
+        values = self.index.assignments.get(helper, {}).get(name, [])
+        if len(values) != 1 or type(values[0]) is not cst.Name or values[0].value not in bindings:
+            return name
+        if any(tracked_name(a.target) == name for a in self.index.augmented.get(helper, ())):
+            return name
+        return values[0].value
 
     def _scales(self, value: cst.BaseExpression) -> bool:
         """``scaler.scale(loss)``: a grad scaler's scaling of a loss; also ``scaler.scale(loss) if scaler else loss``,

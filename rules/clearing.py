@@ -59,7 +59,10 @@ from gradlint.rules.network_in_no_optimizer import (
 )
 from gradlint.rules.parameter_groups import _optimizer_constructions
 from gradlint.rules.parameters import _is_requires_grad, _layer_built as _layer_built_by
-from gradlint.syntax import bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, method_name, number, positional_args, receiver, scales_down, terminal, walk, with_arguments
+from gradlint.syntax import (
+    bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, leaves_block, method_name, number,
+    positional_args, receiver, scales_down, terminal, walk, with_arguments,
+)
 
 
 class MissingZeroGrad(Rule):
@@ -179,6 +182,10 @@ class MissingZeroGrad(Rule):
     - in a step function: a loop calling it does gradient work of its own
       beside the call (the clear may be there), or the stepped optimizer and
       a cleared one both come from elsewhere (they may share parameters);
+    - the loop steps once and leaves (``optimizer.step(); complete = True``
+      then ``if complete: break``, an accumulation window written ``while
+      True:``) and the optimizer is cleared before the loop
+      (``fixtures/realworld/gl006_clip_in_backward_step_of_while_true_window__GLM.py``);
     - two steps of one optimizer come from two calls of a function that holds
       the loop (``try: train() except OutOfMemoryError: train()``): each call
       runs its own loop, so the steps never share an iteration; or the first
@@ -237,8 +244,10 @@ class MissingZeroGrad(Rule):
                     continue  # the optimizer's own step() clears after stepping
                 if calls_unseen_inherited_method(model, step, loop):
                     continue
-                if _last_iteration_only(model, step, loop) and _cleared_before(model, root, step, loop):
-                    continue  # one step per pass, after its last micro-batch: the clear before the loop serves it
+                if (_last_iteration_only(model, step, loop) or _loop_left_after(model, step, loop)) and _cleared_before(
+                    model, root, step, loop,
+                ):
+                    continue  # one step per run of the loop: the clear before the loop serves it
                 if rebuilt_in(model, loop, step.target, step) and not param_sources(model, step.target or ""):
                     continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
                 reported.add(key)
@@ -299,6 +308,48 @@ def _last_iteration_only(model: LoopModel, step: Event, loop: Frame) -> bool:
             ]
             if len(values) == 1 and _is_last(values[0], name, negated=True):
                 return True
+    return False
+
+
+def _loop_left_after(model: LoopModel, step: Event, loop: Frame) -> bool:
+    """Whether the loop ends once the step has run: a ``break`` (or ``return``) follows the step in its block, or the
+    block sets a flag (``complete = True``) that a later statement, in a block between it and the loop's body, tests to
+    break (``if complete: break``). An accumulation loop written ``while True:`` that steps once and leaves (GLM's ``train_step``)."""
+    if type(loop.node) not in (cst.For, cst.While) or not lies_in(model, step.node, loop.node):
+        return False
+    parents = model.file.parent_map()
+    statement = parents.get(step.node)
+    while statement is not None and type(statement) is not cst.SimpleStatementLine:
+        statement = parents.get(statement)
+    block = parents.get(statement) if statement is not None else None
+    if block is None or statement not in getattr(block, "body", ()):
+        return False
+    flags = set()
+    for later in block.body[block.body.index(statement) + 1:]:
+        if type(later) is not cst.SimpleStatementLine:
+            continue
+        for small in later.body:
+            if type(small) in (cst.Break, cst.Return):
+                return True
+            if type(small) is cst.Assign and len(small.targets) == 1 and bool_literal(small.value) is True:
+                name = dotted_name(small.targets[0].target)
+                if name is not None:
+                    flags.add(name)
+    if not flags:
+        return False
+    # ``if complete: break`` after the statement that holds the step, in any block between it and the loop's body
+    node = statement
+    while node is not None and node is not loop.node:
+        block = parents.get(node)
+        body = getattr(block, "body", ())
+        body = list(body) if isinstance(body, (list, tuple)) else []
+        if node in body and any(
+            type(later) is cst.If and dotted_name(later.test) in flags and later.orelse is None
+            and leaves_block(later.body) and not any(type(n) is cst.Continue for n in walk(later.body))
+            for later in body[body.index(node) + 1:]
+        ):
+            return True
+        node = block
     return False
 
 
@@ -2020,6 +2071,10 @@ class UnscaledAccumulatedLoss(Rule):
       a wrapper factory makes: ``register_comm_hook(None, wrap(allreduce_hook))``);
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - the backward is in a helper of the module and the caller divided the
+      loss it hands it, also when the helper only renames it first (``loss =
+      lm_loss; loss.backward()``:
+      ``fixtures/realworld/gl006_clip_in_backward_step_of_while_true_window__GLM.py``);
     - the backward is a helper the loop hands the count the step waits for
       (``self.student.backward(loss, ctx, grad_accum_rounds=accum)``, a model
       plugin's method): it may divide by it;
