@@ -129,7 +129,9 @@ class MissingZeroGrad(Rule):
 
     A class of the module whose ``step()`` reads no gradient (a weight
     average named ``ema_optimizer``) is no optimizer
-    (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``).
+    (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``),
+    nor is higher's differentiable optimizer, whose ``step(loss)`` takes its
+    gradients itself (``fixtures/frameworks/ok_higher_inner_optimizer_takes_its_own_gradients.py``).
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
     logging wrapper) is read as that optimizer.

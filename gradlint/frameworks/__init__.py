@@ -27,6 +27,7 @@ from gradlint.frameworks import (
     fp16_optimizers,
     gradlint_runtime,
     hf_trainer,
+    higher,
     lightning,
     opacus,
     optimi,
@@ -75,6 +76,7 @@ FRAMEWORKS: tuple[Framework, ...] = (
     colossalai.FRAMEWORK,
     torch_geometric.FRAMEWORK,
     stable_baselines3.FRAMEWORK,
+    higher.FRAMEWORK,
     gradlint_runtime.FRAMEWORK,
 )
 
