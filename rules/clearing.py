@@ -1271,6 +1271,9 @@ class ZeroGradInAccumulation(Rule):
     a function an epoch loop calls: the clear at the function's start is
     once per epoch,
     ``fixtures/realworld/gl003_epoch_start_clear_with_flush__GraphINVENT2.py``),
+    the clear runs only on the loop's first micro-batch (``if cur_iter ==
+    0:`` of its ``enumerate`` index, with a clear after each step:
+    ``fixtures/realworld/ok_gl003_clear_on_first_micro_batch_only__TimeSformer.py``),
     the clear is in a block the loop runs once (``if
     not self._check_done: ...; self._check_done = True``, a one-time debug
     probe:
@@ -1352,6 +1355,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # ``if start: clear; start = False`` ... ``step; start = True``: once per window
                     if runs_once(model, zero, loop):
                         continue  # ``if not self._check_done: ...; self._check_done = True``: a one-time probe
+                    if _first_iteration_only(model, zero, step, loop) is not None:
+                        continue  # ``if cur_iter == 0: opt.zero_grad()``: once, before the first window (GL001 weighs it)
                     yield settled.note(
                         Report(
                             zero.node,
@@ -2937,7 +2942,11 @@ class InvertedAccumulationGuard(Rule):
       ...``): two updates alternating on purpose;
     - no backward outside the branch feeds the step: the branch does its own
       gradient work on the iterations it picks, which is no accumulation
-      (``fixtures/clearing/ok_step_where_remainder_is_not_zero.py``).
+      (``fixtures/clearing/ok_step_where_remainder_is_not_zero.py``);
+    - the counter is the index of a batch loop that has ended before the
+      ``if`` (a flush of the pass's last, short window after the loop), also
+      in a function an epoch loop calls
+      (``fixtures/realworld/ok_gl013_flush_after_loop_in_epoch_helper__vocal-remover.py``).
 
     **Bad**::
 
@@ -2986,10 +2995,14 @@ def _counts_micro_batches(model: LoopModel, remainder: cst.BinaryOperation, loop
     counter, _ = counter_and_offset(remainder.left)
     if counter is None:
         return False
-    for node in walk(loop.node):
-        if type(node) is cst.For and node is not loop.node and not lies_in(model, guard, node):
-            if counter in {dotted_name(t) for t in walk(node.target) if type(t) in (cst.Name, cst.Attribute)}:
-                return False
+    # the loop's code, and the helper that holds the guard when the loop calls it (``train_epoch`` called per epoch)
+    holder = function_holding(model, guard)
+    scopes = [loop.node] + ([holder] if holder is not None and not lies_in(model, holder, loop.node) else [])
+    for scope in scopes:
+        for node in walk(scope):
+            if type(node) is cst.For and node is not loop.node and not lies_in(model, guard, node):
+                if counter in {dotted_name(t) for t in walk(node.target) if type(t) in (cst.Name, cst.Attribute)}:
+                    return False
     return True
 
 

@@ -22,6 +22,7 @@ from gradlint.queries import (
     accumulation,
     calls_unseen_inherited_method,
     clears,
+    function_holding,
     handoff_may_step,
     leaves_before,
     lies_in,
@@ -31,7 +32,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, walk
+from gradlint.syntax import boolean_terms, callee_name, dotted_name, number, walk
 
 
 class LastWindowOfPassNotStepped(Rule):
@@ -79,7 +80,11 @@ class LastWindowOfPassNotStepped(Rule):
       (``fixtures/realworld/gl003_clear_under_flag_handed_to_step_helper__SDXL-Training-Improvements.py``);
     - the guard's window is shifted (GL014 reports it, the same micro-batches
       included), or the count exceeds 1 only where a framework's engine steps
-      at its own boundary.
+      at its own boundary;
+    - the function asserts that something is a multiple of the count
+      (``assert prior.num_steps % accumulate_gradients == 0``): the author
+      states that a pass holds whole windows
+      (``fixtures/realworld/ok_gl021_pass_length_asserted_multiple__TFM-Playground.py``).
 
     **Bad**::
 
@@ -130,6 +135,8 @@ class LastWindowOfPassNotStepped(Rule):
                     continue  # counted across passes: the windows run on into the next pass
                 if frameworks.count_above_one_only_under_own_engine(model, test.count):
                     continue
+                if _asserted_multiple(model, passes.node, test.count):
+                    continue  # ``assert prior.num_steps % accumulate_gradients == 0``: the author rules the short window out
                 if _cleared_before_backward(model, root, step, loop, acc.backwards):
                     continue  # what is left at a pass's end meets that clear first: its fate is the clear's (GL003's) business
                 cleared = _cleared_in_pass(model, root, step, loop, passes)
@@ -140,6 +147,27 @@ class LastWindowOfPassNotStepped(Rule):
                     guard.test, _message(model, step, loop, passes, guard, test, counter, cleared), event=step,
                     setting=test.count,
                 )
+
+
+def _asserted_multiple(model: LoopModel, passes: cst.CSTNode, count: cst.BaseExpression) -> bool:
+    """Whether the function holding the pass loop (or the module, outside functions) asserts that something is a
+    multiple of the guard's count (``assert prior.num_steps % accumulate_gradients == 0``): the author states that a
+    pass holds whole windows; what a loader yields is not in view to contradict it."""
+    wanted = dotted_name(count)
+    if wanted is None:
+        return False
+    scope = function_holding(model, passes) or model.module
+    for node in model.file.walk(scope):
+        if type(node) is not cst.Assert:
+            continue
+        test = node.test
+        if (
+            type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.Equal
+            and number(test.comparisons[0].comparator) == 0 and type(test.left) is cst.BinaryOperation
+            and type(test.left.operator) is cst.Modulo and dotted_name(test.left.right) == wanted
+        ):
+            return True
+    return False
 
 
 def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[RemainderTest, CounterStart] | None:
