@@ -822,6 +822,9 @@ class EventBuilder:
         running = self._running_counters(scope.function)
         if scales_down(loss, self._children) and not _by_no_count(loss, running):
             return True
+        if type(loss) is cst.BinaryOperation and type(loss.operator) is cst.Multiply:
+            # ``(loss * loss_scale).backward()``: a divided loss times a scale is still divided
+            return self._normalised(loss.left, scope, through) or self._normalised(loss.right, scope, through)
         name = tracked_name(loss)
         if name is None:
             return False

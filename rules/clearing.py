@@ -2078,6 +2078,9 @@ class UnscaledAccumulatedLoss(Rule):
       a wrapper factory makes: ``register_comm_hook(None, wrap(allreduce_hook))``);
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
       mean loss;
+    - the divided loss is multiplied by a scale on its way (``(loss *
+      loss_scale).backward()``:
+      ``fixtures/realworld/ok_gl004_divided_loss_times_loss_scale__ProphetNet-GENIE.py``);
     - the backward is in a helper of the module and the caller divided the
       loss it hands it, also when the helper only renames it first (``loss =
       lm_loss; loss.backward()``:
