@@ -2085,6 +2085,11 @@ class UnscaledAccumulatedLoss(Rule):
       loss it hands it, also when the helper only renames it first (``loss =
       lm_loss; loss.backward()``:
       ``fixtures/realworld/gl006_clip_in_backward_step_of_while_true_window__GLM.py``);
+    - the loss is what a function the module cannot see returns, handed an
+      argument named as a normaliser (``compute_loss(..., rl_scale=rl_scale)``
+      with ``rl_scale`` the window's token count, ``num_items_in_batch``,
+      ``normalizer``): it may divide
+      (``fixtures/realworld/gl004_loss_from_unseen_call_handed_token_scale__prime-rl.py``);
     - the backward is a helper the loop hands the count the step waits for
       (``self.student.backward(loss, ctx, grad_accum_rounds=accum)``, a model
       plugin's method): it may divide by it;
@@ -2186,6 +2191,8 @@ class UnscaledAccumulatedLoss(Rule):
                         continue
                     if _another_optimizers_micro_batch(root, backward, step, loop) or _handed_the_count(model, backward, acc):
                         continue
+                    if _built_by_unseen_call_handed_a_normaliser(model, backward):
+                        continue  # ``loss = compute_loss(..., rl_scale=rl_scale)``: it may divide by what it is handed
                     if _from_abstract_method(model, backward):
                         continue  # ``loss = self.forward_propagation(batch)``: each subclass's override decides
                     division = _by_running_counter(model, backward)
@@ -2439,6 +2446,34 @@ def _handed_the_count(model: LoopModel, backward: Event, acc: Accumulation) -> b
     count = model.code(acc.count)
     handed = [arg for position, arg in enumerate(backward.node.args) if position > 0 or arg.keyword is not None]
     return any(model.code(arg.value) == count for arg in handed)
+
+
+# An argument whose name says it normalises a loss: ``rl_scale``, ``normalizer``, ``num_items_in_batch``, ``num_tokens``.
+_NORMALISER = re.compile(
+    r"(^|_)(scale|norm|normali[sz]er|normali[sz]ation|denom|denominator|divisor|num_items\w*|num_tokens|n_tokens|total_tokens)$",
+    re.IGNORECASE,
+)
+
+
+def _built_by_unseen_call_handed_a_normaliser(model: LoopModel, backward: Event) -> bool:
+    """``loss, tensors = compute_loss(..., rl_scale=rl_scale)``: the loss is what a function the module cannot see
+    returns, handed an argument named as a normaliser (a token count summed over the window, ``num_items_in_batch``):
+    whether it divides is unknown, not absent."""
+    if model.index is None or backward.loss is None:
+        return False
+    name = dotted_name(backward.loss)
+    function = function_holding(model, backward.node)
+    if name is None:
+        return False
+    for value in model.index.assignments.get(function, {}).get(name, []):
+        call = value.value if isinstance(value, Unpacked) else value
+        if type(call) is not cst.Call or model.index.resolve_function(call, function) is not None:
+            continue
+        for arg in call.args:
+            said = arg.keyword.value if arg.keyword is not None else dotted_name(arg.value)
+            if said is not None and _NORMALISER.search(last_name(said)) and not re.search(r"loss_scale|grad_scale", said):
+                return True
+    return False
 
 
 def _by_running_counter(model: LoopModel, backward: Event) -> cst.BinaryOperation | None:
