@@ -96,7 +96,10 @@ class AccumulationWithoutNoSync(Rule):
     - the backward runs in a ``with`` block of a context manager handed the
       wrapped model that may switch the all-reduce off: one of other code
       (``with misc.ddp_sync(ddp, last_round):``,
-      ``fixtures/realworld/gl302_no_sync_in_other_module_context__edm.py``), or
+      ``fixtures/realworld/gl302_no_sync_in_other_module_context__edm.py``;
+      also the contexts such a call makes for the loop to enter, ``for ctx in
+      model_forward_contexts(accelerator, model, n): with ctx():``,
+      ``fixtures/realworld/gl302_contexts_made_for_the_micro_batches__self-rewarding-lm.py``), or
       one of this module that calls ``no_sync`` (a context of this module that
       does not is no excuse: ``fixtures/distributed/accumulation_in_local_context_without_no_sync.py``);
     - the backward is followed by a step of the optimizer on its own path
@@ -719,7 +722,9 @@ def _models_synced_by_decorators(model: LoopModel) -> frozenset[str]:
 def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
     """Whether the backward runs in a ``with`` block of a context manager handed the wrapped model that may switch its
     all-reduce off: ``with misc.ddp_sync(ddp, round_idx == rounds - 1):`` (NVlabs' loops enter ``ddp.no_sync()``
-    there). One defined in this module counts when it calls ``no_sync``; one of other code always may."""
+    there), also one of the contexts a call handed the model makes for the loop (``for ctx in
+    model_forward_contexts(accelerator, model, n): with ctx():``). One defined in this module counts when it calls
+    ``no_sync``; one of other code always may."""
     parents = model.parents
     if parents is None:
         return False
@@ -733,7 +738,13 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
     for block in blocks:
         for item in block.items:
             call = item.item
-            if type(call) is not cst.Call or not any(last_name(dotted_name(a.value) or "") == last_name(name) for a in call.args):
+            if type(call) is cst.Call and type(call.func) is cst.Name:
+                # ``for forward_context in model_forward_contexts(accelerator, model, n): with forward_context():``
+                made = _iterated_from(parents, block, call.func.value)
+                if made is not None and type(made) is cst.Call and _hands(made, name):
+                    if model.index is None or model.index.resolve_function(made, None) is None:
+                        return True
+            if type(call) is not cst.Call or not _hands(call, name):
                 continue
             helper = model.index.resolve_function(call, None) if model.index is not None else None
             if helper is None:
@@ -741,6 +752,21 @@ def _in_context_handed(model: LoopModel, backward: Event, name: str) -> bool:
             if any(type(n) is cst.Call and callee_name(n) in frameworks.MODEL_NO_SYNC for n in walk(helper)):
                 return True
     return False
+
+
+def _hands(call: cst.Call, name: str) -> bool:
+    """Whether ``call`` is handed the model named ``name`` (by its last name: ``self.model`` or ``model``)."""
+    return any(last_name(dotted_name(a.value) or "") == last_name(name) for a in call.args)
+
+
+def _iterated_from(parents: dict, node: cst.CSTNode, name: str) -> cst.BaseExpression | None:
+    """What an enclosing ``for`` loop whose target is ``name`` iterates, or None."""
+    current = parents.get(node)
+    while current is not None and type(current) is not cst.FunctionDef:
+        if type(current) is cst.For and type(current.target) is cst.Name and current.target.value == name:
+            return current.iter
+        current = parents.get(current)
+    return None
 
 
 def _synced_for_you(backward: Event) -> bool:
