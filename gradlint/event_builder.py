@@ -954,6 +954,8 @@ class EventBuilder:
         events = self._summary(helper, scope.depth + 1, scope.stack, scope.self_class if on_self else None)
         bindings = bind_arguments(helper, call)
         for event in events:
+            if _never_runs_with(event, bindings, helper, self.index.file.parent_map()):
+                continue  # ``run_epoch(model, loader, loss_fn, None)``: what runs under ``if optimizer:`` does not
             out.append(self._rebind(event, bindings, scope, call, helper))
 
     def _inline_closure(self, closure: cst.BaseExpression, scope: _Scope, out: list[Event]) -> None:
@@ -1338,6 +1340,30 @@ def _loop_bound(name: str, frames: tuple[Frame, ...]) -> bool:
         and any(type(n) is cst.Name and n.value == name for n in walk(f.node.target))
         for f in frames
     )
+
+
+def _never_runs_with(event: Event, bindings: dict[str, cst.BaseExpression], helper: cst.FunctionDef, parents: dict) -> bool:
+    """Whether an inlined helper's event sits under ``if param:`` or ``if param is not None:`` (written in the helper
+    itself) of a parameter the call hands ``None`` (or ``False``): on that call the branch never runs (evaluation
+    calls of ``run_epoch(..., None)``)."""
+    for frame in event.frames:
+        if frame.kind is not FrameKind.BRANCH or frame.branch != "if" or type(frame.node) is not cst.If:
+            continue
+        if not lies_under(parents, frame.node, helper):
+            continue
+        test = frame.node.test
+        if (
+            type(test) is cst.Comparison and len(test.comparisons) == 1
+            and type(test.comparisons[0].operator) is cst.IsNot and type(test.comparisons[0].comparator) is cst.Name
+            and test.comparisons[0].comparator.value == "None"
+        ):
+            test = test.left
+        if type(test) is not cst.Name or test.value not in bindings:
+            continue
+        given = bindings[test.value]
+        if type(given) is cst.Name and given.value in ("None", "False"):
+            return True
+    return False
 
 
 def _argument(call: cst.Call, position: int, keyword: str) -> cst.BaseExpression | None:
