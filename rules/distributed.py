@@ -107,6 +107,11 @@ class AccumulationWithoutNoSync(Rule):
       gradients are applied, and its all-reduce is needed; the finding goes
       to the accumulated backward:
       ``fixtures/realworld/gl302_retried_batch_stepped_at_once__simpletransformers.py``);
+    - the backward is another optimizer's update, cleared before it whenever
+      it runs and stepped after it (a discriminator's ``optim_d.zero_grad();
+      loss_disc.backward(); optim_d.step()`` beside a generator that
+      accumulates; the finding goes to the generator's backward:
+      ``fixtures/realworld/gl302_discriminator_update_beside_accumulating_generator__Advanced-RVC.py``);
     - the loop's function asserts that the accumulation count is 1 (``if
       args.distributed: assert args.accumsteps == 1``: the count of the
       guard, or one the micro-batches' loss is divided by), so no micro-batch
@@ -226,6 +231,8 @@ class AccumulationWithoutNoSync(Rule):
                         continue  # a decorator installed over the backward's function enters no_sync for it
                     if _stepped_on_its_own_path(root, backward, step):
                         continue  # a retried batch's backward, stepped at once: its all-reduce is needed
+                    if _another_optimizers_backward(root, backward, step, loop):
+                        continue  # ``optim_d.zero_grad(); loss_disc.backward(); ... optim_d.step()``: a GAN's other update
                     sites = _wrap_sites(model, name)
                     if sites and all(contradicting_settings(model, site, backward.node) for site in sites):
                         continue  # ``if only_eval: model = DDP(model) else: model = FSDP(model)``, trained under ``not only_eval``
@@ -249,6 +256,23 @@ def _stepped_on_its_own_path(root: Root, backward: Event, step: Event) -> bool:
     return any(
         e.kind is EventKind.STEP and same_object(e.target, step.target) and not exclusive(e, backward)
         for e in root.events[start + 1:end]
+    )
+
+
+def _another_optimizers_backward(root: Root, backward: Event, step: Event, loop: Frame) -> bool:
+    """Whether the backward belongs to another optimizer's update: that optimizer is cleared before it whenever it runs
+    and stepped after it in the loop (``optim_d.zero_grad(); scaler.scale(loss_disc).backward(); ... optim_d.step()``,
+    a discriminator's update beside a generator that accumulates). It is no micro-batch of ``step``'s window, and
+    whether its own model's all-reduce is needed is that update's question."""
+    at = root.order(backward)
+    others = {
+        z.target for z in root.events_of(EventKind.ZERO, loop)
+        if z.target_kind is ObjKind.OPTIMIZER and z.target is not None and not same_object(z.target, step.target)
+        and root.order(z) < at and not exclusive(z, backward) and all(backward.inside(f) for f in frames_inside(z, loop))
+    }
+    return any(
+        s.target in others and root.order(s) > at and not exclusive(s, backward)
+        for s in root.events_of(EventKind.STEP, loop)
     )
 
 
