@@ -726,6 +726,10 @@ class ScalerWithoutUpdate(Rule):
       of it) calls ``scaler.update()``;
     - the step is not in a training loop of its own (a per-batch method, or a
       loop over optimizers): its caller is judged where it is inlined;
+      unless the scaler is an attribute of ``self`` that nothing in the
+      module updates, hands on, or uses but to scale, unscale and step (an
+      agent's update method stepping ``self.loga_sclr``:
+      ``fixtures/realworld/gl104_attribute_scaler_never_updated__sac-td3-cudagraphs.py``);
     - the scaler is a parameter of the function that holds the step's loop
       (``train_step(self, data, optimizer, loss_scaler=None)`` with an inner
       loop over generator steps): its caller may update it after each call.
@@ -758,6 +762,15 @@ class ScalerWithoutUpdate(Rule):
                     continue
                 loop = home_loop(root, step)
                 if loop is None:
+                    if step.node not in settled and _never_updated_in_module(model, step):
+                        function = function_holding(model, step.node)
+                        yield settled.note(Report(
+                            step.node,
+                            f"`{step.via_scaler}.step({step.target})` runs on every call of "
+                            f"`{function.name.value}` but nothing in this module calls `{step.via_scaler}.update()`: "
+                            f"the loss scale never adapts",
+                            fix=fixes.add_scaler_update(model, step),
+                        ))
                     continue  # a per-step helper (or a loop over optimizers): the training loop that calls it is checked where it is inlined
                 if step.node in updated or step.node in settled:
                     continue  # a caller's training loop updates the scaler after calling this code
@@ -769,6 +782,26 @@ class ScalerWithoutUpdate(Rule):
                     f"but `{step.via_scaler}.update()` never does: the loss scale never adapts",
                     fix=fixes.add_scaler_update(model, step),
                 ))
+
+
+def _never_updated_in_module(model: LoopModel, step: Event) -> bool:
+    """Whether a step through a scaler held as an attribute of ``self`` (``self.loga_sclr.step(self.loga_opt)`` in an
+    agent's update method) meets no ``update()`` of that scaler anywhere in the module, and the scaler is never handed
+    to a call or read except to scale, unscale and step: no code of the module, whoever calls it, adapts its scale."""
+    scaler = step.via_scaler
+    function = function_holding(model, step.node)
+    if scaler is None or not scaler.startswith("self.") or function is None:
+        return False
+    wanted = last_name(scaler)
+    for node in model.file.every_node(model.module):
+        if type(node) is cst.Call:
+            func = node.func
+            if type(func) is cst.Attribute and last_name(dotted_name(func.value) or "") == wanted:
+                if func.attr.value not in ("scale", "unscale_", "step", "get_scale", "is_enabled"):
+                    return False  # ``update()``, or any other use that may stand for it
+            if any(last_name(dotted_name(a.value) or "") == wanted for a in node.args):
+                return False  # handed on: the callee may update it
+    return True
 
 
 def _handed_in_to_the_loops_function(model: LoopModel, step: Event, loop: Frame) -> bool:

@@ -82,7 +82,10 @@ class MissingZeroGrad(Rule):
     loss_b.backward(); opt.step()``): the second step applies the first
     backward's gradients again; the same for two steps side by side after
     one backward (``loss.backward(); opt.step(); opt.step()``: two updates
-    per batch), also a leftover step after an ``if`` on a setting whose
+    per batch; also in a function's own code outside any loop, every call:
+    ``scaler.step(opt); scaler.update(); opt.step()`` in an agent's update
+    method, ``fixtures/realworld/gl001_scaler_step_then_optimizer_step__sac-td3-cudagraphs.py``),
+    also a leftover step after an ``if`` on a setting whose
     every branch steps already (``if amp: scaler.step(opt) else:
     opt.step()`` then ``opt.step()``:
     ``fixtures/realworld/gl001_leftover_step_after_amp_branches__TTS.py``). And a backward before the training loop (a
@@ -280,6 +283,7 @@ class MissingZeroGrad(Rule):
                     )
                 yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
+            yield from _steps_twice_in_one_call(model, root)
             yield from _network_clears_leaving_parameters(model, root)
             yield from _backward_before_loop(model, root)
             yield from _uncleared_in_step_method(model, root)
@@ -1010,6 +1014,37 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
             last_step[key] = event
             since[key] = []
         yield from _step_reapplying_last_iteration(model, root, loop, events)
+
+
+def _steps_twice_in_one_call(model: LoopModel, root) -> Iterator[Report]:
+    """Two steps of one optimizer side by side after one backward, in a function's own code outside any loop
+    (``scaler.step(opt); scaler.update(); opt.step()`` in an agent's ``update_actor``): every call updates twice with
+    the same gradients, whoever calls it."""
+    if type(root.node) is not cst.FunctionDef:
+        return
+    events = [e for e in root.events if not e.loops]
+    for index, first in enumerate(events):
+        if first.kind is not EventKind.STEP or first.target is None or first.framework is not None and first.framework != "scaler":
+            continue
+        if first.target_kind is not ObjKind.OPTIMIZER or not any(
+            e.kind is EventKind.BACKWARD and not exclusive(e, first) for e in events[:index]
+        ):
+            continue
+        for second in events[index + 1:]:
+            if second.kind in (EventKind.BACKWARD, EventKind.ZERO) or second.kind is HANDOFF and same_object(second.target, first.target):
+                break  # a new backward, or something that clears or may: no plain double step
+            if second.kind is not EventKind.STEP or second.framework is not None or not same_object(second.target, first.target):
+                continue
+            if exclusive(first, second) or not _side_by_side(first, second, events):
+                continue
+            yield Report(
+                second.node,
+                f"`{second.target}` steps {_twice(model, first, second)} with no backward and no clear between: the "
+                f"second step applies the same gradients again (two updates per call, and twice the momentum); drop "
+                f"one of the steps",
+                event=second, against=(first,),
+            )
+            break
 
 
 def _side_by_side(first: Event, second: Event, events: list[Event]) -> bool:
