@@ -644,6 +644,10 @@ class EventBuilder:
         if helper is not None:
             self._inline(helper, call, scope, out)
             return
+        instance = self._instance_target(call, scope.function)
+        if instance is not None:  # ``trainer = CAMETrainer(); for epoch in ...: trainer.train_epoch(epoch)``
+            self._inline(instance[0], call, scope, out, self_class=instance[1])
+            return
         if _configured_clipper(call):
             emit(EventKind.CLIP, framework=None)  # ``self.gradient_clipper(model)``: a clipping function built elsewhere
             return
@@ -729,6 +733,21 @@ class EventBuilder:
         if class_name not in self.index.class_methods:
             return None
         return self.index.method_of(class_name, func.attr.value)
+
+    def _instance_target(self, call: cst.Call, function: cst.FunctionDef | None) -> tuple[cst.FunctionDef, str] | None:
+        """``trainer.train_epoch(epoch)`` where the local ``trainer`` is only ever built from a class of this module
+        (``trainer = CAMETrainer()``): the method it lands in, and that class."""
+        func = call.func
+        if type(func) is not cst.Attribute or type(func.value) is not cst.Name or func.value.value in ("self", "cls"):
+            return None
+        values = self._assigned(func.value.value, function)
+        if len(values) != 1 or type(values[0]) is not cst.Call:
+            return None
+        class_name = dotted_name(values[0].func)
+        if class_name not in self.index.class_methods:
+            return None
+        method = self.index.method_of(class_name, func.attr.value)
+        return (method, class_name) if method is not None else None
 
     def _clips_by_hand(self, function: cst.FunctionDef | None) -> bool:
         """Whether a function of this module clips gradients by their norm itself (computed once per function)."""
@@ -946,12 +965,15 @@ class EventBuilder:
 
     # -- helpers
 
-    def _inline(self, helper: cst.FunctionDef, call: cst.Call, scope: _Scope, out: list[Event]) -> None:
-        """Append a helper's events as if its body were written at the call site."""
+    def _inline(
+        self, helper: cst.FunctionDef, call: cst.Call, scope: _Scope, out: list[Event], self_class: str | None = None,
+    ) -> None:
+        """Append a helper's events as if its body were written at the call site (``self_class``: the class of the
+        instance a method is called on)."""
         if helper in scope.stack or scope.depth >= MAX_INLINE_DEPTH:
             return
         on_self = type(call.func) is cst.Attribute and type(call.func.value) is cst.Name and call.func.value.value in ("self", "cls")
-        events = self._summary(helper, scope.depth + 1, scope.stack, scope.self_class if on_self else None)
+        events = self._summary(helper, scope.depth + 1, scope.stack, self_class or (scope.self_class if on_self else None))
         bindings = bind_arguments(helper, call)
         for event in events:
             if _never_runs_with(event, bindings, helper, self.index.file.parent_map()):
