@@ -61,6 +61,8 @@ _CLIP_QUALIFIED = frozenset({
     "timm.utils.agc.adaptive_clip_grad", "timm.utils.adaptive_clip_grad",
     "timm.utils.clip_grad.dispatch_clip_grad", "timm.utils.dispatch_clip_grad",
 })
+# A call that times or profiles the function it is handed, running it once: ``gpu_timer(train_step)``.
+_TIMER = re.compile(r"(^|_)(gpu_)?tim(er|ed|e_it|eit)$|^profiled?$|^measure(_time)?$", re.IGNORECASE)
 _CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 
 
@@ -654,6 +656,10 @@ class EventBuilder:
         if name and _CLEAR_HELPER.search(name):
             emit(EventKind.ZERO, target=None, target_kind=ObjKind.UNKNOWN)
             return
+        timed = self._timed_function(call, name, scope.function)
+        if timed is not None:  # ``loss, ms = gpu_timer(train_step)``: the timer runs the step once, here
+            self._inline(timed, cst.Call(func=cst.Name(timed.name.value)), scope, out)
+            return
         helper = self.backward_helpers.get(name) if name else None
         if helper is not None:
             self._backward_helper_call(call, helper, scope, out)
@@ -733,6 +739,19 @@ class EventBuilder:
         if class_name not in self.index.class_methods:
             return None
         return self.index.method_of(class_name, func.attr.value)
+
+    def _timed_function(self, call: cst.Call, name: str | None, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
+        """``gpu_timer(train_step)``: a function of the module without parameters, handed first to a call the module
+        cannot see whose name says it times or profiles what it is handed (I-JEPA's loops run their step that way)."""
+        if name is None or not _TIMER.search(name) or not call.args or call.args[0].keyword is not None:
+            return None
+        handed = call.args[0].value
+        if type(handed) is not cst.Name:
+            return None
+        found = self.index.resolve_function(cst.Call(func=handed), function)
+        if found is None or found.params.params or found.params.posonly_params or found.params.kwonly_params:
+            return None
+        return found
 
     def _instance_target(self, call: cst.Call, function: cst.FunctionDef | None) -> tuple[cst.FunctionDef, str] | None:
         """``trainer.train_epoch(epoch)`` where the local ``trainer`` is only ever built from a class of this module
