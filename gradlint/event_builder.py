@@ -646,7 +646,7 @@ class EventBuilder:
         if helper is not None:
             self._inline(helper, call, scope, out)
             return
-        instance = self._instance_target(call, scope.function)
+        instance = self._instance_target(call, scope.function) if any(f.kind is FrameKind.LOOP for f in scope.frames) else None
         if instance is not None:  # ``trainer = CAMETrainer(); for epoch in ...: trainer.train_epoch(epoch)``
             self._inline(instance[0], call, scope, out, self_class=instance[1])
             return
@@ -755,7 +755,9 @@ class EventBuilder:
 
     def _instance_target(self, call: cst.Call, function: cst.FunctionDef | None) -> tuple[cst.FunctionDef, str] | None:
         """``trainer.train_epoch(epoch)`` where the local ``trainer`` is only ever built from a class of this module
-        (``trainer = CAMETrainer()``): the method it lands in, and that class."""
+        (``trainer = CAMETrainer()``): the method it lands in, and that class. Asked only for calls in a loop (an epoch
+        loop running the method): a one-off call (``sampler.sample()`` after a test's backward) is read where it is
+        defined."""
         func = call.func
         if type(func) is not cst.Attribute or type(func.value) is not cst.Name or func.value.value in ("self", "cls"):
             return None

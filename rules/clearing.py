@@ -1033,8 +1033,8 @@ def _steps_twice_in_one_call(model: LoopModel, root) -> Iterator[Report]:
         for second in events[index + 1:]:
             if second.kind in (EventKind.BACKWARD, EventKind.ZERO) or second.kind is HANDOFF and same_object(second.target, first.target):
                 break  # a new backward, or something that clears or may: no plain double step
-            if second.kind is not EventKind.STEP or second.framework is not None or not same_object(second.target, first.target):
-                continue
+            if second.kind is not EventKind.STEP or second.framework is not None or second.target != first.target:
+                continue  # the very same name (``a.optimizers[0]`` and ``b.optimizers[0]`` are two optimizers)
             if exclusive(first, second) or not _side_by_side(first, second, events):
                 continue
             yield Report(
