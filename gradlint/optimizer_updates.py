@@ -105,6 +105,25 @@ def _of_class(qualified: Iterable[str]) -> UpdateScale:
     return UpdateScale.UNKNOWN
 
 
+def too_small(scale: UpdateScale, optimizer: str | None) -> str:
+    """What a gradient that many times too small does to the steps of this optimizer, for GL007's message."""
+    named = f"`{optimizer}`" if optimizer else "the optimizer"
+    if scale is UpdateScale.PROPORTIONAL:
+        return f"each step of {named} is that many times too small"
+    if scale is UpdateScale.NORMALISED:
+        return (
+            f"the gradients are that many times too small; {named} divides its update by the gradient's scale, so "
+            f"its steps barely change, but gradient clipping thresholds, `eps` and logged gradient norms see "
+            f"gradients that many times too small"
+        )
+    return (
+        "the gradients are that many times too small: with an optimizer that steps in proportion to the gradient "
+        "(SGD) each step is that many times too small; with one that divides its update by the gradient's scale "
+        "(Adam and its kin) the steps barely change, but gradient clipping thresholds, `eps` and logged gradient "
+        "norms see gradients that many times too small"
+    )
+
+
 def too_large(scale: UpdateScale, optimizer: str | None) -> str:
     """What a gradient that many times too large does to the steps of this optimizer, for GL004's message."""
     named = f"`{optimizer}`" if optimizer else "the optimizer"

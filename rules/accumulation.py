@@ -20,6 +20,7 @@ from gradlint.frameworks.settings import FrameworkSettings, counts_more_than_one
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.parsed_file import ParsedFile
 from gradlint.objects import ObjKind
+from gradlint.optimizer_updates import UpdateScale, stepped_update_scale, too_small
 from gradlint.queries import (
     accumulation,
     accumulation_place,
@@ -379,9 +380,13 @@ class LossDividedTwice(Rule):
     ``trainer.accumulate_grad_batches`` (``ClosureResult`` in
     ``loops/optimization/automatic.py``); DeepSpeed's ``engine.backward``
     divides by the config's ``gradient_accumulation_steps`` unless called
-    with ``scale_wrt_gas=False``. Dividing by N as well makes every step N
-    times too small: the learning rate is secretly divided by N, and
-    nothing fails.
+    with ``scale_wrt_gas=False``. Dividing by N as well makes the
+    gradients N times too small: with SGD every step is N times too small
+    (the learning rate is secretly divided by N); with Adam and its kin,
+    which divide their update by the gradient's scale, the steps barely
+    change, but clipping thresholds, ``eps`` and logged gradient norms see
+    gradients N times too small. The message says which, for the optimizer
+    the loop steps. Nothing fails.
 
     **Fix.** Hand the framework the undivided loss.
 
@@ -472,6 +477,11 @@ class LossDividedTwice(Rule):
         setting = settings.accumulation_of(count.settings)
         counts = setting.counts
         framework = count.divides_again.format(call=model.code(call.func))
+        at = root.order(backward)
+        step = next(
+            (e for e in root.events_of(EventKind.STEP) if root.order(e) > at and e.target_kind is ObjKind.OPTIMIZER), None,
+        )
+        effect = too_small(*stepped_update_scale(model, step)) if step is not None else too_small(UpdateScale.UNKNOWN, None)
         position = model.position(call)[:2]
         for division, divisor in _divisions(model, root.node, backward.loss, position):
             if (
@@ -482,7 +492,7 @@ class LossDividedTwice(Rule):
                     and (not counts or any(counts_more_than_one(c) for c in counts))  # not a count written as 1
                 )
             ):
-                yield _report(model, division, divisor, framework)
+                yield _report(model, division, divisor, framework, effect)
                 continue
             read = count.read_elsewhere(model, divisor) if count.read_elsewhere is not None else None
             if read is not None:
@@ -508,13 +518,13 @@ class LossDividedTwice(Rule):
                     continue
             for division, divisor in _divisions(model, step, value, model.position(node)[:2]):
                 if _matches(model, divisor, counts) or dotted_name(divisor) == returned.own_count:
-                    yield _report(model, division, divisor, framework)
+                    yield _report(model, division, divisor, framework, too_small(UpdateScale.UNKNOWN, None))
 
 
-def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str) -> Report:
+def _report(model: LoopModel, division: cst.CSTNode, divisor: cst.BaseExpression, framework: str, effect: str) -> Report:
     return Report(
         division,
-        f"the loss is divided by `{model.code(divisor)}` here and {framework}: each step is that many times too small",
+        f"the loss is divided by `{model.code(divisor)}` here and {framework}: {effect}",
         fix=drop_division(model, division),
     )
 
