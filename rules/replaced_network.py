@@ -14,7 +14,7 @@ from gradlint.reach import owners_of_construction
 from gradlint.rule import Report, Rule, call_of
 from gradlint.rules.parameter_groups import _optimizer_constructions
 from gradlint.rules.parameters import _layer_built
-from gradlint.syntax import callee_name, dotted_name, positional_args, receiver, walk
+from gradlint.syntax import callee_name, dotted_name, positional_args, receiver
 
 # Calls whose value is a network with parameters of its own: a deep copy, a network read back from a file.
 _COPIES = frozenset({"deepcopy", "load", "from_pretrained"})
@@ -26,7 +26,7 @@ class OptimizerOverReplacedNetwork(Rule):
     **Why it matters.** An optimizer holds the parameter tensors it was
     given, not the name they were reached by. Rebind the name to a new
     network (``deepcopy`` of an untrained copy to start over, a network read
-    back with ``torch.load``, a fresh construction) and the loss
+    back with ``torch.load`` or ``from_pretrained``) and the loss
     backpropagates through the new network's parameters, which no optimizer
     holds, while ``optimizer.step()`` updates the discarded ones, which get
     no gradients. The new network never trains. Nothing raises.
@@ -50,7 +50,9 @@ class OptimizerOverReplacedNetwork(Rule):
     **Stays quiet when** the new value shares the parameters (``.to()``,
     ``torch.compile``, a wrapper handed the network such as
     ``DistributedDataParallel(model)``, ``model.module``), is made by a
-    function whose result is unknown (``get_model(cfg)``), the optimizer is
+    function whose result is unknown (``get_model(cfg)``) or built anew from
+    a class (``Net(cfg)``: a construction may build anything under the name,
+    a grad scaler as well as a network), the optimizer is
     built again or assigned between the replacement and its step, the
     replacement and the step sit in two branches of one ``if``, or the step
     comes before the replacement in the function
@@ -213,17 +215,13 @@ def _replacements(
 
 
 def _new_network(value: cst.BaseExpression, target: str) -> bool:
-    """``deepcopy(x)``, ``torch.load(path)``, ``Net.from_pretrained(...)``, or a class built without being handed
-    the network it replaces (``Net(cfg)``, not ``DistributedDataParallel(model)``)."""
+    """``deepcopy(x)``, ``torch.load(path)``, ``Net.from_pretrained(...)``: a copy or a loaded network. A class built
+    anew (``Net(cfg)``) is not read as one: a construction may build anything under the name (a grad scaler, a
+    wrapper), and the rule's prefilter tokens are the copies'."""
     if type(value) is not cst.Call:
         return False
     name = callee_name(value) or ""
-    if name in _COPIES:
-        return name != "load" or _loads_a_file(value)
-    if not name[:1].isupper():
-        return False
-    handed = {dotted_name(n) for arg in value.args for n in walk(arg.value) if type(n) in (cst.Name, cst.Attribute)}
-    return target not in handed and target.rsplit(".", 1)[-1] not in {h.rsplit(".", 1)[-1] for h in handed if h}
+    return name in _COPIES and (name != "load" or _loads_a_file(value))
 
 
 def _loads_a_file(call: cst.Call) -> bool:
