@@ -725,6 +725,12 @@ class EventBuilder:
 
     def _instance_method(self, call: cst.Call, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """``clipper.step(...)`` where ``clipper`` (or ``self.clipper``) is only ever built from a class of this module."""
+        found = self._instance_of(call, function)
+        return found[0] if found is not None else None
+
+    def _instance_of(self, call: cst.Call, function: cst.FunctionDef | None) -> tuple[cst.FunctionDef, str] | None:
+        """The method ``receiver.method(...)`` lands in and the receiver's class, when the receiver (a local or an
+        attribute of ``self``) is only ever built from a class of this module (``trainer = CAMETrainer()``)."""
         func = call.func
         receiver_name = dotted_name(func.value) if type(func) is cst.Attribute else None
         if receiver_name is None or receiver_name in ("self", "cls"):
@@ -738,7 +744,8 @@ class EventBuilder:
         class_name = dotted_name(values[0].func)
         if class_name not in self.index.class_methods:
             return None
-        return self.index.method_of(class_name, func.attr.value)
+        method = self.index.method_of(class_name, func.attr.value)
+        return (method, class_name) if method is not None else None
 
     def _timed_function(self, call: cst.Call, name: str | None, function: cst.FunctionDef | None) -> cst.FunctionDef | None:
         """``gpu_timer(train_step)``: a function of the module without parameters, handed first to a call the module
@@ -754,21 +761,12 @@ class EventBuilder:
         return found
 
     def _instance_target(self, call: cst.Call, function: cst.FunctionDef | None) -> tuple[cst.FunctionDef, str] | None:
-        """``trainer.train_epoch(epoch)`` where the local ``trainer`` is only ever built from a class of this module
-        (``trainer = CAMETrainer()``): the method it lands in, and that class. Asked only for calls in a loop (an epoch
-        loop running the method): a one-off call (``sampler.sample()`` after a test's backward) is read where it is
-        defined."""
-        func = call.func
-        if type(func) is not cst.Attribute or type(func.value) is not cst.Name or func.value.value in ("self", "cls"):
+        """``trainer.train_epoch(epoch)`` on a local (not an attribute) only ever built from a class of this module:
+        :meth:`_instance_of`. Asked only for calls in a loop (an epoch loop running the method): a one-off call
+        (``sampler.sample()`` after a test's backward) is read where it is defined."""
+        if type(call.func) is not cst.Attribute or type(call.func.value) is not cst.Name:
             return None
-        values = self._assigned(func.value.value, function)
-        if len(values) != 1 or type(values[0]) is not cst.Call:
-            return None
-        class_name = dotted_name(values[0].func)
-        if class_name not in self.index.class_methods:
-            return None
-        method = self.index.method_of(class_name, func.attr.value)
-        return (method, class_name) if method is not None else None
+        return self._instance_of(call, function)
 
     def _clips_by_hand(self, function: cst.FunctionDef | None) -> bool:
         """Whether a function of this module clips gradients by their norm itself (computed once per function)."""

@@ -107,37 +107,28 @@ def _of_class(qualified: Iterable[str]) -> UpdateScale:
 
 def too_small(scale: UpdateScale, optimizer: str | None) -> str:
     """What a gradient that many times too small does to the steps of this optimizer, for GL007's message."""
-    named = f"`{optimizer}`" if optimizer else "the optimizer"
-    if scale is UpdateScale.PROPORTIONAL:
-        return f"each step of {named} is that many times too small"
-    if scale is UpdateScale.NORMALISED:
-        return (
-            f"the gradients are that many times too small; {named} divides its update by the gradient's scale, so "
-            f"its steps barely change, but gradient clipping thresholds, `eps` and logged gradient norms see "
-            f"gradients that many times too small"
-        )
-    return (
-        "the gradients are that many times too small: with an optimizer that steps in proportion to the gradient "
-        "(SGD) each step is that many times too small; with one that divides its update by the gradient's scale "
-        "(Adam and its kin) the steps barely change, but gradient clipping thresholds, `eps` and logged gradient "
-        "norms see gradients that many times too small"
-    )
+    return _off_by_a_factor(scale, optimizer, "small")
 
 
 def too_large(scale: UpdateScale, optimizer: str | None) -> str:
     """What a gradient that many times too large does to the steps of this optimizer, for GL004's message."""
+    return _off_by_a_factor(scale, optimizer, "large")
+
+
+def _off_by_a_factor(scale: UpdateScale, optimizer: str | None, size: str) -> str:
+    """What gradients that many times too ``size`` (``"large"`` or ``"small"``) do to this optimizer's steps."""
     named = f"`{optimizer}`" if optimizer else "the optimizer"
     if scale is UpdateScale.PROPORTIONAL:
-        return f"each step of {named} is that many times too large"
+        return f"each step of {named} is that many times too {size}"
     if scale is UpdateScale.NORMALISED:
         return (
-            f"the gradients are that many times too large; {named} divides its update by the gradient's scale, so "
+            f"the gradients are that many times too {size}; {named} divides its update by the gradient's scale, so "
             f"its steps barely change, but gradient clipping thresholds, `eps` and logged gradient norms see "
-            f"gradients that many times too large"
+            f"gradients that many times too {size}"
         )
     return (
-        "the gradients are that many times too large: with an optimizer that steps in proportion to the gradient "
-        "(SGD) each step is that many times too large; with one that divides its update by the gradient's scale "
-        "(Adam and its kin) the steps barely change, but gradient clipping thresholds, `eps` and logged gradient "
-        "norms see gradients that many times too large"
+        f"the gradients are that many times too {size}: with an optimizer that steps in proportion to the gradient "
+        f"(SGD) each step is that many times too {size}; with one that divides its update by the gradient's scale "
+        f"(Adam and its kin) the steps barely change, but gradient clipping thresholds, `eps` and logged gradient "
+        f"norms see gradients that many times too {size}"
     )

@@ -1024,7 +1024,7 @@ def _steps_twice_in_one_call(model: LoopModel, root) -> Iterator[Report]:
         return
     events = [e for e in root.events if not e.loops]
     for index, first in enumerate(events):
-        if first.kind is not EventKind.STEP or first.target is None or first.framework is not None and first.framework != "scaler":
+        if first.kind is not EventKind.STEP or first.target is None or first.framework is not None:
             continue
         if first.target_kind is not ObjKind.OPTIMIZER or not any(
             e.kind is EventKind.BACKWARD and not exclusive(e, first) for e in events[:index]
