@@ -672,7 +672,8 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
     ):
         for frame in frames_inside(clear, loop):
             if frame.kind is FrameKind.BRANCH and type(frame.node) is cst.If and not step.inside(frame) and _periodic(frame.node.test):
-                return f"only when `{model.code(frame.node.test)}` (line {model.line(frame.node)}), while the step runs on every iteration"
+                held = "" if frame.branch == "if" else " is false"  # "else", or the rest of the block after `if x: continue`
+                return f"only when `{model.code(frame.node.test)}`{held} (line {model.line(frame.node)}), while the step runs on every iteration"
     return None
 
 

@@ -207,6 +207,23 @@ def test_fixes_that_touch_the_same_code_are_applied_one_after_the_other():
     )
 
 
+def test_the_clear_goes_after_the_scaler_update_only_when_every_path_from_the_step_reaches_it():
+    # The update after `if ...: continue` runs on boundary micro-batches only: a clear after it would leave
+    # the every-iteration step uncleared, and each round would add another.
+    text = (
+        "for i, (x, y) in enumerate(loader):\n"
+        "    scaler.scale(loss_fn(model(x), y)).backward()\n"
+        "    scaler.step(optimizer)\n"
+        "    if (i + 1) % log_every != 0:\n"
+        "        continue\n"
+        "    scaler.update()\n"
+    )
+    outcome = fix_text(text)
+    assert outcome.fixed == 1
+    assert "    scaler.step(optimizer)\n    optimizer.zero_grad()\n    if (i + 1)" in outcome.text
+    assert not [f for f in outcome.result.findings if f.code == "GL001"]
+
+
 def test_fixing_stops_after_a_bounded_number_of_rounds(monkeypatch):
     # A fix that never makes its finding go away must not loop forever.
     rounds = []

@@ -14,7 +14,7 @@ import libcst as cst
 from gradlint.fixes.edits import Statement, as_line, without_blank_lines
 from gradlint.model import Event
 from gradlint.parsed_file import ParsedFile
-from gradlint.syntax import children, dotted_name, method_name, positional_args, receiver
+from gradlint.syntax import children, dotted_name, method_name, positional_args, receiver, walk
 
 def descendants(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
     """Every node under ``node`` (itself included), nested functions and classes too."""
@@ -96,7 +96,11 @@ def scaler_of_step(module: cst.Module, step: Event) -> str | None:
 
 
 def after_step(parsed: ParsedFile, step: Event) -> Statement | None:
-    """Where code that belongs right after a step goes: after the step, or after the ``scaler.update()`` that follows it."""
+    """Where code that belongs right after a step goes: after the step, or after the ``scaler.update()`` that follows it.
+
+    The update counts only when every path from the step reaches it: a statement between them that may leave
+    the block (``if (i + 1) % k != 0: continue``) keeps the anchor at the step.
+    """
     statement = statement_of(parsed, step.node)
     if not isinstance(statement, cst.BaseSmallStatement):
         return None  # a step inside an if/while test: no obvious "right after"
@@ -105,7 +109,14 @@ def after_step(parsed: ParsedFile, step: Event) -> Statement | None:
         for later in following(parsed, statement):
             if is_call_to(later, "update", scaler, parsed.module):
                 return later
+            if _may_leave(later):
+                break
     return statement
+
+
+def _may_leave(statement: Statement) -> bool:
+    """Whether a statement is, or holds, a ``continue``, ``break``, ``return`` or ``raise``."""
+    return any(isinstance(node, (cst.Continue, cst.Break, cst.Return, cst.Raise)) for node in walk(statement))
 
 
 def code(module: cst.Module, node: cst.CSTNode) -> str:
