@@ -834,7 +834,7 @@ class EventBuilder:
         unreduced = _unreduced(recv)  # ``scaler.scale(loss).mean()`` is as scaled as ``scaler.scale(loss)``
         if self._scales(unreduced):
             scaled = True
-            inner = positional_args(unreduced)
+            inner = positional_args(self._scaling_call(unreduced))
             loss = inner[0].value if inner else recv
         elif (unreduced_name := dotted_name(unreduced)) is not None:
             for value in self._assigned(unreduced_name, scope.function):
@@ -1048,6 +1048,12 @@ class EventBuilder:
         if type(value) is cst.IfExp:
             return self._scales(_uncast(value.body)) or self._scales(_uncast(value.orelse))
         return type(value) is cst.Call and method_name(value) == "scale" and self._kind(dotted_name(receiver(value))) is ObjKind.SCALER
+
+    def _scaling_call(self, value: cst.BaseExpression) -> cst.Call:
+        """The ``scaler.scale(loss)`` call of a value :meth:`_scales` accepts (one branch of an ``if`` expression)."""
+        while type(value) is cst.IfExp:
+            value = _uncast(value.body) if self._scales(_uncast(value.body)) else _uncast(value.orelse)
+        return value
 
     def _scaled_value(self, value: cst.BaseExpression, scope: _Scope) -> bool:
         """Whether ``value``, handed to a helper, is a scaled loss: ``scaler.scale(loss)``, or a name the calling
