@@ -17,7 +17,9 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, element_name, is_grad, lies_under, walk
+from gradlint.syntax import (
+    boolean_terms, callee_name, dotted_name, element_name, is_grad, keyword_arg, lies_under, method_name, positional_args, walk,
+)
 from gradlint.objects import ObjKind, last_name
 
 
@@ -680,8 +682,12 @@ def clears_between_backward_and_step(
             stepped[id(event)] = set()
         elif event.kind is EventKind.ZERO and backwards:
             zeros.append(event)
-        elif event.kind is EventKind.STEP and backwards and event.framework != "closure":
+        elif event.kind is EventKind.STEP and backwards:
             owner = next((b for b in reversed(backwards) if not exclusive(b, event)), None)
+            if event.framework == "closure":  # the step takes the gradients of its closure's backward, if any
+                closure = closure_of(model, event.node) if type(event.node) is cst.Call else None
+                inside = [b for b in backwards if closure is not None and lies_under(model.parents or {}, b.node, closure)]
+                owner = inside[-1] if inside else None
             if owner is None or event.target in stepped[id(owner)]:
                 continue  # a later step of the same optimizer does not own the backward's gradients
             for zero in zeros:
@@ -957,6 +963,21 @@ def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
     if type(value) is cst.Call and callee_name(value) == "optimizers":
         return True
     return type(value) in (cst.Name, cst.Attribute)
+
+
+def closure_of(model: LoopModel, call: cst.Call) -> cst.FunctionDef | cst.Lambda | None:
+    """The closure a ``step`` call is handed: a lambda, or a function of the module by name (``opt.step(closure)``,
+    ``opt.step(closure=f)``, ``scaler.step(opt, closure=f)``)."""
+    given = keyword_arg(call, "closure")
+    if given is None and method_name(call) == "step" and type(call.func) is cst.Attribute:
+        given = next(iter(positional_args(call)), None)
+    if given is None:
+        return None
+    if type(given.value) is cst.Lambda:
+        return given.value
+    if type(given.value) is cst.Name and model.index is not None:
+        return model.index.resolve_function(cst.Call(func=given.value), function_holding(model, call))
+    return None
 
 
 def function_holding(model: LoopModel, node: cst.CSTNode) -> cst.FunctionDef | None:

@@ -19,6 +19,7 @@ from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopMo
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.optimizer_updates import stepped_update_scale, too_large
 from gradlint.queries import (
+    closure_of,
     Accumulation,
     accumulation,
     accumulation_place,
@@ -404,7 +405,7 @@ def _closure_reevaluated_without_clear(model: LoopModel, root: Root) -> Iterator
             continue
         if not _reevaluates(model, step.target):
             continue
-        closure = _closure_of(model, step.node)
+        closure = closure_of(model, step.node)
         if closure is None:
             continue
         body = closure.body
@@ -439,18 +440,6 @@ def _reevaluates(model: LoopModel, optimizer: str) -> bool:
         type(value) is cst.Call and model.index.qualified_names(value.func) & _REEVALUATING
         for value in model.index.assigned_anywhere(optimizer)
     )
-
-
-def _closure_of(model: LoopModel, call: cst.Call) -> cst.FunctionDef | cst.Lambda | None:
-    """The closure a ``step`` call is handed: a lambda, or a function of the module by name."""
-    given = keyword_arg(call, "closure") or next(iter(positional_args(call)), None)
-    if given is None:
-        return None
-    if type(given.value) is cst.Lambda:
-        return given.value
-    if type(given.value) is cst.Name and model.index is not None:
-        return model.index.resolve_function(cst.Call(func=given.value), function_holding(model, call))
-    return None
 
 
 def _clears_in(model: LoopModel, body: cst.CSTNode) -> bool:
@@ -1140,12 +1129,20 @@ class ZeroGradBetweenBackwardAndStep(Rule):
     **Why it matters.** The step then sees zero (or ``None``) gradients: the
     model does not learn, or learns only from weight decay, and nothing fails.
 
+    A closure handed to ``opt.step(closure=f)`` runs inside the step, before
+    the update: a clear in it after its backward (Lightning manual
+    optimization, ``self.manual_backward(loss); if boundary: opt.zero_grad()``)
+    is between that backward and the step
+    (``fixtures/realworld/gl002_clear_in_step_closure_after_manual_backward__studienarbeit.py``).
+
     **Fix.** Move the clear after the step (or before the backward).
 
     **Stays quiet when**
 
-    - the clear runs in a closure handed to ``step(closure)``, or in a nested
-      function that steps first and clears after;
+    - the clear runs in a closure handed to ``step(closure)`` before the
+      closure's backward (``fixtures/realworld/ok_gl002_clear_in_step_closure_before_manual_backward__studienarbeit.py``),
+      the step's closure is not seen, or the clear is in a nested function
+      that steps first and clears after;
     - the clear sits in a branch that leaves before the step
       (``if not finite: opt.zero_grad(); continue``) or in an ``except``
       handler (out-of-memory recovery);

@@ -46,6 +46,15 @@ class StepTakesAnotherLossGradients(Rule):
     else: opt_d.step()``), each step is reported with the backward of its
     own side.
 
+    A function with no loop that no loop of the run calls (an agent's
+    ``update_actr_crit(self, batch)``, called once per batch from elsewhere) is
+    read from its first line to each step: the actor's backward before the
+    critic's own, with the critic cleared only after its step, leaks within one
+    call (``fixtures/realworld/gl017_actor_loss_through_critic_in_loopless_update__sam-dac-pytorch.py``;
+    cleared before its own backward:
+    ``fixtures/realworld/ok_gl017_each_optimizer_cleared_before_its_backward_in_loopless_update__sam-dac-pytorch.py``).
+    What happens between two calls is not seen there.
+
     One backward of a sum of losses counts the same way: when every term of
     ``loss = lossDreal + lossDfake + lossG`` (or ``(actor_loss +
     critic_loss).backward()``) is named for exactly one of the optimizers
@@ -142,8 +151,7 @@ class StepTakesAnotherLossGradients(Rule):
         reported: dict[tuple[int, str], list] = {}  # the steps reported, per loop and optimizer
         switched_off: dict[frozenset[str], bool] = {}
         for root in model.roots:
-            for loop in _outer_loops(root):
-                events = [e for e in root.events_in(loop) if e.kind in _BOOKKEEPING]
+            for loop, events, wraps in _cycles(model, root):
                 steps = [e for e in events if _plain_optimizer_step(model, e)]
                 if len({last_name(s.target) for s in steps}) < 2:
                     continue
@@ -151,7 +159,7 @@ class StepTakesAnotherLossGradients(Rule):
                     key = (id(loop), last_name(step.target))
                     if any(not opposite_sides_of_settings(model, step, earlier) for earlier in reported.get(key, [])):
                         continue  # one finding per optimizer, unless a setting picks which of its steps runs
-                    since = _since_clear(model, events, step)
+                    since = _since_clear(model, events, step, wraps)
                     if since is None:
                         continue
                     found = _leak_into(model, events, step, *since)
@@ -178,9 +186,24 @@ class StepTakesAnotherLossGradients(Rule):
 _BOOKKEEPING = frozenset({EventKind.BACKWARD, EventKind.STEP, EventKind.ZERO, HANDOFF})
 
 
-def _outer_loops(root) -> list:
-    """The loops of a root that no other loop of it holds: one iteration of each is read as a cycle."""
-    return [loop for loop in root.loops() if root.events_in(loop)[0].loops[0] is loop]
+def _cycles(model: LoopModel, root) -> Iterator[tuple[cst.CSTNode, list, bool]]:
+    """What is read as one pass of bookkeeping: ``(key, events, wraps)``.
+
+    One iteration of each loop of a root that no other loop of it holds, read as a cycle (``wraps``: what ran
+    before the step may be the end of the previous iteration). And a function with no loop that no loop of the
+    run calls (``def update(self, batch)`` of an agent, run by a loop elsewhere): one call read from its first
+    line to the step only, since what happens between calls is not seen.
+    """
+    loops = root.loops()
+    for loop in loops:
+        if root.events_in(loop)[0].loops[0] is loop:
+            yield loop, [e for e in root.events_in(loop) if e.kind in _BOOKKEEPING], True
+    function = root.node
+    if loops or type(function) is not cst.FunctionDef or function.name.value in model.called_in_loop:
+        return
+    if any(e.loops for e in root.events):
+        return  # a loop inside an inlined helper, or read as an iteration of the callers' loop
+    yield function, [e for e in root.events if e.kind in _BOOKKEEPING], False
 
 
 def _plain_optimizer_step(model: LoopModel, event) -> bool:
@@ -189,10 +212,13 @@ def _plain_optimizer_step(model: LoopModel, event) -> bool:
     return event.target_kind is ObjKind.OPTIMIZER or model.info(event.target).kind is ObjKind.OPTIMIZER
 
 
-def _since_clear(model: LoopModel, events: list, step) -> tuple | None:
+def _since_clear(model: LoopModel, events: list, step, wraps: bool = True) -> tuple | None:
     """``(clear, backwards)``: the last clear of ``step``'s optimizer, read back from the step around the iteration,
     and the backwards between it and the step whose gradients the step applies, latest first; None when the
-    optimizer is never cleared, steps again with no clear between (GL001) or is handed to code that may clear."""
+    optimizer is never cleared, steps again with no clear between (GL001) or is handed to code that may clear.
+
+    Without ``wraps`` (one call of a function with no loop) the reading stops at the function's first line: the
+    clear is then the optimizer's clear after the step, which shows the function does its own bookkeeping."""
     optimizer = step.target
     position = next(i for i, e in enumerate(events) if e is step)
     window: list = []  # backwards since the last clear, latest first
@@ -201,6 +227,8 @@ def _since_clear(model: LoopModel, events: list, step) -> tuple | None:
     for back in range(1, len(events)):
         index = position - back
         if index < 0:
+            if not wraps:
+                break
             index += len(events)
             wrapped = True
         event = events[index]
@@ -213,6 +241,8 @@ def _since_clear(model: LoopModel, events: list, step) -> tuple | None:
             return None  # stepped again with no clear between (GL001), or handed to code that may clear
         if event.kind is EventKind.BACKWARD and (wrapped or not exclusive(event, step)) and not opposite_sides_of_settings(model, event, step):
             window.append(event)
+    if clear is None and not wraps:
+        clear = next((e for e in events[position + 1:] if e.kind is EventKind.ZERO and clears(model, e, optimizer)), None)
     return (clear, window) if clear is not None else None
 
 
