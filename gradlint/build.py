@@ -34,7 +34,10 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
     per_batch = known.per_batch
     index = ModuleIndex(parsed)
     helpers = {fact.split(":", 1)[0]: BackwardHelper.decode(fact.split(":", 1)[1]) for fact in known.backward_helpers}
-    builder = EventBuilder(index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer, backward_helpers=helpers)
+    builder = EventBuilder(
+        index, steps_handed=known.steps_handed, wrapper_classes=known.wraps_optimizer, backward_helpers=helpers,
+        grad_readers=known.grad_readers,
+    )
     roots = [Root("<module>", parsed.module, builder.root_events(None))]
     iterations = []  # after the others: an event also inlined into a loop of the module is reported from there
     manual = frameworks.per_batch_functions(index)  # a LightningModule's ``training_step`` under manual optimization

@@ -83,9 +83,10 @@ class EventBuilder:
 
     def __init__(
         self, index: ModuleIndex, steps_handed: frozenset[str] = frozenset(), wrapper_classes: frozenset[str] = frozenset(),
-        backward_helpers: dict[str, BackwardHelper] | None = None,
+        backward_helpers: dict[str, BackwardHelper] | None = None, grad_readers: frozenset[str] = frozenset(),
     ) -> None:
         self.index = index
+        self.grad_readers = grad_readers  # functions of other files of the run that read a handed model's gradients
         # names of other files' helpers that backpropagate the loss handed to them and step under a flag (``loss_scaler``)
         self.backward_helpers = backward_helpers or {}
         # Walks of the module's own nodes read the children the index read.
@@ -312,6 +313,8 @@ class EventBuilder:
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
         for node in self._walk(test):
             if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
+                if self._fixed_at_one(node.right, function):
+                    return False, None  # ``loss_interval = 1`` in the function: every micro-batch steps
                 return True, node.right
         if self._mode_switch(test, function):
             return False, None  # ``if accumulation_steps > 1:`` picks a mode once; the same branch runs every batch
@@ -420,6 +423,21 @@ class EventBuilder:
         if any(dotted_name(a.target) == name for a in self.index.augmented.get(function, ())):
             return False
         return not any(lies_under(parents, v, loop) for v in values)
+
+    def _fixed_at_one(self, count: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """Whether a count is a local name of the function that is only ever the literal 1 (``loss_interval = 1``
+        written in the function, no parameter, setting or later change): a remainder by it is always 0."""
+        if function is None or type(count) is not cst.Name:
+            return False
+        params = function.params
+        if any(p.name.value == count.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)):
+            return False
+        values = self.index.assignments.get(function, {}).get(count.value, [])
+        if not values or self.index.assignments.get(None, {}).get(count.value):
+            return False
+        if any(dotted_name(a.target) == count.value for a in self.index.augmented.get(function, [])):
+            return False
+        return all(type(v) is cst.Integer and v.value == "1" for v in values)
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))
@@ -567,6 +585,9 @@ class EventBuilder:
             return
         if _reads_grad_statistic(call, method, recv):  # ``p.grad.norm()``, ``writer.add_histogram(n, p.grad, step)``
             emit(GRAD_READ)
+            return
+        if call.args and callee_name(call) in self.grad_readers and index.resolve_function(call, scope.function) is None:
+            emit(GRAD_READ)  # ``debug_utils.log_gradient_stats(model, ...)`` of another file of the run
             return
         if _scales_gradients(call, method):
             emit(GRAD_DIVIDE)

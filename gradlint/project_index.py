@@ -93,6 +93,9 @@ class FileCalls:
     # ``range(accum)``): what the run's other files tell it about those
     defaults: frozenset[str] = frozenset()
     count_names: frozenset[str] = frozenset()
+    # Its module-level functions that read the values of the gradients of a model they are handed
+    # (:mod:`gradlint.scaler_release_facts`)
+    reads_grads: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -106,6 +109,7 @@ class FileCalls:
             sorted(self.clamp_hooks),
             sorted(self.sums_loss),
             sorted(self.defaults), sorted(self.count_names),
+            sorted(self.reads_grads),
         ]
 
     @classmethod
@@ -148,6 +152,9 @@ SUMS_LOSS = "sums:"
 # ``ships_at_one:name``: a name this file reads as a count, declared with the default 1 by the run's other files (every
 # declaration agreeing) and not by this one (:mod:`gradlint.setting_defaults`).
 SHIPS_AT_ONE = "ships_at_one:"
+# ``reads_grads:name``: a function of the run (every definition of the name agreeing) that reads the values of the
+# gradients of a model it is handed (:mod:`gradlint.scaler_release_facts`).
+READS_GRADS = "reads_grads:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +176,7 @@ class Context:
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
     sums_loss: frozenset[str] = frozenset()  # ``name:position``: models built from classes whose forward sums the loss
     ships_at_one: frozenset[str] = frozenset()  # counts it reads that another file of the run declares with default 1
+    grad_readers: frozenset[str] = frozenset()  # functions of the run that read the gradients of a model they are handed
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -176,7 +184,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS, SHIPS_AT_ONE,
+            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS, SHIPS_AT_ONE, READS_GRADS,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -1132,6 +1140,8 @@ class ProjectIndex:
         dispatched: dict[str, set[str]] = {}
         clamping: dict[str, set[str]] = {}  # unit -> functions that clip gradients by hooks
         not_clamping: dict[str, set[str]] = {}
+        reading: dict[str, set[str]] = {}  # unit -> functions that read the gradients of a model they are handed
+        not_reading: dict[str, set[str]] = {}
         returning: dict[str, dict[str, set[str]]] = {}  # unit -> function -> what each definition returns ("" for no wrap)
         helper_shapes: dict[str, dict[str, set[str]]] = {}  # unit -> function or class -> shapes ("" for none)
         summing: dict[str, dict[str, set[str]]] = {}  # unit -> class -> where its forward returns a summed loss ("" for no)
@@ -1162,6 +1172,8 @@ class ProjectIndex:
             dispatched.setdefault(unit, set()).update(calls.scaled_dispatch)
             clamping.setdefault(unit, set()).update(calls.clamp_hooks)
             not_clamping.setdefault(unit, set()).update(calls.defines - calls.clamp_hooks)
+            reading.setdefault(unit, set()).update(calls.reads_grads)
+            not_reading.setdefault(unit, set()).update(calls.defines - calls.reads_grads)
             _join_definitions(returning.setdefault(unit, {}), calls.top_level, calls.returns_wrap)
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
             _join_definitions(summing.setdefault(unit, {}), calls.classes, calls.sums_loss)
@@ -1182,6 +1194,8 @@ class ProjectIndex:
         self._releases = {unit: frozenset(releasing[unit] - not_releasing[unit]) for unit in releasing}
         self._scaled_dispatch = {unit: frozenset(names) for unit, names in dispatched.items()}
         self._clamp_hooks = {unit: frozenset(clamping[unit] - not_clamping[unit]) for unit in clamping}
+        self._reads_grads = {unit: frozenset(reading[unit] - not_reading[unit]) for unit in reading}
+        self._defined = {unit: frozenset(names) for unit, names in defined.items()}
         self._returns_wrap = {unit: _agreed(found) for unit, found in returning.items()}
         self._helper_shapes = {unit: _agreed(found) for unit, found in helper_shapes.items()}
         self._summing = {unit: _agreed(found) for unit, found in summing.items()}
@@ -1220,7 +1234,8 @@ class ProjectIndex:
         prefixed ``sums:``, ``name:position`` for the names it binds only to models whose
         ``forward`` returns a summed loss (:func:`_summing_models`); prefixed ``ships_at_one:``, the names it reads as
         counts that the unit (or a folder it imports) declares with the default 1, every declaration agreeing
-        (:mod:`gradlint.setting_defaults`). :class:`Context` reads them all back.
+        (:mod:`gradlint.setting_defaults`); prefixed ``reads_grads:``, the functions of the unit's other files that read
+        the gradients of a model they are handed (every definition agreeing). :class:`Context` reads them all back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1262,6 +1277,7 @@ class ProjectIndex:
             + tuple(CLAMP_HOOKS + name for name in sorted(self._clamp_hooks.get(unit, frozenset())))
             + tuple(SUMS_LOSS + fact for fact in _summing_models(calls.assigned, summing))
             + tuple(SHIPS_AT_ONE + name for name in sorted(calls.count_names & self._shipping_at_one(unit)))
+            + tuple(READS_GRADS + name for name in sorted(self._grad_readers(unit) - calls.defines))
         )
 
     def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -1276,6 +1292,13 @@ class ProjectIndex:
         if known is None:
             known = self._known[unit] = self._merge_known(unit)
         return known
+
+    def _grad_readers(self, unit: str) -> frozenset[str]:
+        """The functions that read a handed model's gradients in the unit and the folders beside it that it imports; a
+        name the unit itself defines otherwise decides."""
+        units = self._units_known_to(unit)
+        found = frozenset().union(*(self._reads_grads.get(each, frozenset()) for each in units[1:]))
+        return self._reads_grads.get(unit, frozenset()) | (found - self._defined.get(unit, frozenset()))
 
     def _units_known_to(self, unit: str) -> list[str]:
         """The unit, then the units of the folders beside its files that they import."""

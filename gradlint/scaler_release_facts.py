@@ -1,6 +1,6 @@
 """What one file tells the other files of its run about grad scalers and gradient release, read from Python's tree.
 
-Four facts, each noted by :func:`scaler_release_facts` for the project index
+Five facts, each noted by :func:`scaler_release_facts` for the project index
 (:mod:`gradlint.project_index`), which joins them per unit:
 
 - ``hands_scaler``: the names this file calls with a grad scaler as an
@@ -25,6 +25,14 @@ Four facts, each noted by :func:`scaler_release_facts` for the project index
   gradient it is handed (``lambda grad: grad.clamp(-c, c)``). The hooks run
   inside the backward, before any ``unscale_`` can: under a grad scaler
   they clip scaled gradients (GL103).
+
+- ``reads_grads``: the module-level functions this file defines that read
+  the values of the gradients of a model they are handed
+  (:func:`reads_handed_gradients`): ``def log_gradient_stats(model, ...)``
+  looping over ``model.named_parameters()`` and reading ``p.grad``, or
+  ``clip_grad_norm_(model.parameters(), float("inf"))`` for the norm alone.
+  Called after a scaled backward and before ``unscale_``, they read scaled
+  gradients (GL107).
 
 Each fact is read only when the text can hold it (a cheap substring test),
 so most files cost nothing more than the scan already did.
@@ -73,6 +81,10 @@ def scaler_release_facts(text: str, tree: FiledTree) -> dict[str, frozenset[str]
         facts["releases"] = _release_helpers(tree)
     if "register_hook" in text and _CLAMPS.search(text):
         facts["clamp_hooks"] = _clamp_hook_functions(tree)
+    if ".grad" in text or "clip_grad_norm" in text:
+        facts["reads_grads"] = frozenset(
+            f.name for f in tree.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and reads_handed_gradients(f)
+        )
     return facts
 
 
@@ -326,3 +338,76 @@ def _bounds_its_argument(hook: ast.AST) -> bool:
         if any(type(o) is ast.Name and o.id == grad for o in operands):
             return True
     return False
+
+
+# -- gradients read by a function handed the model
+
+# Calls after which a function is no reader: it backpropagates, steps, clears, unscales or reduces across ranks.
+_GRADIENT_WORK = frozenset({"backward", "step", "zero_grad", "unscale_", "update", "all_reduce", "all_gather", "reduce"})
+_NORM_CLIPS = frozenset({"clip_grad_norm_", "clip_grad_norm"})
+_SCALE_FREE = frozenset({"isfinite", "isnan", "isinf", "hasattr"})  # what the loss scale does not change
+
+
+def reads_handed_gradients(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether a function reads the values of the gradients of a model it is handed, and does no gradient work.
+
+    It loops over ``m.parameters()`` / ``m.named_parameters()`` of one of its parameters ``m`` and reads
+    ``p.grad`` of the loop's variable other than to test it against None or for finiteness, or it takes
+    ``clip_grad_norm_(m.parameters(), float("inf"))`` (a norm, nothing clipped). It writes no gradient and
+    calls no backward, step, clear, ``unscale_`` or collective.
+    """
+    arguments = function.args
+    handed = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)} - {"self", "cls"}
+    nodes = walk(function)
+    unvalued: set[int] = set()  # ``.grad`` nodes read only for None-ness or finiteness
+    for node in nodes:
+        if type(node) is ast.Call:
+            name = _last(node.func)
+            if name in _GRADIENT_WORK or (name or "").endswith("_") and _touches_grad(node.func) and name not in _NORM_CLIPS:
+                return False
+            if name in _SCALE_FREE:
+                unvalued.update(id(n) for arg in node.args for n in walk(arg) if type(n) is ast.Attribute and n.attr == "grad")
+        elif type(node) in (ast.Assign, ast.AugAssign):
+            targets = node.targets if type(node) is ast.Assign else [node.target]
+            if any(type(n) is ast.Attribute and n.attr == "grad" for t in targets for n in walk(t)):
+                return False
+        elif type(node) is ast.Compare and any(type(c) is ast.Constant and c.value is None for c in node.comparators):
+            unvalued.update(id(n) for n in walk(node.left) if type(n) is ast.Attribute and n.attr == "grad")
+    for node in nodes:
+        if type(node) is ast.Call and _last(node.func) in _NORM_CLIPS and node.args and _parameters_of(node.args[0], handed):
+            limit = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "max_norm"), None)
+            if limit is not None and _infinite(limit):
+                return True
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and _parameters_of(node.iter, handed):
+            bound = {n.id for n in walk(node.target) if type(n) is ast.Name}
+            scope = node if isinstance(node, (ast.For, ast.AsyncFor)) else function
+            if any(
+                type(n) is ast.Attribute and n.attr == "grad" and type(n.value) is ast.Name and n.value.id in bound
+                and id(n) not in unvalued
+                for n in walk(scope)
+            ):
+                return True
+    return False
+
+
+def _parameters_of(node: ast.AST, handed: set[str]) -> bool:
+    """``m.parameters()`` / ``m.named_parameters()`` of a handed ``m`` (``model.module.parameters()`` too)."""
+    if not _over_parameters(node):
+        return False
+    root = node.func.value if type(node.func) is ast.Attribute else None
+    while type(root) is ast.Attribute:
+        root = root.value
+    return type(root) is ast.Name and root.id in handed
+
+
+def _touches_grad(func: ast.AST) -> bool:
+    """Whether an in-place method is called on a gradient (``p.grad.mul_``, ``p.grad.data.zero_``)."""
+    return type(func) is ast.Attribute and any(type(n) is ast.Attribute and n.attr == "grad" for n in walk(func.value))
+
+
+def _infinite(node: ast.AST) -> bool:
+    """``float("inf")``, ``math.inf``, ``torch.inf``, ``np.inf``."""
+    if type(node) is ast.Call and _last(node.func) == "float" and node.args:
+        arg = node.args[0]
+        return type(arg) is ast.Constant and str(arg.value).lower().lstrip("+") in ("inf", "infinity")
+    return _last(node) == "inf"

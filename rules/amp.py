@@ -1217,6 +1217,14 @@ class ScaledGradientStatistic(Rule):
     0: scaler.unscale_(opt); clip_grad_norm_(...)``) while the statistic is
     read on every iteration, or read before the ``unscale_``.
 
+    The statistic may be read by a function of another file of the run
+    that is handed the model and reads its gradients' values
+    (``debug_utils.log_gradient_stats(self.model, ...)``,
+    ``check_gradient_explosion(model)`` taking ``clip_grad_norm_(...,
+    float("inf"))``): the call is the read
+    (``fixtures/crossfile/gradient_stats_helper_before_unscale__languini``; unscaled on
+    every path first: ``fixtures/crossfile/gradient_stats_helper_before_unscale__languini_correct``).
+
     **Fix.** Call ``scaler.unscale_(optimizer)`` on every path, before the
     statistic is read; ``scaler.step`` does not unscale a second time.
 

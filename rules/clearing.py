@@ -61,7 +61,7 @@ from gradlint.rules.network_in_no_optimizer import (
 from gradlint.rules.parameter_groups import _optimizer_constructions
 from gradlint.rules.parameters import _is_requires_grad, _layer_built as _layer_built_by
 from gradlint.syntax import (
-    bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, keyword_arg, leaves_block, method_name, number,
+    bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, is_grad, keyword_arg, leaves_block, method_name, number,
     positional_args, receiver, scales_down, terminal, walk, with_arguments,
 )
 
@@ -179,8 +179,22 @@ class MissingZeroGrad(Rule):
     - the optimizer is set up for gradient release (optimi's
       ``gradient_release=True``, torchtune, a per-parameter optimizer dict
       stepped in hooks): each gradient is applied and freed during backward;
+    - the stepped name is ``None`` wherever the step runs: the function binds
+      it to ``None`` and to an optimizer only under an ``if`` whose test is
+      written again around the step, on the other side (``opt = None``;
+      ``if args.deepspeed: model, opt, ... = deepspeed_initialize(...)``; ...
+      ``else: opt.step()``): that step raises on its first run
+      (``fixtures/realworld/ok_gl001_optimizer_none_off_the_deepspeed_path__HunyuanDiT.py``);
     - the backward is ``torch.distributed.autograd.backward``: gradients live
       in the per-iteration distributed autograd context, never in ``.grad``;
+    - the loop's backward is a CUDA graph's ``g.replay()`` and the graph was
+      captured right after ``zero_grad(set_to_none=True)``: the captured
+      backward allocates the gradients and each replay overwrites them
+      (``fixtures/realworld/ok_gl001_graph_captured_after_gradients_set_to_none__physicsnemo.py``;
+      captured over the warm-up's gradients, each replay adds to them:
+      ``fixtures/realworld/gl001_graph_captured_over_warmup_gradients__physicsnemo.py``,
+      reported without a fix, since a clear inside the replay loop would drop
+      the graph's gradient tensors);
     - before the loop: the earlier backward's loss is not visibly computed by
       a model the optimizer was built over (a teacher, an input saliency),
       or something clears, steps or takes the optimizer in between, or the
@@ -248,6 +262,10 @@ class MissingZeroGrad(Rule):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if _step_clears_itself(model, step.target):
                     continue  # the optimizer's own step() clears after stepping
+                if _none_where_stepped(model, step):
+                    continue  # ``opt = None`` unless ``if args.deepspeed:`` builds it, stepped in that test's ``else``
+                if _replays_a_graph_captured_without_gradients(model, root, loop):
+                    continue  # each replay writes the gradients the captured backward allocated: nothing adds up
                 if calls_unseen_inherited_method(model, step, loop):
                     continue
                 if (_last_iteration_only(model, step, loop) or _loop_left_after(model, step, loop)) and _cleared_before(
@@ -282,6 +300,11 @@ class MissingZeroGrad(Rule):
                         f"`{step.target}` is stepped at line {model.line(step.node)} but its gradients are never "
                         f"cleared {loop_phrase(model, loop)}: each step also applies every earlier step's gradients"
                     )
+                if _only_replays(root, loop):
+                    # A clear in the loop would drop the graph's static gradient tensors: the clear belongs before the capture.
+                    message += "; call `zero_grad(set_to_none=True)` right before capturing the graph, whose backward then writes them"
+                    yield Report(step.node, message, event=step)
+                    continue
                 yield Report(step.node, message, fix=fixes.add_zero_grad(model, step), event=step)
             yield from _steps_reapplying_gradients(model, root)
             yield from _steps_twice_in_one_call(model, root)
@@ -290,6 +313,78 @@ class MissingZeroGrad(Rule):
             yield from _uncleared_in_step_method(model, root)
             yield from _clear_skipping_first_step(model, root)
             yield from _closure_reevaluated_without_clear(model, root)
+
+
+def _none_where_stepped(model: LoopModel, step: Event) -> bool:
+    """Whether the stepped name is ``None`` on every path where the step runs: its function binds it to ``None``, and
+    binds it to anything else only in one branch of an ``if`` whose test is spelled again around the step, on the
+    other side (``opt = None``; ``if args.deepspeed: model, opt, _ = deepspeed_initialize(...)``; ...; ``if
+    args.deepspeed: model.step() else: opt.step()``). That step raises on its first run; no gradients pile up."""
+    if model.index is None or step.target is None:
+        return False
+    function = function_holding(model, step.node)
+    values = model.index.assignments.get(function, {}).get(step.target, [])
+    if not any(type(v) is cst.Name and v.value == "None" for v in values):
+        return False
+    step_sides = _branch_sides(model, step.node, function)
+    for value in values:
+        if type(value) is cst.Name and value.value == "None":
+            continue
+        sides = _branch_sides(model, value.value if type(value) is Unpacked else value, function)
+        if not any(test == other and side != other_side for test, side in sides for other, other_side in step_sides):
+            return False
+    return True
+
+
+def _branch_sides(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> list[tuple[str, bool]]:
+    """The ``if`` tests around a node within its function, as written, each with whether the node is in its body."""
+    parents = model.parents or {}
+    sides: list[tuple[str, bool]] = []
+    child, current = node, parents.get(node)
+    while current is not None and current is not function:
+        if type(current) is cst.If and child is not current.test:
+            sides.append((model.code(current.test), child is current.body))
+        child, current = current, parents.get(current)
+    return sides
+
+
+def _replays_a_graph_captured_without_gradients(model: LoopModel, root: Root, loop: Frame) -> bool:
+    """Whether every backward of the loop is a ``graph.replay()`` of a CUDA graph captured right after the gradients
+    were set to None (``optimizer.zero_grad(set_to_none=True)`` then ``with torch.cuda.graph(g):``, PyTorch's
+    whole-network capture): the captured backward allocates the gradients and writes them, so each replay overwrites
+    them rather than adding to the last step's."""
+    if not _only_replays(root, loop) or model.index is None:
+        return False
+    parents = model.parents or {}
+    function = function_holding(model, loop.node)
+    for node in model.file.walk(function if function is not None else model.module):
+        if type(node) is not cst.With or not any(
+            type(item.item) is cst.Call and callee_name(item.item) == "graph" for item in node.items
+        ):
+            continue
+        block = parents.get(node)
+        siblings = list(block.body) if type(block) in (cst.IndentedBlock, cst.Module) else []
+        at = next((i for i, statement in enumerate(siblings) if statement is node), 0)
+        before = siblings[at - 1] if at > 0 else None
+        if type(before) is cst.SimpleStatementLine and any(
+            type(small) is cst.Expr and type(small.value) is cst.Call and method_name(small.value) == "zero_grad"
+            and _sets_to_none(small.value)
+            for small in before.body
+        ):
+            return True
+    return False
+
+
+def _only_replays(root: Root, loop: Frame) -> bool:
+    """Whether every backward of the loop is a CUDA graph's ``replay()``."""
+    backwards = root.events_of(EventKind.BACKWARD, loop)
+    return bool(backwards) and all(b.framework == "cuda_graph" for b in backwards)
+
+
+def _sets_to_none(call: cst.Call) -> bool:
+    """Whether ``zero_grad`` sets the gradients to None: ``set_to_none=True`` or the default (True since PyTorch 2.0)."""
+    given = keyword_arg(call, "set_to_none") or next(iter(positional_args(call)), None)
+    return given is None or bool_literal(given.value) is True
 
 
 def _last_iteration_only(model: LoopModel, step: Event, loop: Frame) -> bool:
@@ -1246,7 +1341,13 @@ class ZeroGradInAccumulation(Rule):
     - the step's guard is a flag named for stepping (``if should_step:``)
       that is set only before the loop: the same on every micro-batch, it
       picks none of them
-      (``fixtures/realworld/ok_gl003_step_flag_set_before_loop__DreamerVLA.py``).
+      (``fixtures/realworld/ok_gl003_step_flag_set_before_loop__DreamerVLA.py``);
+    - the loop over parameters that clears each gradient first copies it
+      elsewhere (``self.optimizer.state[p]["previous_grad"] =
+      p.grad.clone()``, ``grads.append(p.grad.clone())``): the accumulated
+      gradients are kept, to be added back (sharpness-aware minimisation,
+      ``fixtures/realworld/ok_gl003_gradients_saved_before_clearing_for_sam__batchflow.py``;
+      dropped without a copy: ``fixtures/realworld/gl003_gradients_dropped_before_sam_backward__batchflow.py``).
 
     **Bad**::
 
@@ -1390,6 +1491,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # ``if not self._check_done: ...; self._check_done = True``: a one-time probe
                     if _first_iteration_only(model, zero, step, loop) is not None:
                         continue  # ``if cur_iter == 0: opt.zero_grad()``: once, before the first window (GL001 weighs it)
+                    if _saves_before_clearing(model, zero):
+                        continue  # ``state[p]["previous_grad"] = p.grad.clone(); p.grad = None``: kept, maybe added back
                     yield settled.note(
                         Report(
                             zero.node,
@@ -1402,6 +1505,31 @@ class ZeroGradInAccumulation(Rule):
                             event=zero, against=(step,),
                         )
                     )
+
+
+def _saves_before_clearing(model: LoopModel, zero: Event) -> bool:
+    """Whether a clear of each parameter's gradient in a loop over parameters comes after the loop body copies that
+    gradient elsewhere (``self.optimizer.state[p]["previous_grad"] = p.grad.clone()``, ``grads.append(p.grad.clone())``):
+    the accumulated gradients are kept, to be added back later (sharpness-aware minimisation's micro-batches)."""
+    if not zero.manual:
+        return False
+    loop = next((f for f in reversed(zero.frames) if f.kind is FrameKind.LOOP and type(f.node) is cst.For), None)
+    if loop is None:
+        return False
+    names = {n.value for n in walk(loop.node.target) if type(n) is cst.Name}
+    line = model.line(zero.node)
+    for node in walk(loop.node.body):
+        if model.line(node) >= line:
+            continue
+        if type(node) is cst.Assign and not any(is_grad(t.target) for t in node.targets):
+            value = node.value
+        elif type(node) is cst.Call and method_name(node) in ("append", "extend", "copy_", "add_"):
+            value = node
+        else:
+            continue
+        if any(is_grad(n) and type(n.value) is cst.Name and n.value.value in names for n in walk(value)):
+            return True
+    return False
 
 
 def _flushes_inner_loop(root: Root, step: Event, loop: Frame) -> bool:
