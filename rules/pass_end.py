@@ -48,6 +48,15 @@ class LastWindowOfPassNotStepped(Rule):
     by a clear at the start of the next pass. With fewer batches than
     ``accum`` in a pass, the optimizer never steps at all. Nothing fails.
 
+    A framework's per-batch hook counts the same way when the framework
+    hands it the batch's index within the epoch: Lightning's
+    ``training_step(self, batch, batch_idx)`` under manual optimization,
+    stepping under ``(batch_idx + 1) % k == 0`` with the loss divided by
+    ``k`` and no other method of the class stepping
+    (``fixtures/realworld/gl021_lightning_batch_idx_window_restarts_each_epoch__so-vits-svc-fork.py``;
+    ``... or self.trainer.is_last_batch`` closes the epoch's last window:
+    ``fixtures/realworld/ok_gl021_lightning_window_closed_on_last_batch__so-vits-svc-fork.py``).
+
     **Fix.** Close the window at the pass's end as well: ``if (i + 1) % accum
     == 0 or i + 1 == len(loader):`` (and divide that short window's loss by its
     own length if it must weigh the same), or step what is left after the
@@ -115,6 +124,7 @@ class LastWindowOfPassNotStepped(Rule):
     def check(self, model: LoopModel) -> Iterator[Report]:
         reported: set[int] = set()
         for root in model.roots:
+            yield from _per_batch_hook_windows(model, root, reported)
             for step, loop in steps_with_loops(root):
                 if step.framework is not None or step.target is None:
                     continue
@@ -147,6 +157,68 @@ class LastWindowOfPassNotStepped(Rule):
                     guard.test, _message(model, step, loop, passes, guard, test, counter, cleared), event=step,
                     setting=test.count,
                 )
+
+
+def _per_batch_hook_windows(model: LoopModel, root: Root, reported: set[int]) -> Iterator[Report]:
+    """A framework's per-batch hook (Lightning's ``training_step`` under manual optimization) that steps under
+    ``(batch_idx + 1) % k == 0`` on the index the framework hands it, which starts from 0 again every epoch
+    (:data:`gradlint.frameworks.PASS_INDEX`), with nothing else of the class stepping at an epoch's end."""
+    hook = root.node
+    loops = root.loops()
+    if type(hook) is not cst.FunctionDef or hook.name.value not in frameworks.PASS_INDEX or not loops:
+        return
+    loop = loops[0]
+    if loop.node is not hook or loop.called_by is None:
+        return
+    params = hook.params.params
+    position = frameworks.PASS_INDEX[hook.name.value]
+    if len(params) <= position:
+        return
+    index = params[position].name.value
+    for step in root.events_of(EventKind.STEP, loop):
+        if step.framework is not None or step.target is None:
+            continue
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
+            continue
+        guard = acc.frame.node
+        test = remainder_test(guard.test) or _flag_remainder(model, guard.test, hook)
+        if id(guard) in reported or test is None or test.counter != index or window_offset(0, test) != 0:
+            continue
+        if not any(root.order(b) < root.order(step) for b in acc.backwards) or _steps_beside(model, hook):
+            continue
+        if _asserted_multiple(model, hook, test.count) or not _divided_by_the_count(root, acc.backwards, loop):
+            continue  # undivided, what is left joins the next window as one larger batch, weighed right
+        reported.add(id(guard))
+        count = model.code(test.count)
+        yield Report(
+            guard.test,
+            f"`{step.target}` steps at line {model.line(step.node)} only where `{model.code(guard.test)}` holds, and "
+            f"`{index}` is the batch's index within the epoch, from 0 again each epoch: when the epoch's length is "
+            f"not a multiple of `{count}`, its last micro-batches are added into the next epoch's first step, which "
+            f"then sums more micro-batches than the loss was divided by; close each epoch's last window too (`... or "
+            f"self.trainer.is_last_batch`)",
+            event=step, setting=test.count,
+        )
+
+
+def _flag_remainder(model: LoopModel, test: cst.BaseExpression, function: cst.FunctionDef) -> RemainderTest | None:
+    """The remainder test a flag stands for: ``should_update = (batch_idx + 1) % k == 0`` bound once in the function."""
+    if type(test) is not cst.Name or model.index is None:
+        return None
+    values = model.index.assignments.get(function, {}).get(test.value, [])
+    return remainder_test(values[0]) if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else None
+
+
+def _steps_beside(model: LoopModel, hook: cst.FunctionDef) -> bool:
+    """Whether another method of the hook's class calls a ``step()`` (an epoch-end hook may step what is left)."""
+    owner = model.index.class_of.get(hook) if model.index is not None else None
+    if owner is None:
+        return True
+    for method in model.index.class_methods.get(owner, {}).values():
+        if method is not hook and any(type(n) is cst.Call and callee_name(n) == "step" for n in walk(method.body)):
+            return True
+    return False
 
 
 def _asserted_multiple(model: LoopModel, passes: cst.CSTNode, count: cst.BaseExpression) -> bool:

@@ -404,7 +404,7 @@ def _last_optimizer_step(methods: list[cst.FunctionDef], hook: str) -> cst.Call 
 
 
 def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> list[cst.BaseExpression]:
-    """``[opt_g, opt_d], [sched_g, sched_d]`` or ``{"optimizer": o, "lr_scheduler": s}`` (also a list of such dicts,
+    """``[opt_g, opt_d], [sched_g, sched_d]`` (the lists also as names the hook binds) or ``{"optimizer": o, "lr_scheduler": s}`` (also a list of such dicts,
     or a name the hook builds such a dict in: ``config = {"optimizer": o}; config["lr_scheduler"] = s; return
     config``): the scheduler expressions."""
     if type(value) is cst.Name:
@@ -418,8 +418,15 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
                 elif tracked_name(target.target) == f"{value.value}['lr_scheduler']":
                     found.append(node.value)
         return found
-    if type(value) is cst.Tuple and len(value.elements) == 2 and type(value.elements[1].value) in (cst.List, cst.Tuple):
-        return [e.value for e in value.elements[1].value.elements if type(e) is cst.Element]
+    if type(value) is cst.Tuple and len(value.elements) == 2:
+        second = value.elements[1].value
+        if type(second) is cst.Name:  # ``return optimizers, schedulers`` with ``schedulers = [ExponentialLR(...), ...]``
+            second = next((
+                node.value for node in walk(hook.body) if type(node) is cst.Assign and type(node.value) in (cst.List, cst.Tuple)
+                and any(type(t.target) is cst.Name and t.target.value == second.value for t in node.targets)
+            ), second)
+        if type(second) in (cst.List, cst.Tuple):
+            return [e.value for e in second.elements if type(e) is cst.Element]
     dicts = [value] if type(value) is cst.Dict else (
         [e.value for e in value.elements if type(e) is cst.Element and type(e.value) is cst.Dict]
         if type(value) in (cst.List, cst.Tuple) else []

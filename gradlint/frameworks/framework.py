@@ -428,6 +428,9 @@ class Framework:
     averaging_steps: frozenset[str] = frozenset()  # an optimizer's method that averages the accumulated gradients itself
     # Constructors (qualified names) of optimizers whose ``step()`` clears the gradients after stepping
     clearing_steps: frozenset[str] = frozenset()
+    # Per-batch hooks the framework calls, and the position of the argument that counts the batches of the current
+    # pass over the data from 0 (Lightning's ``training_step(self, batch, batch_idx)``: position 2)
+    pass_index: dict[str, int] = dataclasses.field(default_factory=dict)
     step_functions: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> module prefix: steps its first argument
     loss_scalers: frozenset[str] = frozenset()  # calls that multiply the loss they are handed by a loss scale
     # ``index -> {function: why}``: functions the framework calls once per batch, leaving them the gradient work

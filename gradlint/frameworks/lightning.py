@@ -208,6 +208,9 @@ FRAMEWORK = Framework(
     clip_methods=frozenset({"clip_gradients"}),
     per_batch=_manual_training_steps,
     epoch_end_flags=frozenset({"is_last_batch"}),
+    # ``training_step(self, batch, batch_idx)``: the fit loop hands the batch's index within the epoch, from 0 each
+    # epoch (the epoch loop's ``on_run_start`` enumerates the epoch's data afresh: ``enumerate(iter(...))``)
+    pass_index={"training_step": 2},
     optimizers_of_hook={"optimizers": "configure_optimizers"},
     grad_toggles=frozenset({"toggle_optimizer"}),
     keeps_gradients=frozenset({"toggle_optimizer", "untoggle_optimizer", "toggled_optimizer"}),
