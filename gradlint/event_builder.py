@@ -63,7 +63,9 @@ _CLIP_QUALIFIED = frozenset({
 })
 # A call that times or profiles the function it is handed, running it once: ``gpu_timer(train_step)``.
 _TIMER = re.compile(r"(^|_)(gpu_)?tim(er|ed|e_it|eit)$|^profiled?$|^measure(_time)?$", re.IGNORECASE)
-_CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
+# What a method of an optimizer that clears its gradients under another name says (with "grad"): ``set_grads_none``.
+_NAMED_CLEAR = re.compile(r"zero|clear|reset|none", re.IGNORECASE)
+_CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?([a-z]+_)?grad", re.IGNORECASE)  # zero_grad, clear_grads, zero_optim_grads
 
 
 @dataclasses.dataclass
@@ -562,6 +564,12 @@ class EventBuilder:
             return
         if method == "backward" or method in frameworks.BACKWARD_METHODS:
             emit(EventKind.BACKWARD, **self._backward_fields(call, method, recv, recv_name, scope))
+            return
+        if method != "zero_grad" and method is not None and _NAMED_CLEAR.search(method) and "grad" in method.lower() and (
+            self._kind(recv_name) is ObjKind.OPTIMIZER
+        ):
+            # ``self._inner_optimizer.set_grads_none()``: an optimizer class's own clear, under another name
+            emit(EventKind.ZERO, target=recv_name, target_kind=ObjKind.OPTIMIZER)
             return
         if method == "zero_grad":
             kind = self._kind(recv_name)

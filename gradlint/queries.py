@@ -965,6 +965,18 @@ def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
     return type(value) in (cst.Name, cst.Attribute)
 
 
+def branch_sides(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> list[tuple[str, bool]]:
+    """The ``if`` tests around a node within its function, as written, each with whether the node is in its body."""
+    parents = model.parents or {}
+    sides: list[tuple[str, bool]] = []
+    child, current = node, parents.get(node)
+    while current is not None and current is not function:
+        if type(current) is cst.If and child is not current.test:
+            sides.append((model.code(current.test), child is current.body))
+        child, current = current, parents.get(current)
+    return sides
+
+
 def closure_of(model: LoopModel, call: cst.Call) -> cst.FunctionDef | cst.Lambda | None:
     """The closure a ``step`` call is handed: a lambda, or a function of the module by name (``opt.step(closure)``,
     ``opt.step(closure=f)``, ``scaler.step(opt, closure=f)``)."""

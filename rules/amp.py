@@ -16,6 +16,7 @@ from gradlint.kinds import ObjKind
 from gradlint.objects import kind_of_constructor, last_name
 from gradlint.optimizer_updates import UpdateScale, stepped_update_scale
 from gradlint.queries import (
+    branch_sides,
     Accumulation,
     probe_events,
     accumulation,
@@ -43,6 +44,7 @@ from gradlint.syntax import (
     dotted_name,
     keyword_arg,
     leaves_block,
+    method_name,
     parameter_names,
     positional_args,
     receiver,
@@ -361,7 +363,12 @@ class ClipBeforeUnscale(Rule):
       whose terms the clip's own test requires: ``if clip_norm or clip_value:
       scaler.unscale_(opt)`` before ``if clip_value: clip_grad_value_(...)``), or the clip only runs
       on the unscaled branch (the ``else`` of ``if scaler is not None:``, or of
-      a test the scaled backward sits on the other side of);
+      a test the scaled backward sits on the other side of); or the loss is
+      scaled only under the test, as written, that the skipped ``unscale_``
+      runs under (``if self.using_amp: sum_losses =
+      self._scaler.scale(sum_losses)`` ... ``if self.using_amp:
+      self._scaler.unscale_(...)``:
+      ``fixtures/realworld/ok_gl103_scaled_and_unscaled_under_one_setting__sockeye.py``);
     - the clip is a framework's (``accelerator.clip_grad_norm_`` unscales
       first), or clips nothing (an infinite ``max_norm``: GL107 reads it as a
       statistic).
@@ -613,8 +620,33 @@ def _still_scaled(model: LoopModel, root, reaching: list[Event], read: Event) ->
         ]
         if any(_covers(model, e, read, backward) for e in between):
             continue
-        return backward, [e for e in between if e.kind is EventKind.UNSCALE]
+        unscales = [e for e in between if e.kind is EventKind.UNSCALE]
+        if _scaled_only_where_unscaled(model, backward, unscales):
+            continue
+        return backward, unscales
     return None
+
+
+def _scaled_only_where_unscaled(model: LoopModel, backward: Event, unscales: list[Event]) -> bool:
+    """Whether the backward's loss is scaled only under an ``if`` whose test, as written, is also the test around each
+    of the ``unscale_`` calls that may be skipped (``if self.using_amp: sum_losses = self._scaler.scale(sum_losses)``
+    ... ``if self.using_amp: self._scaler.unscale_(self.optimizer)``): where the unscale is skipped, nothing was
+    scaled."""
+    name = dotted_name(backward.loss) if backward.loss is not None else None
+    if name is None or not unscales or model.index is None:
+        return False
+    function = function_holding(model, backward.node)
+    scaling = [
+        v for v in model.index.assignments.get(function, {}).get(name, [])
+        if type(v) is cst.Call and method_name(v) == "scale"
+    ]
+    if not scaling:
+        return False
+    tests = set.intersection(*({test for test, in_body in branch_sides(model, v, function) if in_body} for v in scaling))
+    return bool(tests) and all(
+        any(f.kind is FrameKind.BRANCH and type(f.node) is cst.If and f.branch == "if" and model.code(f.node.test) in tests for f in u.frames)
+        for u in unscales
+    )
 
 
 def _where_skipped(model: LoopModel, unscale: Event, read: Event) -> str:

@@ -19,6 +19,7 @@ from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopMo
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.optimizer_updates import stepped_update_scale, too_large
 from gradlint.queries import (
+    branch_sides,
     closure_of,
     Accumulation,
     accumulation,
@@ -151,7 +152,11 @@ class MissingZeroGrad(Rule):
     - the loop clears the optimizer on the path to the step: ``zero_grad()`` on it, on a wrapper
       that holds it (``self.optim.zero_grad()`` for ``self.optim.optimizer``) or on its model,
       ``p.grad = None``, a helper that clears (also one handed a list of
-      optimizers), or a closure run by ``step(closure)``. A clear counts
+      optimizers, or the optimizer a stepped wrapper holds:
+      ``zero_optim_grads(self._policy_optimizer._optimizer)``), an optimizer
+      class's own clear under another name (``set_grads_none()``:
+      ``fixtures/realworld/ok_gl001_cleared_by_helpers_named_otherwise__garage.py``),
+      or a closure run by ``step(closure)``. A clear counts
       only on the paths where it runs: not one in an ``except`` handler (it
       runs only on failed batches), in the other branch of an ``if`` that is
       no accumulation guard (``if amp: opt.zero_grad(); ... else:
@@ -254,7 +259,8 @@ class MissingZeroGrad(Rule):
                 if loop.called_by is not None and _may_share_parameters(model, step, root.events_of(EventKind.ZERO, loop)):
                     continue
                 if any(
-                    same_object(e.target, step.target) and handoff_may_clear(e, model.keeps_handed) and _off_the_path(model, e, step, loop, periodic=False) is None
+                    _hands_the_stepped(e.target, step.target) and handoff_may_clear(e, model.keeps_handed)
+                    and _off_the_path(model, e, step, loop, periodic=False) is None
                     for e in root.events_of(HANDOFF, loop)
                 ):
                     continue
@@ -315,6 +321,14 @@ class MissingZeroGrad(Rule):
             yield from _closure_reevaluated_without_clear(model, root)
 
 
+def _hands_the_stepped(handed: str | None, stepped: str | None) -> bool:
+    """Whether a call is handed the stepped optimizer or something it holds: the optimizer a wrapper steps
+    (``zero_optim_grads(self._policy_optimizer._optimizer)`` before ``self._policy_optimizer.step()``)."""
+    if handed is None or stepped is None:
+        return False
+    return same_object(handed, stepped) or handed.startswith(stepped + ".")
+
+
 def _none_where_stepped(model: LoopModel, step: Event) -> bool:
     """Whether the stepped name is ``None`` on every path where the step runs: its function binds it to ``None``, and
     binds it to anything else only in one branch of an ``if`` whose test is spelled again around the step, on the
@@ -326,26 +340,14 @@ def _none_where_stepped(model: LoopModel, step: Event) -> bool:
     values = model.index.assignments.get(function, {}).get(step.target, [])
     if not any(type(v) is cst.Name and v.value == "None" for v in values):
         return False
-    step_sides = _branch_sides(model, step.node, function)
+    step_sides = branch_sides(model, step.node, function)
     for value in values:
         if type(value) is cst.Name and value.value == "None":
             continue
-        sides = _branch_sides(model, value.value if type(value) is Unpacked else value, function)
+        sides = branch_sides(model, value.value if type(value) is Unpacked else value, function)
         if not any(test == other and side != other_side for test, side in sides for other, other_side in step_sides):
             return False
     return True
-
-
-def _branch_sides(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> list[tuple[str, bool]]:
-    """The ``if`` tests around a node within its function, as written, each with whether the node is in its body."""
-    parents = model.parents or {}
-    sides: list[tuple[str, bool]] = []
-    child, current = node, parents.get(node)
-    while current is not None and current is not function:
-        if type(current) is cst.If and child is not current.test:
-            sides.append((model.code(current.test), child is current.body))
-        child, current = current, parents.get(current)
-    return sides
 
 
 def _replays_a_graph_captured_without_gradients(model: LoopModel, root: Root, loop: Frame) -> bool:
