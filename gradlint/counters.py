@@ -111,6 +111,15 @@ def _presence_test(term: cst.BaseExpression) -> bool:
     )
 
 
+def flag_remainder_test(model: LoopModel, test: cst.BaseExpression, function: cst.FunctionDef | None) -> RemainderTest | None:
+    """The remainder test a flag stands for: ``should_step = i % accumulation_steps == 0`` bound once in the function,
+    then ``if should_step:``."""
+    if type(test) is not cst.Name or model.index is None or function is None:
+        return None
+    values = model.index.assignments.get(function, {}).get(test.value, [])
+    return remainder_test(values[0]) if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else None
+
+
 def window_offset(start: int, test: RemainderTest) -> int:
     """How many micro-batches each window of ``test`` ends early (> 0) or late (< 0) when its counter reads ``start``
     on the first iteration; 0 when aligned (for a count that is no literal, only ``start + offset == 1`` is aligned

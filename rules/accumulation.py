@@ -27,6 +27,7 @@ from gradlint.queries import (
     clears,
     exclusive,
     frames_inside,
+    function_holding,
     home_loop,
     leaves_before,
     lies_in,
@@ -37,7 +38,7 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
-from gradlint.counters import CounterStart, counter_start, remainder_test, window_offset
+from gradlint.counters import CounterStart, counter_start, flag_remainder_test, remainder_test, window_offset
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
@@ -1442,7 +1443,10 @@ class ShiftedAccumulationWindow(Rule):
     the loader are never stepped (their gradients are wiped by the next
     pass's first clear, or added into its first step). The same with
     ``enumerate(loader, start=1)`` and ``(i + 1) % accum == 0``: windows of
-    ``accum - 1``. Nothing fails; the loss curve looks normal.
+    ``accum - 1``. Nothing fails; the loss curve looks normal. The test may
+    be a flag bound once above the guard (``should_step = i % accum == 0``,
+    then ``if should_step:``:
+    ``fixtures/accumulation/gl014_shifted_window_through_step_flag__hifi-gan.py``).
 
     **Fix.** Test the remainder of the number of micro-batches seen so far:
     ``(i + 1) % accum == 0`` when ``i`` counts from 0, ``i % accum == 0``
@@ -1562,7 +1566,7 @@ def _window_shift(
     counter (``loop``'s own index, or one kept by hand) that is zero off the window's end: ``start + c`` is the number
     of micro-batches seen when the remainder is taken, which must be 1 past each window's last; None for any other
     test."""
-    test = remainder_test(guard.test)
+    test = remainder_test(guard.test) or flag_remainder_test(model, guard.test, function_holding(model, guard))
     counter = counter_start(model, loop, guard, test.counter, via) if test is not None else None
     if counter is None or not window_offset(counter.start, test):
         return None

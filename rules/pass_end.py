@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import libcst as cst
 
 from gradlint import frameworks
-from gradlint.counters import CounterStart, RemainderTest, counter_start, remainder_test, window_offset
+from gradlint.counters import CounterStart, RemainderTest, counter_start, flag_remainder_test, remainder_test, window_offset
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, LoopModel, Root
@@ -47,6 +47,10 @@ class LastWindowOfPassNotStepped(Rule):
     then sums more micro-batches than the loss was divided by), or thrown away
     by a clear at the start of the next pass. With fewer batches than
     ``accum`` in a pass, the optimizer never steps at all. Nothing fails.
+
+    The guard may test a flag bound once to the remainder test
+    (``should_step = (i + 1) % accum == 0``:
+    ``fixtures/accumulation/gl021_last_window_through_step_flag.py``).
 
     A framework's per-batch hook counts the same way when the framework
     hands it the batch's index within the epoch: Lightning's
@@ -182,7 +186,7 @@ def _per_batch_hook_windows(model: LoopModel, root: Root, reported: set[int]) ->
         if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
             continue
         guard = acc.frame.node
-        test = remainder_test(guard.test) or _flag_remainder(model, guard.test, hook)
+        test = remainder_test(guard.test) or flag_remainder_test(model, guard.test, hook)
         if id(guard) in reported or test is None or test.counter != index or window_offset(0, test) != 0:
             continue
         if not any(root.order(b) < root.order(step) for b in acc.backwards) or _steps_beside(model, hook):
@@ -200,14 +204,6 @@ def _per_batch_hook_windows(model: LoopModel, root: Root, reported: set[int]) ->
             f"self.trainer.is_last_batch`)",
             event=step, setting=test.count,
         )
-
-
-def _flag_remainder(model: LoopModel, test: cst.BaseExpression, function: cst.FunctionDef) -> RemainderTest | None:
-    """The remainder test a flag stands for: ``should_update = (batch_idx + 1) % k == 0`` bound once in the function."""
-    if type(test) is not cst.Name or model.index is None:
-        return None
-    values = model.index.assignments.get(function, {}).get(test.value, [])
-    return remainder_test(values[0]) if len(values) == 1 and isinstance(values[0], cst.BaseExpression) else None
 
 
 def _steps_beside(model: LoopModel, hook: cst.FunctionDef) -> bool:
@@ -250,7 +246,10 @@ def _per_pass_window(model: LoopModel, loop: Frame, guard: cst.If) -> tuple[Rema
         return None
     if _endless_or_counted(node.iter):
         return None
-    test = remainder_test(guard.test) or _remainder_flushing_short_passes_only(model, guard.test)
+    test = (
+        remainder_test(guard.test) or _remainder_flushing_short_passes_only(model, guard.test)
+        or flag_remainder_test(model, guard.test, function_holding(model, guard))
+    )
     counter = counter_start(model, loop, guard, test.counter) if test is not None else None
     if counter is None or window_offset(counter.start, test) != 0:
         return None
