@@ -84,6 +84,74 @@ def _released_sites(model: LoopModel, sites: list[Site]) -> Iterator[tuple[Site,
             yield site, setups[0]
 
 
+_NO_GRAD = frozenset({"no_grad", "inference_mode"})
+
+
+def _may_make_gradients(model: LoopModel, site: Site) -> bool:
+    """Whether what a float16 autocast block computes may be backpropagated: the block is under no ``torch.no_grad()``
+    or ``inference_mode()``, and it backpropagates or returns, or a name it binds flows (through later assignments of
+    its function) into a backward's receiver or arguments or into a ``return``. A validation block that only runs a
+    pipeline (``image = pipeline(prompt).images[0]``) makes no gradient for a scaler to miss."""
+    parents = model.parents or {}
+    blocks = _blocks_entering(model, site)
+    if not blocks:
+        return True
+    return any(_block_may_make_gradients(model, site, block) for block in blocks)
+
+
+def _blocks_entering(model: LoopModel, site: Site) -> list[cst.With]:
+    """The ``with`` blocks that enter an autocast: the one it is written in, or those entering the name it is bound to
+    (``context = nullcontext() if final else torch.cuda.amp.autocast()``, then ``with context:``)."""
+    parents = model.parents or {}
+    holder = parents.get(parents.get(site.node))  # Call -> WithItem -> With
+    if type(holder) is cst.With:
+        return [holder]
+    current = parents.get(site.node)
+    while current is not None and not isinstance(current, (cst.Assign, cst.BaseStatement)):
+        current = parents.get(current)
+    if type(current) is not cst.Assign or len(current.targets) != 1 or type(current.targets[0].target) is not cst.Name:
+        return []
+    name = current.targets[0].target.value
+    scope = site.function if site.function is not None else model.module
+    return [
+        n for n in walk(scope) if type(n) is cst.With
+        and any(type(i.item) is cst.Name and i.item.value == name for i in n.items)
+    ]
+
+
+def _block_may_make_gradients(model: LoopModel, site: Site, block: cst.With) -> bool:
+    parents = model.parents or {}
+    current = parents.get(block)
+    while current is not None and current is not site.function:
+        if type(current) is cst.With and any(callee_name(i.item) in _NO_GRAD for i in current.items if type(i.item) is cst.Call):
+            return False
+        current = parents.get(current)
+    nodes = list(walk(block.body))
+    if any(type(n) is cst.Return or (type(n) is cst.Call and callee_name(n) in _BACKWARDS) for n in nodes):
+        return True
+    flowing = {dotted_name(t.target) for n in nodes if type(n) is cst.Assign for t in n.targets} - {None}
+    if not flowing:
+        return True  # nothing bound that can be followed
+    scope = list(walk(site.function)) if site.function is not None else list(walk(model.module))
+    for _ in range(3):  # ``pred`` -> ``loss = crit(pred, y)`` -> ``loss = loss / k``
+        for node in scope:
+            if type(node) is cst.Assign and _mentions(node.value, flowing):
+                flowing |= {dotted_name(t.target) for t in node.targets} - {None}
+    for node in scope:
+        if type(node) is cst.Call and callee_name(node) in _BACKWARDS and _mentions(node, flowing):
+            return True
+        if type(node) is cst.Return and node.value is not None and _mentions(node.value, flowing):
+            return True
+    return False
+
+
+_BACKWARDS = frozenset({"backward", *frameworks.BACKWARD_METHODS})
+
+
+def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
+    return any(type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in names for n in walk(node))
+
+
 class GradScalerWithGradientRelease(Rule):
     """A ``GradScaler`` (or a float16 autocast) is used together with gradient release.
 
@@ -103,7 +171,12 @@ class GradScalerWithGradientRelease(Rule):
     - the scaler or autocast is on the branch where release is off (the
       module's own release switch, learnt from where its set-up sits);
     - the module refuses the combination with a ``raise``; float16 autocast
-      and its scaler in one function are reported once, at the autocast.
+      and its scaler in one function are reported once, at the autocast;
+    - a float16 autocast makes nothing that is backpropagated: it is under
+      ``torch.no_grad()`` (a frozen teacher), or what its block binds flows
+      into no backward and no ``return`` (a validation pipeline, also entered
+      through a name bound to the autocast:
+      ``fixtures/release/ok_gl201_fp16_autocast_only_in_validation__LMFlow.py``).
 
     **Bad**::
 
@@ -136,7 +209,7 @@ class GradScalerWithGradientRelease(Rule):
             return
         reported = False
         scalers = list(_released_sites(model, release.scalers))
-        autocasts = list(_released_sites(model, release.fp16_autocasts))
+        autocasts = [(site, setup) for site, setup in _released_sites(model, release.fp16_autocasts) if _may_make_gradients(model, site)]
         # One problem, one finding: a float16 autocast and its scaler are reported once, at the autocast
         # (switching it to bfloat16 is the change; the scaler then goes too).
         paired = {id(s.node): s for s, _ in scalers if any(a.function is s.function for a, _ in autocasts)}
