@@ -477,3 +477,14 @@ def parameter_names(function: cst.FunctionDef) -> list[str]:
     """The names of a function's positional and keyword parameters, in order (``*args`` and ``**kwargs`` left out)."""
     params = function.params
     return [p.name.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)]
+
+
+def only_raises_not_implemented(function: cst.FunctionDef) -> bool:
+    """Whether a function's body, its docstring aside, only raises ``NotImplementedError``: an abstract method whose
+    subclasses' overrides do the work."""
+    body = [s for s in function.body.body if not (type(s) is cst.SimpleStatementLine and type(s.body[0]) is cst.Expr
+                                                   and type(s.body[0].value) in (cst.SimpleString, cst.ConcatenatedString))]
+    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or type(body[0].body[0]) is not cst.Raise:
+        return False
+    raised = body[0].body[0].exc
+    return raised is not None and "NotImplementedError" in (dotted_name(raised) or dotted_name(getattr(raised, "func", None)) or "")

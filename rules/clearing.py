@@ -63,6 +63,7 @@ from gradlint.rules.parameter_groups import _optimizer_constructions
 from gradlint.rules.parameters import _is_requires_grad, _layer_built as _layer_built_by
 from gradlint.syntax import (
     bind_arguments, bool_literal, boolean_terms, callee_name, dotted_name, is_grad, keyword_arg, leaves_block, method_name, number,
+    only_raises_not_implemented,
     positional_args, receiver, scales_down, terminal, walk, with_arguments,
 )
 
@@ -2777,18 +2778,9 @@ def _from_abstract_method(model: LoopModel, backward: Event) -> bool:
         method = index.method_holding(function)
         owner = index.class_of.get(method) if method is not None else None
         called = index.method_of(owner, value.func.attr.value) if owner is not None else None
-        if called is not None and _only_raises_not_implemented(called):
+        if called is not None and only_raises_not_implemented(called):
             return True
     return False
-
-
-def _only_raises_not_implemented(function: cst.FunctionDef) -> bool:
-    body = [s for s in function.body.body if not (type(s) is cst.SimpleStatementLine and type(s.body[0]) is cst.Expr
-                                                   and type(s.body[0].value) in (cst.SimpleString, cst.ConcatenatedString))]
-    if len(body) != 1 or type(body[0]) is not cst.SimpleStatementLine or type(body[0].body[0]) is not cst.Raise:
-        return False
-    raised = body[0].body[0].exc
-    return raised is not None and "NotImplementedError" in (dotted_name(raised) or dotted_name(getattr(raised, "func", None)) or "")
 
 
 def _deliberate_sum(model: LoopModel, root, acc: Accumulation) -> bool:

@@ -31,7 +31,9 @@ from gradlint.queries import (
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.tokens import HANDS_AN_OPTIMIZER
-from gradlint.syntax import callee_name, children, dotted_name, keyword_arg, method_name, number, positional_args, receiver, walk
+from gradlint.syntax import (
+    callee_name, children, dotted_name, keyword_arg, method_name, number, only_raises_not_implemented, positional_args, receiver, walk,
+)
 
 
 # Any call handed an argument named as an optimizer: one of another file of the run may backpropagate the loss it is
@@ -1720,6 +1722,9 @@ class NoSyncAfterForward(Rule):
       the model, or of any function that is not a backward, a loss scaler, an
       optimizer's or a scaler's method, a data move or logging), followed into
       the module's own helpers (``fixtures/distributed/ok_ddp_no_sync_around_forward.py``);
+      a helper whose body only raises ``NotImplementedError`` is its
+      subclasses' to override, and may run a forward
+      (``fixtures/realworld/ok_gl306_gl307_abstract_loss_and_clip_per_strategy__CogKit.py``);
     - the model is not known to be wrapped in torch's DDP (a wrapper of another
       library, FSDP: ``fixtures/distributed/ok_gl306_fsdp_no_sync_around_backward.py``,
       a model whose wrap the module does not show; Ray Train's ``prepare_model``
@@ -1901,6 +1906,8 @@ def _backward_only(model: LoopModel, block: cst.With, root: Root) -> bool:
             if type(call) is not cst.Call:
                 continue
             helper = model.index.resolve_function(call, function) if model.index is not None else None
+            if helper is not None and only_raises_not_implemented(helper):
+                return False  # ``self.compute_loss(batch)`` of a base class: each subclass's override may run a forward
             if helper is not None:
                 if id(helper) not in visited:
                     visited.add(id(helper))
@@ -1934,6 +1941,25 @@ def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
     return f"{owner}.module" in _called_names(model, root.node, function)
 
 
+def _wrappers_clip_on_the_other_branch(model: LoopModel, call: cst.Call, owner: str, sharded) -> bool:
+    """Whether the plain clip sits in one branch of an ``if`` whose other branch clips with the wrapper's own method on
+    the same model (``if strategy != "DDP": model.clip_grad_norm_(...) else: torch.nn.utils.clip_grad_norm_(...)``):
+    the code picks the clip by how the model is wrapped."""
+    parents = model.parents or {}
+    child, current = call, parents.get(call)
+    while current is not None and type(current) is not cst.FunctionDef:
+        if type(current) is cst.If and child is not current.test:
+            other = current.orelse if child is current.body else current.body
+            if other is not None and any(
+                type(n) is cst.Call and method_name(n) == sharded.clip_method and type(n.func) is cst.Attribute
+                and dotted_name(n.func.value) == owner
+                for n in walk(other)
+            ):
+                return True
+        child, current = current, parents.get(current)
+    return False
+
+
 def _class_tokens(sharded) -> tuple[str, ...]:
     """The prefilter tokens of a sharded wrapper: its class names (``FullyShardedDataParallel``)."""
     return tuple(sorted({name.rsplit(".", 1)[-1] for name in sharded.constructors}))
@@ -1959,6 +1985,10 @@ class NormClippedOnShards(Rule):
 
     **Stays quiet when**
 
+    - the plain clip sits in one branch of an ``if`` whose other branch clips
+      the same model with the wrapper's own ``clip_grad_norm_`` (the code picks
+      the clip by strategy:
+      ``fixtures/realworld/ok_gl306_gl307_abstract_loss_and_clip_per_strategy__CogKit.py``);
     - the model was wrapped with ``sharding_strategy=ShardingStrategy.NO_SHARD``
       (or a variable assigned nothing else): whole gradients on every rank;
     - the model was sharded with FSDP2's ``fully_shard``: its gradients are
@@ -2012,7 +2042,7 @@ class NormClippedOnShards(Rule):
                         continue
                     owner = _parameters_owner(call)
                     found = _sharded_wrap(model, call, owner, sharded) if owner is not None else None
-                    if found is None:
+                    if found is None or _wrappers_clip_on_the_other_branch(model, call, owner, sharded):
                         continue
                     reported.add(id(call))
                     wrap, strategy = found
