@@ -363,7 +363,10 @@ class ClipBeforeUnscale(Rule):
       whose terms the clip's own test requires: ``if clip_norm or clip_value:
       scaler.unscale_(opt)`` before ``if clip_value: clip_grad_value_(...)``), or the clip only runs
       on the unscaled branch (the ``else`` of ``if scaler is not None:``, or of
-      a test the scaled backward sits on the other side of); or the loss is
+      a test the scaled backward sits on the other side of, also as an ``if``
+      expression, ``scaler.scale(loss).backward() if self.amp else
+      loss.backward()``:
+      ``fixtures/amp/ok_gl103_backward_chosen_by_if_expression__universal-llm-trainer.py``); or the loss is
       scaled only under the test, as written, that the skipped ``unscale_``
       runs under (``if self.using_amp: sum_losses =
       self._scaler.scale(sum_losses)`` ... ``if self.using_amp:
@@ -589,10 +592,11 @@ def _says_present(frame: Frame, scaler: str) -> bool:
 
 def _contradicts(model: LoopModel, a: Event, b: Event) -> bool:
     """Whether two events sit on opposite sides of the same test (``if args.fp16:`` / a later ``if args.fp16: ...
-    else:``): no pass runs both."""
+    else:``; also an ``if`` expression, ``scaler.scale(loss).backward() if self.amp else loss.backward()``): no pass
+    runs both."""
     return any(
         f.kind is FrameKind.BRANCH and g.kind is FrameKind.BRANCH and f.branch in ("if", "else") and g.branch in ("if", "else")
-        and f.branch != g.branch and type(f.node) is cst.If and type(g.node) is cst.If
+        and f.branch != g.branch and type(f.node) in (cst.If, cst.IfExp) and type(g.node) in (cst.If, cst.IfExp)
         and model.code(f.node.test) == model.code(g.node.test)
         for f in a.frames for g in b.frames
     )
