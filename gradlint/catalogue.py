@@ -29,7 +29,7 @@ _TOKEN_14 = call_of('update')
 _TOKEN_15 = call_of('unscale_')
 _TOKEN_16 = AnyOf('post_accumulate_grad_hook', 'in_backward', 'gradient_release', 'in_bwd', 'InBackward', 'GradientRelease')
 _TOKEN_17 = re.compile('accum\\w*(?:[\\s\\\\]|#[^\\n]*(?![^\\n]))*=(?!=)', re.IGNORECASE)
-_TOKEN_18 = re.compile('(?:zero|clear|reset)_?(?:[a-z]+_)?grad', re.IGNORECASE)
+_TOKEN_18 = re.compile('(?:zero|clear|reset)_?grad', re.IGNORECASE)
 _TOKEN_19 = CallNeed('(?i)[(,]\\s*(?:\\w+\\.)*\\w*opt\\w*\\s*[,):=]', handed=True)
 
 ALL_RULES: tuple[RuleInfo, ...] = (

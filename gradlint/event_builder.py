@@ -65,7 +65,7 @@ _CLIP_QUALIFIED = frozenset({
 _TIMER = re.compile(r"(^|_)(gpu_)?tim(er|ed|e_it|eit)$|^profiled?$|^measure(_time)?$", re.IGNORECASE)
 # What a method of an optimizer that clears its gradients under another name says (with "grad"): ``set_grads_none``.
 _NAMED_CLEAR = re.compile(r"zero|clear|reset|none", re.IGNORECASE)
-_CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?([a-z]+_)?grad", re.IGNORECASE)  # zero_grad, clear_grads, zero_optim_grads
+_CLEAR_HELPER = re.compile(r"(zero|clear|reset)_?grad", re.IGNORECASE)
 
 
 @dataclasses.dataclass

@@ -154,7 +154,7 @@ class MissingZeroGrad(Rule):
       that holds it (``self.optim.zero_grad()`` for ``self.optim.optimizer``) or on its model,
       ``p.grad = None``, a helper that clears (also one handed a list of
       optimizers, or the optimizer a stepped wrapper holds:
-      ``zero_optim_grads(self._policy_optimizer._optimizer)``), an optimizer
+      ``zero_optim_grads(self._policy_optimizer.optimizer)``), an optimizer
       class's own clear under another name (``set_grads_none()``:
       ``fixtures/realworld/ok_gl001_cleared_by_helpers_named_otherwise__garage.py``),
       or a closure run by ``step(closure)``. A clear counts

@@ -32,7 +32,7 @@ from gradlint.syntax import callee_name, dotted_name, receiver, walk
 # ``.grad`` zeroed or assigned.
 RELEASE = AnyOf(*RELEASE_TOKENS)
 _ACCUM = re.compile(r"accum\w*(?:[\s\\]|#[^\n]*(?![^\n]))*=(?!=)", re.IGNORECASE)  # a keyword argument
-_CLEAR_CALL = re.compile(r"(?:zero|clear|reset)_?(?:[a-z]+_)?grad", re.IGNORECASE)  # the event builder's _CLEAR_HELPER, and zero_grad
+_CLEAR_CALL = re.compile(r"(?:zero|clear|reset)_?grad", re.IGNORECASE)  # the event builder's _CLEAR_HELPER, and zero_grad
 _ACCUMULATES = tuple((RELEASE, BACKWARD, token) for token in (STEP, _CLEAR_CALL, GRAD_ZEROED_BY_METHOD, GRAD_ASSIGNED))
 
 
