@@ -9,7 +9,7 @@ pass's first step or thrown away by a clear, unless something steps them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import libcst as cst
 
@@ -19,6 +19,7 @@ from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, LoopModel, Root
 from gradlint.queries import (
+    Accumulation,
     accumulation,
     calls_unseen_inherited_method,
     clears,
@@ -129,14 +130,8 @@ class LastWindowOfPassNotStepped(Rule):
         reported: set[int] = set()
         for root in model.roots:
             yield from _per_batch_hook_windows(model, root, reported)
-            for step, loop in steps_with_loops(root):
-                if step.framework is not None or step.target is None:
-                    continue
-                acc = accumulation(root, step, loop)
-                if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
-                    continue
-                guard = acc.frame.node
-                if id(guard) in reported or not any(root.order(b) < root.order(step) for b in acc.backwards):
+            for step, loop, acc, guard in _guarded_steps(root, steps_with_loops(root)):
+                if id(guard) in reported:
                     continue
                 window = _per_pass_window(model, loop, guard)
                 passes = _pass_loop(step, loop)
@@ -163,6 +158,19 @@ class LastWindowOfPassNotStepped(Rule):
                 )
 
 
+def _guarded_steps(root: Root, steps: Iterable[tuple[Event, Frame]]) -> Iterator[tuple[Event, Frame, Accumulation, cst.If]]:
+    """``(step, loop, accumulation, guard)`` for each plain optimizer step under the ``if`` branch of an accumulation
+    guard, with a backward of the window before it."""
+    for step, loop in steps:
+        if step.framework is not None or step.target is None:
+            continue
+        acc = accumulation(root, step, loop)
+        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
+            continue
+        if any(root.order(b) < root.order(step) for b in acc.backwards):
+            yield step, loop, acc, acc.frame.node
+
+
 def _per_batch_hook_windows(model: LoopModel, root: Root, reported: set[int]) -> Iterator[Report]:
     """A framework's per-batch hook (Lightning's ``training_step`` under manual optimization) that steps under
     ``(batch_idx + 1) % k == 0`` on the index the framework hands it, which starts from 0 again every epoch
@@ -179,17 +187,11 @@ def _per_batch_hook_windows(model: LoopModel, root: Root, reported: set[int]) ->
     if len(params) <= position:
         return
     index = params[position].name.value
-    for step in root.events_of(EventKind.STEP, loop):
-        if step.framework is not None or step.target is None:
-            continue
-        acc = accumulation(root, step, loop)
-        if acc is None or acc.style != "guard" or type(acc.frame.node) is not cst.If or acc.frame.branch != "if":
-            continue
-        guard = acc.frame.node
+    for step, _, acc, guard in _guarded_steps(root, [(s, loop) for s in root.events_of(EventKind.STEP, loop)]):
         test = remainder_test(guard.test) or flag_remainder_test(model, guard.test, hook)
         if id(guard) in reported or test is None or test.counter != index or window_offset(0, test) != 0:
             continue
-        if not any(root.order(b) < root.order(step) for b in acc.backwards) or _steps_beside(model, hook):
+        if _steps_beside(model, hook):
             continue
         if _asserted_multiple(model, hook, test.count) or not _divided_by_the_count(root, acc.backwards, loop):
             continue  # undivided, what is left joins the next window as one larger batch, weighed right
