@@ -965,6 +965,42 @@ def _fetches_optimizer(value: cst.BaseExpression | None) -> bool:
     return type(value) in (cst.Name, cst.Attribute)
 
 
+def with_holding(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
+    """The ``with`` statement whose item holds ``node`` (a call); None when it is not a ``with`` item."""
+    parents = model.parents
+    if parents is None or type(node) is not cst.Call:
+        return None
+    current = parents.get(node)
+    while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+        if type(current) is cst.WithItem:
+            block = parents.get(current)
+            return block if type(block) is cst.With else None
+        current = parents.get(current)
+    return None
+
+
+def blocks_entering(model: LoopModel, call: cst.Call) -> list[cst.With]:
+    """The ``with`` blocks that enter a context a call makes: the one whose item holds the call, or those of the same
+    function entering the name the call is bound to (``ctx = model.no_sync() if not step else nullcontext()``,
+    ``context = nullcontext() if final else torch.cuda.amp.autocast()``, then ``with ctx:``)."""
+    block = with_holding(model, call)
+    if block is not None:
+        return [block]
+    parents = model.parents or {}
+    node = parents.get(call)
+    while type(node) is cst.IfExp:
+        node = parents.get(node)
+    if type(node) is not cst.Assign or len(node.targets) != 1:
+        return []
+    name = dotted_name(node.targets[0].target)
+    scope = parents.get(node)
+    while scope is not None and type(scope) not in (cst.FunctionDef, cst.Module):
+        scope = parents.get(scope)
+    if name is None or scope is None:
+        return []
+    return [n for n in model.file.walk(scope) if type(n) is cst.With and any(dotted_name(item.item) == name for item in n.items)]
+
+
 def branch_sides(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> list[tuple[str, bool]]:
     """The ``if`` tests around a node within its function, as written, each with whether the node is in its body."""
     parents = model.parents or {}

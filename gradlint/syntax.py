@@ -488,3 +488,8 @@ def only_raises_not_implemented(function: cst.FunctionDef) -> bool:
         return False
     raised = body[0].body[0].exc
     return raised is not None and "NotImplementedError" in (dotted_name(raised) or dotted_name(getattr(raised, "func", None)) or "")
+
+
+def mentions(node: cst.CSTNode, names: set[str]) -> bool:
+    """Whether an expression reads one of ``names`` (a name or a dotted attribute path, as written)."""
+    return any(type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in names for n in walk(node))

@@ -17,6 +17,8 @@ from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
 from gradlint.parsed_file import ParsedFile
 from gradlint.queries import (
+    blocks_entering,
+    with_holding,
     accumulation,
     accumulation_place,
     counter_and_offset,
@@ -32,7 +34,8 @@ from gradlint.queries import (
 from gradlint.rule import BACKWARD, STEP, Report, Rule
 from gradlint.tokens import HANDS_AN_OPTIMIZER
 from gradlint.syntax import (
-    callee_name, children, dotted_name, keyword_arg, method_name, number, only_raises_not_implemented, positional_args, receiver, walk,
+    callee_name, children, dotted_name, keyword_arg, mentions, method_name, number, only_raises_not_implemented, positional_args, receiver,
+    walk,
 )
 
 
@@ -674,7 +677,7 @@ def _covers(model: LoopModel, root: Root, event: Event) -> bool:
     forward (DDP decides in the forward). Only a block of nothing but data moves and logging covers nothing. One
     entered otherwise (an ``ExitStack``, a context held in a variable) and the attribute and method forms
     (``require_backward_grad_sync = flag``) always count."""
-    block = _with_of(model, event.node)
+    block = with_holding(model, event.node)
     if block is None:
         return True
     if any(f.node is block for backward in root.events_of(EventKind.BACKWARD) for f in backward.frames):
@@ -690,20 +693,6 @@ _NOT_A_FORWARD = frozenset({
     "cuda", "to", "cpu", "pin_memory", "contiguous", "detach", "item", "float", "half", "bfloat16", "long",
     "print", "len", "range", "zip", "enumerate", "isinstance", "format", "log", "debug", "info", "warning",
 })
-
-
-def _with_of(model: LoopModel, node: cst.CSTNode) -> cst.With | None:
-    """The ``with`` statement whose item holds ``node`` (a call); None when it is not a ``with`` item."""
-    parents = model.parents
-    if parents is None or type(node) is not cst.Call:
-        return None
-    current = parents.get(node)
-    while current is not None and not isinstance(current, (cst.BaseSmallStatement, cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-        if type(current) is cst.WithItem:
-            block = parents.get(current)
-            return block if type(block) is cst.With else None
-        current = parents.get(current)
-    return None
 
 
 def _framework_accumulates(root: Root, loop: Frame, acc) -> bool:
@@ -1860,27 +1849,8 @@ def _arms_in_forward(model: LoopModel, owner: str, wrap: Wrap) -> bool:
 
 
 def _entered_block(model: LoopModel, call: cst.Call) -> cst.With | None:
-    """The ``with`` block a ``no_sync()`` call is entered by: the call as a ``with`` item, or assigned to a name
-    (``ctx = model.no_sync() if not step else nullcontext()``) that a ``with`` of the same function enters."""
-    block = _with_of(model, call)
-    if block is not None:
-        return block
-    parents = model.parents or {}
-    node = parents.get(call)
-    while type(node) is cst.IfExp:  # ``model.no_sync() if not boundary else nullcontext()``
-        node = parents.get(node)
-    if type(node) is not cst.Assign or len(node.targets) != 1:
-        return None
-    name = dotted_name(node.targets[0].target)
-    scope = parents.get(node)
-    while scope is not None and type(scope) not in (cst.FunctionDef, cst.Module):
-        scope = parents.get(scope)
-    if name is None or scope is None:
-        return None
-    blocks = [
-        n for n in model.file.walk(scope) if type(n) is cst.With
-        and any(dotted_name(item.item) == name for item in n.items)
-    ]
+    """The one ``with`` block a ``no_sync()`` call is entered by (:func:`gradlint.queries.blocks_entering`)."""
+    blocks = blocks_entering(model, call)
     return blocks[0] if len(blocks) == 1 else None
 
 
@@ -2307,7 +2277,7 @@ def _read_origins(model: LoopModel, name: str) -> set[str]:
     if model.index is not None:  # ``model = ddp_model`` later: calling the origin calls the wrapper
         found = {
             origin for origin in found
-            if not any(_mentions(value.value if isinstance(value, Unpacked) else value, {name}) for value in model.index.assigned_anywhere(origin))
+            if not any(mentions(value.value if isinstance(value, Unpacked) else value, {name}) for value in model.index.assigned_anywhere(origin))
         }
     return found
 
@@ -2349,7 +2319,7 @@ def _forward_around(
     for backward in root.events_of(EventKind.BACKWARD, loop):
         if backward.call_chain or backward.loss is None:
             continue
-        if _mentions(backward.loss, derived) or any(lies_in(model, call, backward.loss) for call in forwards):
+        if mentions(backward.loss, derived) or any(lies_in(model, call, backward.loss) for call in forwards):
             return forwards[0], backward
     return None
 
@@ -2400,10 +2370,6 @@ def _detached(model: LoopModel, node: cst.CSTNode, stop: cst.CSTNode) -> bool:
             return True
         node = parent
     return False
-
-
-def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
-    return any(type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in names for n in walk(node))
 
 
 def _derived_from(model: LoopModel, body: cst.CSTNode, forwards: list[cst.Call]) -> set[str]:

@@ -18,12 +18,12 @@ from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import accumulation, clears, frames_inside, home_loop, steps_with_loops
+from gradlint.queries import accumulation, blocks_entering, clears, frames_inside, home_loop, steps_with_loops
 from gradlint.release_setups import RELEASE_TOKENS, Branch, ReleaseSetup, Site, runs_without_release
 from gradlint.fixes.fuse_into_backward import release_fix
 from gradlint.rule import BACKWARD, SCALER, STEP, AnyOf, Report, Rule
 from gradlint.rules.clearing import GRAD_ASSIGNED, GRAD_ZEROED_BY_METHOD
-from gradlint.syntax import callee_name, dotted_name, receiver, walk
+from gradlint.syntax import callee_name, dotted_name, mentions, receiver, walk
 
 # Prefilter: every release set-up contains one of RELEASE_TOKENS, and each rule also needs what it weighs
 # against it: GL201 a scaler (named or built with "scaler" in any case) or an ``autocast``; GL202 an
@@ -93,30 +93,10 @@ def _may_make_gradients(model: LoopModel, site: Site) -> bool:
     its function) into a backward's receiver or arguments or into a ``return``. A validation block that only runs a
     pipeline (``image = pipeline(prompt).images[0]``) makes no gradient for a scaler to miss."""
     parents = model.parents or {}
-    blocks = _blocks_entering(model, site)
+    blocks = blocks_entering(model, site.node) if type(site.node) is cst.Call else []
     if not blocks:
         return True
     return any(_block_may_make_gradients(model, site, block) for block in blocks)
-
-
-def _blocks_entering(model: LoopModel, site: Site) -> list[cst.With]:
-    """The ``with`` blocks that enter an autocast: the one it is written in, or those entering the name it is bound to
-    (``context = nullcontext() if final else torch.cuda.amp.autocast()``, then ``with context:``)."""
-    parents = model.parents or {}
-    holder = parents.get(parents.get(site.node))  # Call -> WithItem -> With
-    if type(holder) is cst.With:
-        return [holder]
-    current = parents.get(site.node)
-    while current is not None and not isinstance(current, (cst.Assign, cst.BaseStatement)):
-        current = parents.get(current)
-    if type(current) is not cst.Assign or len(current.targets) != 1 or type(current.targets[0].target) is not cst.Name:
-        return []
-    name = current.targets[0].target.value
-    scope = site.function if site.function is not None else model.module
-    return [
-        n for n in walk(scope) if type(n) is cst.With
-        and any(type(i.item) is cst.Name and i.item.value == name for i in n.items)
-    ]
 
 
 def _block_may_make_gradients(model: LoopModel, site: Site, block: cst.With) -> bool:
@@ -135,21 +115,17 @@ def _block_may_make_gradients(model: LoopModel, site: Site, block: cst.With) -> 
     scope = list(walk(site.function)) if site.function is not None else list(walk(model.module))
     for _ in range(3):  # ``pred`` -> ``loss = crit(pred, y)`` -> ``loss = loss / k``
         for node in scope:
-            if type(node) is cst.Assign and _mentions(node.value, flowing):
+            if type(node) is cst.Assign and mentions(node.value, flowing):
                 flowing |= {dotted_name(t.target) for t in node.targets} - {None}
     for node in scope:
-        if type(node) is cst.Call and callee_name(node) in _BACKWARDS and _mentions(node, flowing):
+        if type(node) is cst.Call and callee_name(node) in _BACKWARDS and mentions(node, flowing):
             return True
-        if type(node) is cst.Return and node.value is not None and _mentions(node.value, flowing):
+        if type(node) is cst.Return and node.value is not None and mentions(node.value, flowing):
             return True
     return False
 
 
 _BACKWARDS = frozenset({"backward", *frameworks.BACKWARD_METHODS})
-
-
-def _mentions(node: cst.CSTNode, names: set[str]) -> bool:
-    return any(type(n) in (cst.Name, cst.Attribute) and dotted_name(n) in names for n in walk(node))
 
 
 class GradScalerWithGradientRelease(Rule):
