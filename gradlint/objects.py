@@ -122,7 +122,7 @@ _SCHEDULER_NAME = re.compile(r"(^|_)(lr_)?sched(uler)?s?($|_)|^scheduler\w*|\w*_
 
 def kind_from_name(dotted: str) -> ObjKind:
     """Guess an object's kind from its spelling alone (``self.opt_g`` → optimizer)."""
-    last = dotted.rsplit(".", 1)[-1].lower()
+    last = dotted.rsplit(".", 1)[-1].lower().lstrip("_")  # a private ``self._optimizer`` too
     if "scaler" in last:
         return ObjKind.SCALER
     if _SCHEDULER_NAME.search(last):

@@ -2234,7 +2234,10 @@ class UnscaledAccumulatedLoss(Rule):
       too; a plain ``loss.backward()`` there is flagged, for ``accumulate()``
       divides nothing: ``fixtures/frameworks/gl004_plain_backward_in_accumulate.py``),
       Lightning, a DeepSpeed engine's ``backward`` (whatever the name
-      ``deepspeed.initialize`` returned it under);
+      ``deepspeed.initialize`` returned it under), or a plain ``loss.backward()``
+      of a loss the engine computed (``loss = model_engine(x)``: from v0.18.3 the
+      engine hooks the tensors its forward returns and divides their gradients:
+      ``fixtures/realworld/ok_gl004_plain_backward_of_engine_output__deepspeed.py``);
     - the gradients are divided after accumulating: ``p.grad /= n``,
       ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
       ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``, a DDP
@@ -2359,6 +2362,8 @@ class UnscaledAccumulatedLoss(Rule):
                         continue  # ``loss = compute_loss(..., rl_scale=rl_scale)``: it may divide by what it is handed
                     if _from_abstract_method(model, backward):
                         continue  # ``loss = self.forward_propagation(batch)``: each subclass's override decides
+                    if _output_of_a_dividing_engine(model, backward):
+                        continue  # ``loss = model_engine(x); loss.backward()``: the engine's output hooks divide it
                     division = _by_running_counter(model, backward)
                     if division is not None:  # the line to change is the division, and every backward of it is one finding
                         yield Report(
@@ -2380,6 +2385,22 @@ class UnscaledAccumulatedLoss(Rule):
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,), setting=acc.count,
                     )
+
+
+def _output_of_a_dividing_engine(model: LoopModel, backward: Event) -> bool:
+    """A plain backward of a loss computed by calling a framework object that divides its outputs' gradients by its
+    accumulation count (``loss = model_engine(x)``, DeepSpeed's engine: ``frameworks/deepspeed.py``)."""
+    if backward.framework is not None or backward.loss is None:
+        return False
+    for call in calls_computing_loss(model, backward.loss):
+        callee = dotted_name(call.func)
+        if callee is None:
+            continue
+        info = model.objects.get(callee)
+        kind = info.kind if info is not None else kind_from_name(callee)
+        if frameworks.divides_outputs(last_name(callee), kind):
+            return True
+    return False
 
 
 def _multiplied_by_the_count(model: LoopModel) -> Iterator[Report]:

@@ -154,6 +154,18 @@ def backward_of(method: str | None, owner: str, owner_kind: ObjKind) -> Backward
     return None
 
 
+def divides_outputs(owner: str, owner_kind: ObjKind) -> bool:
+    """Whether a framework object called as ``owner(...)`` returns tensors whose plain ``.backward()`` it divides by its
+    accumulation count (DeepSpeed's engine hooks its outputs): ``owner`` is the callee's last name."""
+    return any(
+        backward.divides_outputs and (
+            owner in backward.owners or owner_kind in backward.owner_kinds
+            or (backward.owner_pattern is not None and backward.owner_pattern.search(owner))
+        )
+        for backward in _BACKWARDS
+    )
+
+
 def divides_by_count(event: Event) -> bool:
     """Whether the event's framework divided the loss by its accumulation count before backpropagating it."""
     backward = _BY_KEY.get(event.framework) if event.framework is not None else None

@@ -19,7 +19,11 @@ unless called with ``scale_wrt_gas=False``:
   gradient hook, ``_backward_prologue_per_tensor``, returns ``grad /
   self.gradient_accumulation_steps()`` while it is true, also with the 0.19
   ``managed_gradient_accumulation: false`` option (the returned loss is
-  ``loss / gradient_accumulation_steps()`` for logging).
+  ``loss / gradient_accumulation_steps()`` for logging). The engine's forward
+  registers the same prologue as a backward hook on the tensors it returns
+  (``_register_output_backward_hooks``), so a plain ``loss.backward()`` of a
+  loss computed from ``engine(batch)`` is divided by the count too; before
+  v0.18.3 a plain backward through an engine was not supported.
 
 The count is the configuration's ``"gradient_accumulation_steps"``, or, when the
 configuration leaves it out, ``train_batch_size // train_micro_batch_size_per_gpu
@@ -78,7 +82,7 @@ FRAMEWORK = Framework(
     backwards=(
         Backward(
             "deepspeed", owners=frozenset({"engine", "model_engine"}), owner_kinds=frozenset({ObjKind.ENGINE}),
-            owner_pattern=_ENGINE_NAME, divides_by_count=True, decides_sync=True,
+            owner_pattern=_ENGINE_NAME, divides_by_count=True, divides_outputs=True, decides_sync=True,
             count=CountSetting(
                 "deepspeed",
                 tokens=("gradient_accumulation_steps",),

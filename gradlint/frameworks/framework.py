@@ -93,6 +93,7 @@ class Backward:
     owner_pattern: re.Pattern[str] | None = None
     any_owner: bool = False  # the method alone says it, whatever the receiver (and with no loss handed)
     divides_by_count: bool = False  # divides the loss by the framework's accumulation count: it needs no division
+    divides_outputs: bool = False  # a plain ``.backward()`` of what the owner returns when called is divided as well
     decides_sync: bool = False  # decides itself when to all-reduce (at its own accumulation boundary)
     count: CountSetting | None = None
 
