@@ -303,6 +303,14 @@ class SchedulerNeverStepped(Rule):
     a class that calls ``self.manual_backward`` after overriding it, which
     drops Lightning's check that manual optimization is on
     (``fixtures/realworld/ok_gl308_manual_backward_overridden_under_automatic__RWKV-infctx-trainer.py``).
+    What the hooks Lightning calls only under automatic optimization do
+    (``optimizer_step``, ``optimizer_zero_grad``, ``lr_scheduler_step``)
+    never runs and counts for nothing, nor does a rate ``configure_optimizers``
+    sets once before returning
+    (``fixtures/realworld/gl308_warmup_in_optimizer_step_hook_under_manual__naifu.py``).
+    The schedulers are read from a tuple or a list of two lists
+    (``return [[optimizer], [scheduler]]``), a dict or list of dicts with an
+    ``"lr_scheduler"`` key, or names bound to them.
 
     **Bad**::
 
@@ -347,7 +355,11 @@ class SchedulerNeverStepped(Rule):
                     continue
                 returned = [n for n in walk(hook.body) if type(n) is cst.Return and n.value is not None]
                 schedulers = [s for r in returned for s in _returned_schedulers(r.value, hook)]
-                if not schedulers or _steps_a_scheduler(model, methods, schedulers, left.fetch) or _sets_lr_by_hand(methods):
+                # what runs: not the hooks the framework leaves uncalled, and not the hook itself for a rate set by hand
+                # (run once, it sets a starting rate and anneals nothing)
+                running = [m for m in methods if m.name.value not in left.uncalled_hooks]
+                if (not schedulers or _steps_a_scheduler(model, running, schedulers, left.fetch)
+                        or _sets_lr_by_hand([m for m in running if m is not hook])):
                     continue
                 statement = next(r for r in returned if _returned_schedulers(r.value, hook))
                 last_step = _last_optimizer_step(methods, left.step_hook)
@@ -418,7 +430,7 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
                 elif tracked_name(target.target) == f"{value.value}['lr_scheduler']":
                     found.append(node.value)
         return found
-    if type(value) is cst.Tuple and len(value.elements) == 2:
+    if type(value) is cst.Tuple and len(value.elements) == 2 or _two_lists(value):
         second = value.elements[1].value
         if type(second) is cst.Name:  # ``return optimizers, schedulers`` with ``schedulers = [ExponentialLR(...), ...]``
             second = next((
@@ -437,6 +449,15 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
             if type(element) is cst.DictElement and type(element.key) is cst.SimpleString and element.key.evaluated_value == "lr_scheduler":
                 found.append(element.value)
     return found
+
+
+def _two_lists(value: cst.BaseExpression) -> bool:
+    """``[[optimizer], [scheduler]]``: Lightning reads a list of two whose first element is a list as optimizers and
+    schedulers (a list of optimizers alone holds no list)."""
+    return (
+        type(value) is cst.List and len(value.elements) == 2 and all(type(e) is cst.Element for e in value.elements)
+        and type(value.elements[0].value) is cst.List
+    )
 
 
 def _steps_a_scheduler(model: LoopModel, methods: list[cst.FunctionDef], schedulers: list, fetch: str) -> bool:

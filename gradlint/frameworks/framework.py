@@ -323,6 +323,8 @@ class SchedulersLeftToModule:
     tokens: tuple[str, ...]  # what a file must spell for it (a rule's prefilter tokens)
     words: str  # how messages say who steps nothing
     step_hook: str = ""  # the method run once per batch where the module steps its optimizers (``training_step``)
+    # the module's hooks the framework calls only when it does the gradient work itself: what they do never runs
+    uncalled_hooks: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,7 +37,11 @@ step applies. Under manual optimization Lightning steps no scheduler that
 ``configure_optimizers`` returns (``TrainingEpochLoop._update_learning_rates``
 in ``src/lightning/pytorch/loops/training_epoch_loop.py`` returns at once
 when ``automatic_optimization`` is off; ``self.lr_schedulers()`` hands them
-back to be stepped by hand).
+back to be stepped by hand), and calls none of the module's
+``optimizer_step``, ``optimizer_zero_grad`` and ``lr_scheduler_step`` hooks
+(``loops/optimization/automatic.py`` calls them; under manual optimization
+``LightningOptimizer.step`` goes to the strategy's ``optimizer_step``): a
+warm-up written in an overridden ``optimizer_step`` never runs.
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
@@ -221,6 +225,7 @@ FRAMEWORK = Framework(
             tokens=("automatic_optimization", "configure_optimizers"),
             words="under manual optimization (`self.automatic_optimization = False`) Lightning steps none of them",
             step_hook="training_step",
+            uncalled_hooks=("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step"),
         ),
     ),
 )
