@@ -351,7 +351,8 @@ _SCALE_FREE = frozenset({"isfinite", "isnan", "isinf", "hasattr"})  # what the l
 def reads_handed_gradients(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether a function reads the values of the gradients of a model it is handed, and does no gradient work.
 
-    It loops over ``m.parameters()`` / ``m.named_parameters()`` of one of its parameters ``m`` and reads
+    It loops over ``m.parameters()`` / ``m.named_parameters()`` of one of its parameters ``m`` (or over a parameter
+    itself, handed the parameters) and reads
     ``p.grad`` of the loop's variable other than to test it against None or for finiteness, or it takes
     ``clip_grad_norm_(m.parameters(), float("inf"))`` (a norm, nothing clipped). It writes no gradient and
     calls no backward, step, clear, ``unscale_`` or collective.
@@ -391,7 +392,10 @@ def reads_handed_gradients(function: ast.FunctionDef | ast.AsyncFunctionDef) -> 
 
 
 def _parameters_of(node: ast.AST, handed: set[str]) -> bool:
-    """``m.parameters()`` / ``m.named_parameters()`` of a handed ``m`` (``model.module.parameters()`` too)."""
+    """``m.parameters()`` / ``m.named_parameters()`` of a handed ``m`` (``model.module.parameters()`` too), or a
+    handed iterable itself (``for p in parameters``: the caller hands ``model.parameters()``)."""
+    if type(node) is ast.Name:
+        return node.id in handed
     if not _over_parameters(node):
         return False
     root = node.func.value if type(node.func) is ast.Attribute else None

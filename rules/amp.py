@@ -1257,8 +1257,10 @@ class ScaledGradientStatistic(Rule):
     that is handed the model and reads its gradients' values
     (``debug_utils.log_gradient_stats(self.model, ...)``,
     ``check_gradient_explosion(model)`` taking ``clip_grad_norm_(...,
-    float("inf"))``): the call is the read
-    (``fixtures/crossfile/gradient_stats_helper_before_unscale__languini``; unscaled on
+    float("inf"))``), or handed its parameters (``collect_host_gradients_async(model.get_host_parameters())``,
+    also from a helper of the loop's module): the call is the read
+    (``fixtures/crossfile/gradient_stats_helper_before_unscale__languini``,
+    ``fixtures/crossfile/gradient_telemetry_of_handed_parameters_before_unscale__esper-lite``; unscaled on
     every path first: ``fixtures/crossfile/gradient_stats_helper_before_unscale__languini_correct``).
 
     **Fix.** Call ``scaler.unscale_(optimizer)`` on every path, before the

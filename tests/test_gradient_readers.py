@@ -31,6 +31,11 @@ def _function(source: str) -> ast.FunctionDef:
     def grad_norm(model):
         return torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm()
     """,
+    """
+    def collect_host_gradients_async(host_parameters, device):
+        host_grads = [p.grad for p in host_parameters if p.grad is not None]
+        return torch.stack(torch._foreach_norm(host_grads, ord=2)).pow(2).sum()
+    """,
 ])
 def test_a_function_reading_the_handed_model_s_gradient_values_is_a_reader(source):
     assert reads_handed_gradients(_function(source))
@@ -59,6 +64,10 @@ def test_a_function_reading_the_handed_model_s_gradient_values_is_a_reader(sourc
     """
     def log_norms(params):
         return [p.grad.norm() for p in self.model.parameters()]
+    """,
+    """
+    def any_missing(parameters):
+        return any(p.grad is None for p in parameters)
     """,
 ])
 def test_finiteness_checks_clips_writers_unscalers_and_unhanded_models_are_no_readers(source):
