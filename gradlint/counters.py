@@ -243,13 +243,33 @@ def _kept_on_self(model: LoopModel, loop: cst.CSTNode, name: str) -> bool:
     scope = function_holding(model, loop)
     if scope is None:
         return False
-    for node in model.file.every_node(model.module):
-        if type(node) not in (cst.Assign, cst.AugAssign, cst.AnnAssign) or not _binds(node, name):
-            continue
+    for node in _attribute_bindings(model).get(name, ()):
         function = function_holding(model, node)
         if function is not scope and (function is None or function.name.value != "__init__"):
             return False
     return True
+
+
+def _attribute_bindings(model: LoopModel) -> dict[str, list[cst.CSTNode]]:
+    """Every assignment of the module that binds an attribute (``self.step = 0``, ``self.step += 1``), by the
+    attribute's dotted name: read once per file, for the questions asked of each counter kept on ``self``."""
+
+    def read() -> dict[str, list[cst.CSTNode]]:
+        table: dict[str, list[cst.CSTNode]] = {}
+        for node in model.file.every_node(model.module):
+            kind = type(node)
+            if kind is cst.Assign:
+                targets = [t.target for t in node.targets]
+            elif kind is cst.AugAssign or kind is cst.AnnAssign:
+                targets = [node.target]
+            else:
+                continue
+            names = {dotted_name(t) for target in targets for t in walk(target) if type(t) is cst.Attribute} - {None}
+            for name in names:
+                table.setdefault(name, []).append(node)
+        return table
+
+    return model.file.once(_attribute_bindings, read)
 
 
 def _literal_set_before(model: LoopModel, loop: cst.CSTNode, scope: cst.CSTNode, name: str) -> cst.Assign | None:

@@ -97,9 +97,13 @@ def parameter_owners(model: "LoopModel", optimizer: str) -> frozenset[str]:
     """The networks whose parameters ``optimizer`` was visibly built over (dotted paths without ``self.``)."""
     if model.index is None:
         return frozenset()
-    found: set[str] = set()
-    _owners_of_name(model, optimizer, found, set(), 0)
-    return frozenset(found)
+
+    def read() -> frozenset[str]:
+        found: set[str] = set()
+        _owners_of_name(model, optimizer, found, set(), 0)
+        return frozenset(found)
+
+    return model.file.once((parameter_owners, optimizer), read)  # asked again for every step of the optimizer
 
 
 def owners_of_construction(model: "LoopModel", call: cst.Call) -> frozenset[str]:

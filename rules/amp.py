@@ -828,16 +828,26 @@ def _never_updated_in_module(model: LoopModel, step: Event) -> bool:
     function = function_holding(model, step.node)
     if scaler is None or not scaler.startswith("self.") or function is None:
         return False
-    wanted = last_name(scaler)
-    for node in model.file.every_node(model.module):
-        if type(node) is cst.Call:
+    return last_name(scaler) not in _names_updated_or_handed_on(model)
+
+
+def _names_updated_or_handed_on(model: LoopModel) -> frozenset[str]:
+    """The last names of the objects the module calls a method of other than to scale, unscale and step
+    (``update()``, or any other use that may stand for it), or hands to a call (the callee may update them): read
+    once per file."""
+
+    def read() -> frozenset[str]:
+        found: set[str] = set()
+        for node in model.file.every_node(model.module):
+            if type(node) is not cst.Call:
+                continue
             func = node.func
-            if type(func) is cst.Attribute and last_name(dotted_name(func.value) or "") == wanted:
-                if func.attr.value not in ("scale", "unscale_", "step", "get_scale", "is_enabled"):
-                    return False  # ``update()``, or any other use that may stand for it
-            if any(last_name(dotted_name(a.value) or "") == wanted for a in node.args):
-                return False  # handed on: the callee may update it
-    return True
+            if type(func) is cst.Attribute and func.attr.value not in ("scale", "unscale_", "step", "get_scale", "is_enabled"):
+                found.add(last_name(dotted_name(func.value) or ""))
+            found.update(last_name(dotted_name(a.value) or "") for a in node.args)
+        return frozenset(found)
+
+    return model.file.once(_names_updated_or_handed_on, read)
 
 
 def _handed_in_to_the_loops_function(model: LoopModel, step: Event, loop: Frame) -> bool:

@@ -112,7 +112,8 @@ def _block_may_make_gradients(model: LoopModel, site: Site, block: cst.With) -> 
     flowing = {dotted_name(t.target) for n in nodes if type(n) is cst.Assign for t in n.targets} - {None}
     if not flowing:
         return True  # nothing bound that can be followed
-    scope = list(walk(site.function)) if site.function is not None else list(walk(model.module))
+    holder = site.function if site.function is not None else model.module
+    scope = model.file.once((_block_may_make_gradients, id(holder)), lambda: list(walk(holder)))
     for _ in range(3):  # ``pred`` -> ``loss = crit(pred, y)`` -> ``loss = loss / k``
         for node in scope:
             if type(node) is cst.Assign and mentions(node.value, flowing):

@@ -227,9 +227,8 @@ def _asserted_multiple(model: LoopModel, passes: cst.CSTNode, count: cst.BaseExp
     if wanted is None:
         return False
     scope = function_holding(model, passes) or model.module
-    for node in model.file.walk(scope):
-        if type(node) is not cst.Assert:
-            continue
+    asserts = model.file.once((_asserted_multiple, id(scope)), lambda: [n for n in model.file.walk(scope) if type(n) is cst.Assert])
+    for node in asserts:
         test = node.test
         if (
             type(test) is cst.Comparison and len(test.comparisons) == 1 and type(test.comparisons[0].operator) is cst.Equal
