@@ -479,7 +479,9 @@ class ModuleIndex:
         if type(call) is not cst.Call:
             return None
         name = callee_name(call)
-        returned = frameworks.RETURNS_BY_POSITION.get(name) if name is not None else None
+        # by what the import says the callee is: ``amp.initialize`` of apex is no ``deepspeed.initialize``
+        qualified = self.qualified_names(call.func) or {dotted_name(call.func)}
+        returned = next((frameworks.RETURNS_BY_POSITION[q] for q in qualified if q in frameworks.RETURNS_BY_POSITION), None)
         if returned is not None:
             kind = returned.get(value.position)
             return ObjInfo(kind) if kind is not None else None

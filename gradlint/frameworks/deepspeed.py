@@ -78,7 +78,7 @@ def _opted_out(call: cst.Call) -> bool:
 FRAMEWORK = Framework(
     name="DeepSpeed",
     optimizer_modules=("deepspeed.ops.adam.", "deepspeed.ops.lamb."),
-    returns_by_position={"initialize": {0: ObjKind.ENGINE, 1: ObjKind.OPTIMIZER, 3: ObjKind.SCHEDULER}},
+    returns_by_position={"deepspeed.initialize": {0: ObjKind.ENGINE, 1: ObjKind.OPTIMIZER, 3: ObjKind.SCHEDULER}},
     backwards=(
         Backward(
             "deepspeed", owners=frozenset({"engine", "model_engine"}), owner_kinds=frozenset({ObjKind.ENGINE}),

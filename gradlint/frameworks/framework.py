@@ -404,6 +404,7 @@ class Framework:
     named: dict[str, ObjKind] = dataclasses.field(default_factory=dict)  # an object's last name that says its kind
     returns_given: frozenset[str] = frozenset()  # calls returning what they are handed, element by element
     returns_given_alone: frozenset[str] = frozenset()  # calls that, handed one object, return it
+    # calls by qualified name whose returned tuple holds, at a position, an object of a kind (``deepspeed.initialize``)
     returns_by_position: dict[str, dict[int, ObjKind]] = dataclasses.field(default_factory=dict)
     # -- backward, sync, accumulation
     backwards: tuple[Backward, ...] = ()

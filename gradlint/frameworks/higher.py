@@ -22,5 +22,5 @@ from gradlint.kinds import ObjKind
 FRAMEWORK = Framework(
     name="higher",
     builds={"higher.optim.get_diff_optim": ObjKind.OTHER, "higher.get_diff_optim": ObjKind.OTHER},
-    returns_by_position={"innerloop_ctx": {1: ObjKind.OTHER}},
+    returns_by_position={"higher.innerloop_ctx": {1: ObjKind.OTHER}},
 )
