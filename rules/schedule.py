@@ -308,6 +308,10 @@ class SchedulerNeverStepped(Rule):
     never runs and counts for nothing, nor does a rate ``configure_optimizers``
     sets once before returning
     (``fixtures/realworld/gl308_warmup_in_optimizer_step_hook_under_manual__naifu.py``).
+    Manual optimization switched on only under a test (``if optim_fn is None:
+    self.automatic_optimization = False``) is a setting whose other side
+    leaves the schedulers to Lightning: quiet
+    (``fixtures/realworld/ok_gl308_manual_only_without_optimizer__cellarium-ml.py``).
     The schedulers are read from a tuple or a list of two lists
     (``return [[optimizer], [scheduler]]``), a dict or list of dicts with an
     ``"lr_scheduler"`` key, or names bound to them.

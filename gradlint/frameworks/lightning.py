@@ -147,6 +147,32 @@ def _manual_optimization(cls: cst.ClassDef) -> bool:
     return False
 
 
+def _always_manual_optimization(cls: cst.ClassDef) -> bool:
+    """Whether a LightningModule turns automatic optimization off on every path: :func:`_manual_optimization`, less
+    an ``automatic_optimization = False`` written under an ``if`` (a setting: ``if optim_fn is None:``, where the other
+    path leaves Lightning stepping the schedulers). A ``manual_backward`` call still says so wherever it is."""
+    if not _manual_optimization(cls):
+        return False
+    methods = class_methods(cls)
+    if any(f.name.value == "automatic_optimization" for f in methods):
+        return True
+    own_manual_backward = any(f.name.value == "manual_backward" for f in methods)
+    for function in methods:
+        for node in walk(function):
+            if type(node) is cst.Call and _manual_backward_of_self(node) and not own_manual_backward:
+                return True
+        pending: list[cst.CSTNode] = [function.body]
+        while pending:
+            node = pending.pop()
+            if type(node) is cst.If:
+                continue
+            if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
+                if bool_literal(node.value) is not True:
+                    return True
+            pending.extend(node.children)
+    return False
+
+
 def _manual_backward_of_self(call: cst.Call) -> bool:
     """``self.manual_backward(loss)``."""
     return type(call.func) is cst.Attribute and call.func.attr.value == "manual_backward" and dotted_name(call.func.value) == "self"
@@ -221,7 +247,7 @@ FRAMEWORK = Framework(
     hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
     schedulers_left=(
         SchedulersLeftToModule(
-            "lightning_module", "configure_optimizers", manual=_manual_optimization, fetch="lr_schedulers",
+            "lightning_module", "configure_optimizers", manual=_always_manual_optimization, fetch="lr_schedulers",
             tokens=("automatic_optimization", "configure_optimizers"),
             words="under manual optimization (`self.automatic_optimization = False`) Lightning steps none of them",
             step_hook="training_step",
