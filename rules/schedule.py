@@ -309,9 +309,12 @@ class SchedulerNeverStepped(Rule):
     sets once before returning
     (``fixtures/realworld/gl308_warmup_in_optimizer_step_hook_under_manual__naifu.py``).
     Manual optimization switched on only under a test (``if optim_fn is None:
-    self.automatic_optimization = False``) is a setting whose other side
-    leaves the schedulers to Lightning: quiet
-    (``fixtures/realworld/ok_gl308_manual_only_without_optimizer__cellarium-ml.py``).
+    self.automatic_optimization = False``) while ``configure_optimizers``
+    returns early under the same test (``if optim_fn is None: return None``):
+    the schedulers are returned only where Lightning steps them
+    (``fixtures/realworld/ok_gl308_manual_only_without_optimizer__cellarium-ml.py``;
+    under another test, such as the Lightning version, the schedulers are left
+    unstepped on the manual side: ``fixtures/realworld/gl308_manual_under_version_test__SRGAN.py``).
     The schedulers are read from a tuple or a list of two lists
     (``return [[optimizer], [scheduler]]``), a dict or list of dicts with an
     ``"lr_scheduler"`` key, or names bound to them.
@@ -365,6 +368,8 @@ class SchedulerNeverStepped(Rule):
                 if (not schedulers or _steps_a_scheduler(model, running, schedulers, left.fetch)
                         or _sets_lr_by_hand([m for m in running if m is not hook])):
                     continue
+                if left.manual_under is not None and _returns_early_under(hook, left.manual_under(cls)):
+                    continue  # ``if optim_fn is None: return None``: no scheduler where manual optimization is on
                 statement = next(r for r in returned if _returned_schedulers(r.value, hook))
                 last_step = _last_optimizer_step(methods, left.step_hook)
                 where = (f"after this step of `{dotted_name(last_step.func.value)}` or at each epoch's end"
@@ -453,6 +458,19 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
             if type(element) is cst.DictElement and type(element.key) is cst.SimpleString and element.key.evaluated_value == "lr_scheduler":
                 found.append(element.value)
     return found
+
+
+def _returns_early_under(hook: cst.FunctionDef, tests: frozenset[str]) -> bool:
+    """Whether the hook returns under one of ``tests`` (the ones that switch manual optimization on), in an ``if``
+    among its own statements: the schedulers it returns later are returned only where the framework steps them."""
+    if not tests:
+        return False
+    module = cst.Module(body=[])
+    for statement in hook.body.body:
+        if type(statement) is cst.If and module.code_for_node(statement.test) in tests:
+            if any(type(n) is cst.Return for n in walk(statement.body)):
+                return True
+    return False
 
 
 def _two_lists(value: cst.BaseExpression) -> bool:

@@ -325,6 +325,8 @@ class SchedulersLeftToModule:
     step_hook: str = ""  # the method run once per batch where the module steps its optimizers (``training_step``)
     # the module's hooks the framework calls only when it does the gradient work itself: what they do never runs
     uncalled_hooks: tuple[str, ...] = ()
+    # the tests under which the class takes the gradient work in hand, when it does so only under tests
+    manual_under: Callable[[cst.ClassDef], frozenset[str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

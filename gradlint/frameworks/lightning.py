@@ -147,30 +147,31 @@ def _manual_optimization(cls: cst.ClassDef) -> bool:
     return False
 
 
-def _always_manual_optimization(cls: cst.ClassDef) -> bool:
-    """Whether a LightningModule turns automatic optimization off on every path: :func:`_manual_optimization`, less
-    an ``automatic_optimization = False`` written under an ``if`` (a setting: ``if optim_fn is None:``, where the other
-    path leaves Lightning stepping the schedulers). A ``manual_backward`` call still says so wherever it is."""
-    if not _manual_optimization(cls):
-        return False
+def _tests_switching_to_manual(cls: cst.ClassDef) -> frozenset[str]:
+    """The tests (as written) of the ``if`` statements that hold every ``self.automatic_optimization = False`` of a
+    LightningModule, when each such assignment sits under one (``if optim_fn is None:``: manual optimization is a
+    setting); empty when one is unconditional, or the class says manual otherwise (the property overridden)."""
     methods = class_methods(cls)
     if any(f.name.value == "automatic_optimization" for f in methods):
-        return True
-    own_manual_backward = any(f.name.value == "manual_backward" for f in methods)
+        return frozenset()
+    module = cst.Module(body=[])
+    tests: set[str] = set()
     for function in methods:
-        for node in walk(function):
-            if type(node) is cst.Call and _manual_backward_of_self(node) and not own_manual_backward:
-                return True
-        pending: list[cst.CSTNode] = [function.body]
+        pending: list[tuple[cst.CSTNode, str | None]] = [(function.body, None)]
         while pending:
-            node = pending.pop()
+            node, test = pending.pop()
             if type(node) is cst.If:
+                pending.append((node.body, module.code_for_node(node.test)))
+                if node.orelse is not None:
+                    pending.append((node.orelse, None))  # an else (or elif) branch: not the test itself
                 continue
             if type(node) is cst.Assign and any(dotted_name(t.target) == "self.automatic_optimization" for t in node.targets):
                 if bool_literal(node.value) is not True:
-                    return True
-            pending.extend(node.children)
-    return False
+                    if test is None:
+                        return frozenset()
+                    tests.add(test)
+            pending.extend((child, test) for child in node.children)
+    return frozenset(tests)
 
 
 def _manual_backward_of_self(call: cst.Call) -> bool:
@@ -247,7 +248,8 @@ FRAMEWORK = Framework(
     hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
     schedulers_left=(
         SchedulersLeftToModule(
-            "lightning_module", "configure_optimizers", manual=_always_manual_optimization, fetch="lr_schedulers",
+            "lightning_module", "configure_optimizers", manual=_manual_optimization, fetch="lr_schedulers",
+            manual_under=_tests_switching_to_manual,
             tokens=("automatic_optimization", "configure_optimizers"),
             words="under manual optimization (`self.automatic_optimization = False`) Lightning steps none of them",
             step_hook="training_step",
