@@ -645,7 +645,11 @@ class UnregisteredParameters(Rule):
     them (a dummy input that makes the checkpointed output ask for
     gradients: ``fixtures/realworld/ok_gl018_checkpoint_dummy_input__GLIP.py``); ``.float()`` is called on a parameter of a float32 tensor
     (``torch.ones(n)`` given no ``dtype``: it hands back the parameter
-    itself) (``fixtures/parameters/ok_gl018_registered_layers.py``,
+    itself); a moved parameter the module's optimizer is built over by its
+    attribute (``Adam([{"params": self.deform}])``: the optimizer holds what the
+    name holds, and a copy would be refused loudly:
+    ``fixtures/realworld/ok_gl018_moved_parameter_handed_to_optimizer__LGM.py``)
+    (``fixtures/parameters/ok_gl018_registered_layers.py``,
     ``fixtures/realworld/ok_gl018_float_of_float32_parameter__Time-Series-Library.py``,
     ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``,
     ``fixtures/realworld/ok_gl018_moved_parameter_never_read__SSLRec.py``).
@@ -766,6 +770,18 @@ def _layers_made_per_call(model: LoopModel, class_name: str, methods: dict[str, 
             )
 
 
+def _handed_to_an_optimizer(model: LoopModel, target: str) -> bool:
+    """Whether an optimizer of the module is built over the attribute itself (``Adam([{"params": self.deform}])``):
+    it holds what the name holds, registered or not (a copy that ``.to`` made is a non-leaf tensor, which the
+    optimizer refuses loudly), so nothing goes untrained in silence."""
+    from gradlint.rules.parameter_groups import _optimizer_constructions
+
+    return any(
+        type(node) is cst.Attribute and dotted_name(node) == target
+        for call in _optimizer_constructions(model) for node in model.file.walk(call)
+    )
+
+
 def _built_without_weights(built: cst.Call) -> bool:
     """``nn.LayerNorm(d, elementwise_affine=False)``, ``nn.BatchNorm2d(c, affine=False)``: a layer without parameters."""
     return any(
@@ -831,7 +847,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                     fresh.setdefault(target, (value, layer))
                     continue
                 moved = _moved_parameter(model, value)
-                if moved is not None and _read_anywhere(model, target):
+                if moved is not None and _read_anywhere(model, target) and not _handed_to_an_optimizer(model, target):
                     yield Report(
                         value,
                         f"`{target}` is assigned `nn.Parameter(...).{moved}(...)`: `.{moved}` returns a plain tensor copy "
