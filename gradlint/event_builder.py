@@ -327,6 +327,9 @@ class EventBuilder:
             return True, None
         # ``config["is_warmup"]``: the key names the setting read, not whatever else the container holds
         containers = {id(n.value) for n in self._walk(test) if type(n) is cst.Subscript and _string_key(n) is not None}
+        # ``accelerator.state.deepspeed_plugin``: the object an attribute is read from is no flag to follow back (its
+        # construction, ``Accelerator(gradient_accumulation_steps=...)``, says nothing about this test)
+        receivers = {id(n.value) for n in self._walk(test) if type(n) is cst.Attribute}
         for node in self._walk(test):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) and id(node) not in containers else None
             if name is None:
@@ -335,7 +338,7 @@ class EventBuilder:
                 if type(node) is cst.Name and self._set_before_its_loop(name, test, function):
                     continue  # ``should_step = has_signal`` before the loop: the same on every micro-batch
                 return True, None
-            if depth < 2 and type(node) is cst.Name:
+            if depth < 2 and type(node) is cst.Name and id(node) not in receivers:
                 for value in self._assigned(name, function):
                     if not isinstance(value, Unpacked):
                         found, count = self._guard(value, function, depth + 1)
