@@ -190,6 +190,9 @@ class EventBuilder:
     def _if(self, statement: cst.If, scope: _Scope, out: list[Event], top: bool = True) -> None:
         start = len(out)
         self._expression(statement.test, scope, out)
+        if self._always_passes(statement.test, scope.function):
+            self._block(_body(statement.body), scope, out)  # ``if step % 1 == 0:`` is no branch: its body always runs
+            return
         accumulation, count = self._guard(statement.test, scope.function)
         accumulation = accumulation or _counter_reaches_threshold(statement)
         if accumulation and self._counts_outer_iterations(statement.test, scope):
@@ -429,10 +432,31 @@ class EventBuilder:
             return False
         return not any(lies_under(parents, v, loop) for v in values)
 
+    def _always_passes(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
+        """``(step + 1) % n == 0`` with ``n`` always 1 where the function runs (``_fixed_at_one``), alone or as a
+        term of an ``or``: the test passes on every batch."""
+        if type(test) is cst.BooleanOperation and type(test.operator) is cst.Or:
+            return any(self._always_passes(term, function) for term in boolean_terms(test, cst.Or))
+        if type(test) is not cst.Comparison or len(test.comparisons) != 1 or type(test.comparisons[0].operator) is not cst.Equal:
+            return False
+        left, right = test.left, test.comparisons[0].comparator
+        remainder = left if number(right) == 0 else right if number(left) == 0 else None
+        return (
+            type(remainder) is cst.BinaryOperation and type(remainder.operator) is cst.Modulo
+            and self._fixed_at_one(remainder.right, function)
+        )
+
     def _fixed_at_one(self, count: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
-        """Whether a count is a local name of the function that is only ever the literal 1 (``loss_interval = 1``
-        written in the function, no parameter, setting or later change): a remainder by it is always 0."""
-        if function is None or type(count) is not cst.Name:
+        """Whether a count is always 1 where the function runs: a setting a framework holds at 1 there
+        (``frameworks.counts_at_one``), or a local name of the function that is only ever the literal 1 or such a
+        setting (``loss_interval = 1`` written in the function, no parameter, other setting or later change): a
+        remainder by it is always 0."""
+        if function is None:
+            return False
+        held = frameworks.counts_at_one(self.index).get(function, frozenset())
+        if held and dotted_name(count) in held:
+            return True
+        if type(count) is not cst.Name:
             return False
         params = function.params
         if any(p.name.value == count.value for p in (*params.posonly_params, *params.params, *params.kwonly_params)):
@@ -442,7 +466,7 @@ class EventBuilder:
             return False
         if any(dotted_name(a.target) == count.value for a in self.index.augmented.get(function, [])):
             return False
-        return all(type(v) is cst.Integer and v.value == "1" for v in values)
+        return all((type(v) is cst.Integer and v.value == "1") or (held and dotted_name(v) in held) for v in values)
 
     def _assigned(self, name: str, function: cst.FunctionDef | None) -> list[cst.BaseExpression]:
         values = list(self.index.assignments.get(function, {}).get(name, []))

@@ -1345,6 +1345,14 @@ class ZeroGradInAccumulation(Rule):
       that is set only before the loop: the same on every micro-batch, it
       picks none of them
       (``fixtures/realworld/ok_gl003_step_flag_set_before_loop__DreamerVLA.py``);
+    - the guard divides by a count that is always 1 where it runs, so it
+      passes on every batch: a local set only to ``1``, or a framework
+      setting held at 1 there (Lightning refuses ``accumulate_grad_batches``
+      above 1 under manual optimization, so a manual module's
+      ``self.trainer.accumulate_grad_batches`` is 1:
+      ``fixtures/realworld/ok_gl003_accumulate_grad_batches_of_manual_module__naifu.py``;
+      a count of the module's own configuration:
+      ``fixtures/realworld/gl003_own_accumulation_count_of_manual_module__naifu.py``);
     - the loop over parameters that clears each gradient first copies it
       elsewhere (``self.optimizer.state[p]["previous_grad"] =
       p.grad.clone()``, ``grads.append(p.grad.clone())``): the accumulated

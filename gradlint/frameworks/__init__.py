@@ -301,6 +301,23 @@ def per_batch_functions(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
     return found
 
 
+def counts_at_one(index: ModuleIndex) -> dict[cst.FunctionDef, frozenset[str]]:
+    """The settings (dotted names) some framework holds at 1 while each function runs; functions with none are left out.
+
+    Computed once per file.
+    """
+
+    def compute() -> dict[cst.FunctionDef, frozenset[str]]:
+        found: dict[cst.FunctionDef, frozenset[str]] = {}
+        for framework in FRAMEWORKS:
+            if framework.counts_at_one is not None:
+                for function, names in framework.counts_at_one(index).items():
+                    found[function] = found.get(function, frozenset()) | names
+        return found
+
+    return index.file.once(counts_at_one, compute)
+
+
 # -- gradient release
 
 RELEASE_CALLS: dict[str, ReleaseCall] = {name: call for call in reversed(_joined("release_calls")) for name in call.names}

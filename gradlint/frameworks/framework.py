@@ -441,6 +441,10 @@ class Framework:
     loss_scalers: frozenset[str] = frozenset()  # calls that multiply the loss they are handed by a loss scale
     # ``index -> {function: why}``: functions the framework calls once per batch, leaving them the gradient work
     per_batch: Callable[[ModuleIndex], dict[cst.FunctionDef, str]] | None = None
+    # ``index -> {function: names}``: settings the framework holds at 1 while a function runs, by their dotted names
+    # (Lightning refuses ``accumulate_grad_batches`` above 1 under manual optimization, so a manual module's
+    # ``self.trainer.accumulate_grad_batches`` is 1): a remainder by one is always 0
+    counts_at_one: Callable[[ModuleIndex], dict[cst.FunctionDef, frozenset[str]]] | None = None
     # Attributes of the framework's objects that are true on the last batch of an epoch only (``trainer.is_last_batch``):
     # a branch that needs one runs once per pass over the data (GL301)
     epoch_end_flags: frozenset[str] = frozenset()

@@ -179,35 +179,62 @@ def _manual_backward_of_self(call: cst.Call) -> bool:
     return type(call.func) is cst.Attribute and call.func.attr.value == "manual_backward" and dotted_name(call.func.value) == "self"
 
 
+def _manual_classes(index: ModuleIndex) -> frozenset[str]:
+    """The names of the classes of the module that turn automatic optimization off, or call ``self.manual_backward`` (which
+    raises under automatic optimization). Computed once per file."""
+
+    def compute() -> frozenset[str]:
+        manual = set()
+        for function in index.functions:
+            owner = index.class_of.get(function)
+            if owner is None:
+                continue
+            values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
+            if any(bool_literal(v) is False for v in values):
+                manual.add(owner)
+            elif index.method_of(owner, "manual_backward") is None and any(
+                type(n) is cst.Call and _manual_backward_of_self(n) for n in index.file.walk(function.body)
+            ):
+                # it raises under automatic optimization: the class runs under manual (unless the class overrides
+                # ``manual_backward``, dropping that check, to backpropagate by hand under automatic optimization)
+                manual.add(owner)
+        return frozenset(manual)
+
+    return index.file.once(_manual_classes, compute)
+
+
 def _manual_training_steps(index: ModuleIndex) -> dict[cst.FunctionDef, str]:
-    """The ``training_step`` of each class that turns automatic optimization off, or calls ``self.manual_backward``
-    (which raises under automatic optimization).
+    """The ``training_step`` of each class that runs under manual optimization (``_manual_classes``).
 
     Lightning calls ``training_step`` once per batch; under manual
     optimization it leaves backward, step and clearing to that method (its
     manual loop calls no ``zero_grad``, and ``manual_backward`` divides by
     nothing: ``accumulate_grad_batches`` other than 1 is refused).
     """
-    manual_classes = set()
-    for function in index.functions:
-        owner = index.class_of.get(function)
-        if owner is None:
-            continue
-        values = index.assignments.get(function, {}).get("self.automatic_optimization", [])
-        if any(bool_literal(v) is False for v in values):
-            manual_classes.add(owner)
-        elif index.method_of(owner, "manual_backward") is None and any(
-            type(n) is cst.Call and _manual_backward_of_self(n) for n in index.file.walk(function.body)
-        ):
-            # it raises under automatic optimization: the class runs under manual (unless the class overrides
-            # ``manual_backward``, dropping that check, to backpropagate by hand under automatic optimization)
-            manual_classes.add(owner)
     steps = {}
-    for owner in manual_classes:
+    for owner in _manual_classes(index):
         step = index.class_methods.get(owner, {}).get("training_step")
         if step is not None:
             steps[step] = "Lightning calls `training_step` once per batch and, under manual optimization, leaves the gradient work to it"
     return steps
+
+
+def _accumulation_count_of_manual_modules(index: ModuleIndex) -> dict[cst.FunctionDef, frozenset[str]]:
+    """``self.trainer.accumulate_grad_batches`` in every method of a class under manual optimization: it is 1.
+
+    Lightning's configuration validator refuses ``accumulate_grad_batches``
+    other than 1 when ``automatic_optimization`` is off
+    (``trainer/configuration_validator.py``: "Automatic gradient accumulation
+    is not supported for manual optimization"), so a guard
+    ``(step + 1) % self.trainer.accumulate_grad_batches == 0`` in such a
+    module passes on every batch.
+    """
+    held = frozenset({"self.trainer.accumulate_grad_batches"})
+    return {
+        method: held
+        for owner in _manual_classes(index)
+        for method in index.class_methods.get(owner, {}).values()
+    }
 
 
 FRAMEWORK = Framework(
@@ -238,6 +265,7 @@ FRAMEWORK = Framework(
     ),
     clip_methods=frozenset({"clip_gradients"}),
     per_batch=_manual_training_steps,
+    counts_at_one=_accumulation_count_of_manual_modules,
     epoch_end_flags=frozenset({"is_last_batch"}),
     # ``training_step(self, batch, batch_idx)``: the fit loop hands the batch's index within the epoch, from 0 each
     # epoch (the epoch loop's ``on_run_start`` enumerates the epoch's data afresh: ``enumerate(iter(...))``)
