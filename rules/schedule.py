@@ -75,7 +75,13 @@ class SchedulerStepsPerMicroBatch(Rule):
       count in it (``lr_decay_steps = epoch_len * max_epochs``, also with
       the epochs read by key, ``len(loader) * config.get("num_epochs")``;
       ``fixtures/realworld/gl006_clip_in_step_method__EveryDream2trainer.py``,
-      ``fixtures/realworld/gl004_loss_divided_by_accumulator_object__student_aware_distillation.py``):
+      ``fixtures/realworld/gl004_loss_divided_by_accumulator_object__student_aware_distillation.py``),
+      or the samples of an epoch over the batch size of one iteration times
+      the epochs (``cfg.num_image // cfg.total_batch_size * cfg.num_epoch``
+      with ``total_batch_size = batch_size * world_size``:
+      ``fixtures/realworld/ok_gl301_schedule_sized_in_micro_batches_from_image_count__GeneFace.py``;
+      a batch size that holds the accumulation count sizes it in optimizer
+      steps: ``fixtures/realworld/gl301_schedule_sized_in_steps_stepped_per_micro_batch__GeneFace.py``):
       stepped once per micro-batch, such a schedule runs at the pace it was
       planned for.
 
@@ -159,36 +165,65 @@ class SchedulerStepsPerMicroBatch(Rule):
                         )
 
 
-_LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps$")
+_LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps?$")
 _EPOCH_LENGTH = ("epoch_len", "batches_per_epoch", "num_batches")
+# A name that says it holds (or is made from) the accumulation count: ``gradient_accumulation_steps``, ``grad_acc``
+_ACCUMULATION_NAME = re.compile(r"accum|(^|_)acc(_|$)|grad(ient)?_?acc", re.IGNORECASE)
 
 
 def _horizon_in_micro_batches(model: LoopModel) -> bool:
     """Whether the module sets a schedule length as the batches of an epoch times the epochs, without the
-    accumulation count: ``args.lr_decay_steps = int(self.epoch_len * args.max_epochs * 1.5)``."""
+    accumulation count: ``args.lr_decay_steps = int(self.epoch_len * args.max_epochs * 1.5)``,
+    ``cfg.total_step = cfg.num_image // cfg.total_batch_size * cfg.num_epoch``."""
     if model.index is None:
         return False
-    for table in model.index.assignments.values():
+    tables = model.index.assignments.values()
+    for table in tables:
         for name, values in table.items():
             if not _LENGTH_NAME.search(name.rsplit(".", 1)[-1].lower()):
                 continue
             for value in values:
-                if isinstance(value, cst.BaseExpression) and _batches_times_epochs(value):
+                if isinstance(value, cst.BaseExpression) and _batches_times_epochs(value, tables):
                     return True
     return False
 
 
-def _batches_times_epochs(value: cst.BaseExpression) -> bool:
+def _batches_times_epochs(value: cst.BaseExpression, tables) -> bool:
     names = [dotted_name(n) or "" for n in walk(value) if type(n) in (cst.Name, cst.Attribute)]
     # a setting read by its key counts as its name: ``self.config.get('num_epochs', 3)``
     keys = [n.evaluated_value for n in walk(value) if type(n) is cst.SimpleString and isinstance(n.evaluated_value, str)]
     last = [n.rsplit(".", 1)[-1].lower() for n in names] + [k.lower() for k in keys]
-    if any("accum" in n for n in last):
+    if any(_ACCUMULATION_NAME.search(n) for n in last):
         return False
-    batches = any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value)) or any(
-        n in _EPOCH_LENGTH for n in last
+    batches = (
+        any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value))
+        or any(n in _EPOCH_LENGTH for n in last)
+        or _samples_over_batch_size(value, tables)
     )
     return batches and any("epoch" in n and n not in _EPOCH_LENGTH for n in last)
+
+
+def _samples_over_batch_size(value: cst.BaseExpression, tables) -> bool:
+    """``num_image // total_batch_size`` in the value: the batches of an epoch, when the batch size it divides by is
+    no batch of several micro-batches (no name of the divisor, nor any value the module assigns to one, names the
+    accumulation count: ``total_batch_size = batch_size * world_size``, not ``... * gradient_acc``)."""
+    for node in walk(value):
+        if type(node) is not cst.BinaryOperation or type(node.operator) not in (cst.FloorDivide, cst.Divide):
+            continue
+        divisor = [dotted_name(n) for n in walk(node.right) if type(n) in (cst.Name, cst.Attribute)]
+        divisor = [n for n in divisor if n]
+        if not any(n.rsplit(".", 1)[-1].lower() in ("batch_size", "total_batch_size", "batchsize") for n in divisor):
+            continue
+        made_of = [
+            v for table in tables for n in divisor for v in table.get(n, ()) if isinstance(v, cst.BaseExpression)
+        ]
+        if any(
+            _ACCUMULATION_NAME.search((dotted_name(m) or "").rsplit(".", 1)[-1])
+            for v in made_of for m in walk(v) if type(m) in (cst.Name, cst.Attribute)
+        ):
+            return False
+        return True
+    return False
 
 
 def _unprepared_in_accumulate(model: LoopModel, step: Event, scheds: list[Event]) -> Iterator[tuple[Event, AccumulateContext]]:
