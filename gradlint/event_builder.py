@@ -658,10 +658,15 @@ class EventBuilder:
                 emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=recv_name, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.OPTIMIZER:
+                target = _element_of_loop(recv, scope.frames) or recv_name
+                if _handed_a_rate(call):
+                    # ``emb_optimizer.step(lr)``: torch's ``step`` takes a closure alone; this optimizer is another
+                    # library's, and what its step does with the gradients is its own
+                    emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, has_args=True)
+                    return
                 closure = args[0].value if args else (keyword_arg(call, "closure").value if keyword_arg(call, "closure") else None)
                 if closure is not None:
                     self._inline_closure(closure, scope, out)
-                target = _element_of_loop(recv, scope.frames) or recv_name
                 emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, framework="closure" if closure is not None else None)
                 return
             if recv_kind is ObjKind.SCHEDULER:
@@ -1211,6 +1216,26 @@ def _resets(statement: cst.If, counter: str) -> bool:
 _ON_WHEN = {(1.0, cst.GreaterThan): True, (1.0, cst.NotEqual): True, (1.0, cst.Equal): False, (1.0, cst.LessThanEqual): False,
             (2.0, cst.GreaterThanEqual): True, (2.0, cst.LessThan): False}
 _MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThanEqual: cst.GreaterThanEqual}
+
+
+_RATE_NAME = re.compile(r"(^|_)(lr|learning_rate|rate)$", re.IGNORECASE)
+
+
+def _handed_a_rate(call: cst.Call) -> bool:
+    """``opt.step(lr)``, ``opt.step(lr=self.learning_rate)``, ``opt.step(0.01)``: a step handed a learning rate, where
+    torch's ``Optimizer.step`` takes only a closure (WholeGraph's sparse optimizers, Warp's)."""
+    for arg in call.args:
+        if arg.keyword is not None:
+            if _RATE_NAME.search(arg.keyword.value):
+                return True
+            continue
+        value = arg.value
+        if type(value) in (cst.Float, cst.Integer):
+            return True
+        name = dotted_name(value) if type(value) in (cst.Name, cst.Attribute) else None
+        if name is not None and _RATE_NAME.search(name.rsplit(".", 1)[-1]):
+            return True
+    return False
 
 
 def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:

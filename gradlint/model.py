@@ -93,7 +93,7 @@ class Event:
     normalised: bool = False  # BACKWARD: the loss was divided before backward
     framework: str | None = None  # who does the bookkeeping: "accelerate", "lightning", "closure", ...
     loss: cst.BaseExpression | None = None  # BACKWARD: the expression backpropagated
-    has_args: bool = False  # SCHED_STEP: stepped with an argument (a metric or an epoch)
+    has_args: bool = False  # SCHED_STEP: stepped with an argument (a metric or an epoch); STEP: handed a rate, no closure
     call_chain: tuple[cst.Call, ...] = ()  # the helper calls this event was inlined through
     upstream: bool = False  # BACKWARD: ``y.backward(dy)`` feeds a given gradient, there is no mean loss to divide
     divided_by: cst.BaseExpression | None = None  # BACKWARD in a helper that divides its loss by what the call hands it

@@ -23,6 +23,7 @@ from gradlint.queries import (
     closure_of,
     Accumulation,
     accumulation,
+    accumulation_side,
     accumulation_place,
     clears,
     clears_between_backward_and_step,
@@ -137,7 +138,12 @@ class MissingZeroGrad(Rule):
     average named ``ema_optimizer``) is no optimizer
     (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``),
     nor is higher's differentiable optimizer, whose ``step(loss)`` takes its
-    gradients itself (``fixtures/frameworks/ok_higher_inner_optimizer_takes_its_own_gradients.py``).
+    gradients itself (``fixtures/frameworks/ok_higher_inner_optimizer_takes_its_own_gradients.py``),
+    nor is an optimizer whose ``step`` is handed a learning rate
+    (``emb_optimizer.step(lr)``, ``optimizer.step(lr=...)``: torch's takes
+    only a closure; WholeGraph's sparse optimizers and Warp's apply and drop
+    the gradients they collected:
+    ``fixtures/realworld/ok_gl001_sparse_optimizer_stepped_with_rate__graphstorm.py``).
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
     logging wrapper) is read as that optimizer.
@@ -269,6 +275,8 @@ class MissingZeroGrad(Rule):
                     continue  # gradient release applies and frees each gradient during backward: nothing piles up
                 if _step_clears_itself(model, step.target):
                     continue  # the optimizer's own step() clears after stepping
+                if step.has_args:
+                    continue  # ``opt.step(lr)``: another library's optimizer, whose step may consume its gradients
                 if _none_where_stepped(model, step):
                     continue  # ``opt = None`` unless ``if args.deepspeed:`` builds it, stepped in that test's ``else``
                 if _replays_a_graph_captured_without_gradients(model, root, loop):
@@ -1330,7 +1338,10 @@ class ZeroGradInAccumulation(Rule):
       optimizer.zero_grad()`` flushes a last partial accumulation);
     - the clear runs only with accumulation off and the step only with it on,
       whether in two branches of one ``if`` on the setting or in two ``if``s
-      (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``);
+      (``if steps == 1: optimizer.zero_grad()`` ... ``if steps > 1: ...``),
+      or the clear runs only with accumulation off whatever guards the step
+      (``if accum_steps == 1: zero_grad()`` ... ``if not accumulate: step()``:
+      ``fixtures/realworld/ok_gl003_clear_only_without_accumulation__TMRVC.py``);
     - the backwards of the micro-batches that do not step are visibly another
       optimizer's (their loss reaches only the networks of an optimizer cleared
       before and stepped after them): an actor cleared, backpropagated and
@@ -1488,6 +1499,9 @@ class ZeroGradInAccumulation(Rule):
                         continue
                     if split_by_setting(zero, step):
                         continue  # ``if accum_steps > 1: ...step... else: zero_grad()...``: the modes never mix
+                    side = accumulation_side(zero, loop)
+                    if side is not None and not side[1]:
+                        continue  # ``if accum_steps == 1: zero_grad()``: it runs only where nothing accumulates
                     if leaves_before(zero, step):
                         continue  # a reset on the micro-batches that leave the loop early, not a clear on every one
                     if _clears_only_what_stepped(model, root, zero):
