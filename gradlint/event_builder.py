@@ -197,6 +197,8 @@ class EventBuilder:
         accumulation = accumulation or _counter_reaches_threshold(statement)
         if accumulation and self._counts_outer_iterations(statement.test, scope):
             accumulation, count = False, None  # ``if epoch % 2 == 0:`` inside the batch loop: the same on every batch of an epoch
+        if accumulation and self._counted_by_ended_loop(statement, scope.function):
+            accumulation, count = False, None  # ``if n % k != 0: opt.step()`` after the batch loop: once per pass, a flush
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
         side = _setting_test(statement.test) if fixed else None
         body_frame = Frame(
@@ -289,6 +291,51 @@ class EventBuilder:
             if any(_assigns(node, names) for node in self._walk(innermost)):
                 return False
         return True
+
+    def _counted_by_ended_loop(self, statement: cst.If, function: cst.FunctionDef | None) -> bool:
+        """Whether every remainder the ``if`` tests is of a counter that only a loop not holding the ``if`` moves on
+        (its ``for`` target, or ``n += 1`` in its body): after the batch loop has ended, ``if n % k != 0:`` runs once
+        per pass and steps the pass's last, short window. It picks no micro-batch of the loop around it."""
+        remainders = [n for n in self._walk(statement.test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
+        if not remainders:
+            return False
+        counters: set[str] = set()
+        for remainder in remainders:
+            names = [dotted_name(n) for n in self._walk(remainder.left) if type(n) in (cst.Name, cst.Attribute)]
+            if len(names) != 1 or names[0] is None:
+                return False
+            counters.add(names[0])
+        parents = self.index.file.parent_map()
+        holding: set[int] = set()
+        node = parents.get(statement)
+        while node is not None:
+            holding.add(id(node))
+            node = parents.get(node)
+        inner: set[str] = set()
+        outer: set[str] = set()
+
+        def note(target: cst.CSTNode, inside: bool) -> None:
+            bound = dotted_name(target) if type(target) in (cst.Name, cst.Attribute) else None
+            names = {bound} if bound else {dotted_name(n) for n in self._walk(target) if type(n) is cst.Name}
+            for name in names & counters:
+                (inner if inside else outer).add(name)
+
+        pending: list[tuple[cst.CSTNode, bool]] = [(function if function is not None else self.index.module, False)]
+        while pending:
+            node, inside = pending.pop()
+            kind = type(node)
+            if kind in (cst.For, cst.While) and id(node) not in holding and node is not statement:
+                if kind is cst.For:
+                    note(node.target, True)
+                inside = True
+            elif kind is cst.AugAssign:
+                note(node.target, inside)
+            elif kind is cst.For:
+                note(node.target, inside)
+            elif kind in (cst.FunctionDef, cst.ClassDef) and node is not function:
+                continue
+            pending.extend((child, inside) for child in self.index.file.children(node))
+        return counters <= inner and not (counters & outer)
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
         """``if not boundary: continue`` puts the rest of the block under an accumulation guard; so does a branch that

@@ -3182,7 +3182,10 @@ class InvertedAccumulationGuard(Rule):
     - the counter is the index of a batch loop that has ended before the
       ``if`` (a flush of the pass's last, short window after the loop), also
       in a function an epoch loop calls
-      (``fixtures/realworld/ok_gl013_flush_after_loop_in_epoch_helper__vocal-remover.py``).
+      (``fixtures/realworld/ok_gl013_flush_after_loop_in_epoch_helper__vocal-remover.py``),
+      or a counter only that loop moves on (``accum_counter += 1`` in its
+      body, ``if accum_counter % accum_steps != 0: optimizer.step()`` after
+      it: ``fixtures/realworld/ok_gl301_flush_and_schedule_after_batch_loop__pl_tts.py``).
 
     **Bad**::
 

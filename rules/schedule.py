@@ -50,7 +50,13 @@ class SchedulerStepsPerMicroBatch(Rule):
       loop's index at the last position of what it iterates
       (``if i + 1 == len(loader):``,
       ``fixtures/schedule/ok_scheduler_on_last_batch_of_loader.py``), alone or
-      in an ``and``;
+      in an ``and``; or beside a step under a test that runs once per
+      pass, after the batch loop that counts its counter has ended (``if
+      accum_counter % accum_steps != 0: optimizer.step()`` flushing the
+      epoch's last window, ``scheduler.step()`` after it:
+      ``fixtures/realworld/ok_gl301_flush_and_schedule_after_batch_loop__pl_tts.py``;
+      stepped inside the batch loop instead:
+      ``fixtures/realworld/gl301_schedule_inside_batch_loop_with_flush__pl_tts.py``);
     - the loop runs in accelerate's ``accumulate()``: its prepared schedulers
       skip the micro-batches that do not step (outside it, with
       ``accelerator.backward`` under a guard of the loop's own, they step
