@@ -11,6 +11,7 @@ from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.findings import FixKind, Severity
 from gradlint.frameworks.framework import AccumulateContext
+from gradlint.kinds import ObjKind
 from gradlint.model import Event, LoopModel
 from gradlint.queries import (
     accumulation,
@@ -23,7 +24,7 @@ from gradlint.queries import (
 )
 from gradlint.fixes.schedule import move_scheduler_step
 from gradlint.rule import BACKWARD, STEP, Report, Rule, Settled
-from gradlint.syntax import callee_name, class_methods, dotted_name, terminal, tracked_name, walk
+from gradlint.syntax import callee_name, class_methods, dotted_name, number, terminal, tracked_name, walk
 
 
 class SchedulerStepsPerMicroBatch(Rule):
@@ -88,6 +89,14 @@ class SchedulerStepsPerMicroBatch(Rule):
       ``fixtures/realworld/ok_gl301_schedule_sized_in_micro_batches_from_image_count__GeneFace.py``;
       a batch size that holds the accumulation count sizes it in optimizer
       steps: ``fixtures/realworld/gl301_schedule_sized_in_steps_stepped_per_micro_batch__GeneFace.py``):
+      or the scheduler is built over a setting that also bounds the loop
+      (``for it in range(args.max_iter + 1)``) or is compared with the loop's
+      variable or a counter it adds one to (``if it < args.cos_max_iter:
+      scheduler.step()`` beside ``CosineAnnealingLR(optimizer,
+      args.cos_max_iter - args.warm_iter)``:
+      ``fixtures/realworld/ok_gl301_schedule_sized_by_the_loops_bound__JoyVASA.py``;
+      a length divided by the accumulation count is in optimizer steps:
+      ``fixtures/realworld/gl301_schedule_sized_in_steps_stepped_every_iteration__JoyVASA.py``):
       stepped once per micro-batch, such a schedule runs at the pace it was
       planned for.
 
@@ -158,7 +167,10 @@ class SchedulerStepsPerMicroBatch(Rule):
                 for sched in scheds:
                     if sched.node in settled:
                         continue
-                    if not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step) and not once_per_pass(sched, loop):
+                    if (
+                        not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step)
+                        and not once_per_pass(sched, loop) and not _sized_by_the_loop(model, sched, loop)
+                    ):
                         yield settled.note(
                             Report(
                                 sched.node,
@@ -169,6 +181,81 @@ class SchedulerStepsPerMicroBatch(Rule):
                                 event=sched, against=(step,),
                             )
                         )
+
+
+def _sized_by_the_loop(model: LoopModel, sched: Event, loop) -> bool:
+    """Whether the scheduler's length is the count of the loop's own iterations: a setting that both appears among
+    the arguments of the scheduler's construction (``CosineAnnealingLR(optimizer, args.cos_max_iter - args.warm_iter)``)
+    and bounds the loop (``for it in range(args.max_iter + 1)``) or is compared with the loop's variable or a counter
+    it adds one to (``if it < args.cos_max_iter: scheduler.step()``). Such a schedule is written in micro-batches, the
+    loop's iterations, and stepping it once per micro-batch runs it at the pace it was planned for."""
+    if model.index is None or not sched.target or type(loop.node) not in (cst.For, cst.While):
+        return False
+    horizon = _schedule_lengths(model, sched.target)
+    return bool(horizon) and not horizon.isdisjoint(_loop_bounds(loop.node))
+
+
+def _schedule_lengths(model: LoopModel, scheduler: str) -> set[str]:
+    """The settings named as plain arguments (alone, or added to or taken from another) of the calls that build
+    ``scheduler``, following a scheduler handed to another (``GradualWarmupScheduler(..., after_scheduler)``)."""
+    found: set[str] = set()
+    pending, seen = [scheduler], set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for table in model.index.assignments.values():
+            for value in table.get(name, ()):
+                if type(value) is not cst.Call:
+                    continue
+                for arg in value.args:
+                    for term in _sum_terms(arg.value):
+                        term_name = dotted_name(term) if type(term) in (cst.Name, cst.Attribute) else None
+                        if term_name is None:
+                            continue
+                        if model.info(term_name).kind is ObjKind.SCHEDULER:
+                            pending.append(term_name)
+                        elif "." in term_name and not _ACCUMULATION_NAME.search(term_name.rsplit(".", 1)[-1]):
+                            found.add(term_name)  # a setting (``args.max_iter``), not a local the module computes
+    return found
+
+
+def _sum_terms(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """``a - b + 1`` -> ``[a, b, 1]``; anything else is one term (a product counts for nothing alone)."""
+    if type(value) is cst.BinaryOperation and type(value.operator) in (cst.Add, cst.Subtract):
+        return _sum_terms(value.left) + _sum_terms(value.right)
+    return [value]
+
+
+def _loop_bounds(loop: cst.For | cst.While) -> set[str]:
+    """The settings that bound a loop's iterations: ``range(args.max_iter + 1)``'s stop, and any setting compared
+    with the loop's variable or with a counter the loop adds one to (``it < args.cos_max_iter``)."""
+    bounds: set[str] = set()
+    counters: set[str] = set()
+    if type(loop) is cst.For:
+        counters |= {n.value for n in walk(loop.target) if type(n) is cst.Name}
+        if type(loop.iter) is cst.Call and callee_name(loop.iter) == "range" and loop.iter.args:
+            stop = loop.iter.args[-1 if len(loop.iter.args) > 1 else 0].value
+            for term in _sum_terms(stop):
+                name = dotted_name(term) if type(term) in (cst.Name, cst.Attribute) else None
+                if name is not None:
+                    bounds.add(name)
+    for node in walk(loop.body):
+        if type(node) is cst.AugAssign and type(node.operator) is cst.AddAssign and number(node.value) == 1:
+            name = dotted_name(node.target)
+            if name is not None:
+                counters.add(name)
+    for node in walk(loop.body):
+        if type(node) is not cst.Comparison or len(node.comparisons) != 1:
+            continue
+        sides = [node.left, node.comparisons[0].comparator]
+        names = [dotted_name(side) if type(side) in (cst.Name, cst.Attribute) else None for side in sides]
+        if names[0] in counters and names[1] is not None:
+            bounds.add(names[1])
+        elif names[1] in counters and names[0] is not None:
+            bounds.add(names[0])
+    return bounds - counters
 
 
 _LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps?$")
