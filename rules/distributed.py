@@ -98,6 +98,12 @@ class AccumulationWithoutNoSync(Rule):
       (``fixtures/distributed/gl302_no_sync_covers_nothing.py``), and a
       ``no_sync()`` in an inner loop of its own beside the accumulated
       micro-batches is another model's (``fixtures/distributed/ddp_reference_beside_sharded_optimizer.py``);
+    - the loop reaches a prepared model only under ``torch.no_grad()`` (a
+      reward model scoring the batch: no backward runs through it), and no
+      other wrapped model it calls is known
+      (``fixtures/realworld/ok_gl302_reward_model_scored_under_no_grad__HALOs.py``;
+      called with gradients on:
+      ``fixtures/realworld/gl302_reward_model_trained_with_gradients__HALOs.py``);
     - the backward runs in a ``with`` block of a context manager handed the
       wrapped model that may switch the all-reduce off: one of other code
       (``with misc.ddp_sync(ddp, last_round):``,
@@ -630,15 +636,14 @@ def _bound_to(model: LoopModel, names: set[str], function: cst.FunctionDef | Non
 
 
 def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef | None) -> set[str]:
-    """The dotted names ``node`` calls, and those the functions of the module it calls call, to any depth."""
+    """The dotted names ``node`` calls, and those the functions of the module it calls call, to any depth; not what
+    they call under ``torch.no_grad()``, where no backward can reach (a reward model scoring the batch)."""
     called: set[str] = set()
     pending = [(node, function)]
     visited: set[int] = set()
     while pending:
         node, function = pending.pop()
-        for call in model.file.walk(node):
-            if type(call) is not cst.Call:
-                continue
+        for call in _calls_with_gradients(model, node):
             name = dotted_name(call.func)
             if name is not None:
                 called.add(name)
@@ -647,6 +652,20 @@ def _called_names(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef
                 visited.add(id(helper))
                 pending.append((helper.body, helper))
     return called
+
+
+def _calls_with_gradients(model: LoopModel, node: cst.CSTNode) -> Iterator[cst.Call]:
+    """The calls under ``node`` that do not sit in a ``with torch.no_grad():`` (or ``inference_mode``) block."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.With and any(
+            type(item.item) is cst.Call and callee_name(item.item) in _NO_GRAD for item in node.items
+        ):
+            continue
+        if type(node) is cst.Call:
+            yield node
+        stack.extend(model.file.children(node))
 
 
 def _forwards_around(model: LoopModel, called_last: set[str], wrappers: list[str]) -> bool:
