@@ -84,7 +84,10 @@ class MissingZeroGrad(Rule):
     Also flagged: one optimizer stepped twice in one iteration with another
     backward between and no clear (``loss_a.backward(); opt.step();
     loss_b.backward(); opt.step()``): the second step applies the first
-    backward's gradients again; the same for two steps side by side after
+    backward's gradients again (not when the loop writes saved weights back
+    between the steps, ``model.set_params(old_weights)``: the first step
+    was a look-ahead it undoes,
+    ``fixtures/realworld/ok_gl001_weights_restored_between_steps__PyContinual.py``); the same for two steps side by side after
     one backward (``loss.backward(); opt.step(); opt.step()``: two updates
     per batch; also in a function's own code outside any loop, every call:
     ``scaler.step(opt); scaler.update(); opt.step()`` in an agent's update
@@ -1085,7 +1088,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 between = since[key][:-1]
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
                 handled = any(_clears_or_may_clear(model, e, event.target) for e in between)
-                if backward is not None and not handled:
+                if backward is not None and not handled and not _weights_restored_between(model, loop, first, event):
                     yield Report(
                         event.node,
                         f"`{event.target}` steps {_twice(model, first, event)} in the same iteration, with a backward "
@@ -1110,6 +1113,26 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
             last_step[key] = event
             since[key] = []
         yield from _step_reapplying_last_iteration(model, root, loop, events)
+
+
+# Methods that write saved weights back into a model (``self.model.set_params(old_weights)``)
+_RESTORING_METHODS = frozenset({"load_state_dict", "set_params", "set_parameters", "set_weights", "load_params"})
+
+
+def _weights_restored_between(model: LoopModel, loop: Frame, first: Event, second: Event) -> bool:
+    """Whether the loop's own code writes saved weights back into a model between two steps (``old =
+    model.get_params().clone()`` ... ``opt.step()`` ... ``model.set_params(old)`` ... ``opt.step()``): the first step is
+    undone, and the second applies the first backward's gradients with its own once, from the saved weights (hindsight
+    anchor learning's look-ahead step)."""
+    holder = function_holding(model, first.node)
+    if holder is None or function_holding(model, second.node) is not holder:
+        return False
+    start, end = model.line(first.node), model.line(second.node)
+    for node in model.file.walk(loop.node):
+        if type(node) is cst.Call and method_name(node) in _RESTORING_METHODS and node.args:
+            if start < model.line(node) < end and model.info(dotted_name(receiver(node))).kind is not ObjKind.OPTIMIZER:
+                return True
+    return False
 
 
 def _steps_twice_in_one_call(model: LoopModel, root) -> Iterator[Report]:

@@ -851,8 +851,8 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                     yield Report(
                         value,
                         f"`{target}` is assigned `nn.Parameter(...).{moved}(...)`: `.{moved}` returns a plain tensor copy "
-                        f"whenever it changes the device or dtype, which the module does not register; "
-                        f"`model.parameters()` never holds it, so no optimizer built from it updates `{target}`; build "
+                        f"whenever it changes the device or dtype, which the module does not register: then "
+                        f"`model.parameters()` does not hold it, and no optimizer built from it updates `{target}`; build "
                         f"the parameter on the device and in the dtype it needs (`nn.Parameter(torch.empty(..., "
                         f"device=device))`)",
                     )
