@@ -445,7 +445,10 @@ class SchedulerNeverStepped(Rule):
     unstepped on the manual side: ``fixtures/realworld/gl308_manual_under_version_test__SRGAN.py``).
     The schedulers are read from a tuple or a list of two lists
     (``return [[optimizer], [scheduler]]``), a dict or list of dicts with an
-    ``"lr_scheduler"`` key, or names bound to them.
+    ``"lr_scheduler"`` key, or names bound to them (also a list the hook
+    fills with ``append``); the hook and the methods that may step them may
+    be inherited from a base class of the module
+    (``fixtures/realworld/gl308_schedulers_of_inherited_hook_never_stepped__matsciml.py``).
 
     **Bad**::
 
@@ -484,7 +487,7 @@ class SchedulerNeverStepped(Rule):
             for cls in settings.classes_of(left.classes):
                 if not left.manual(cls):
                     continue
-                methods = class_methods(cls)
+                methods = _methods_with_inherited(model, cls)
                 hook = next((m for m in methods if m.name.value == left.hook), None)
                 if hook is None:
                     continue
@@ -510,6 +513,28 @@ class SchedulerNeverStepped(Rule):
                 )
 
 
+
+
+def _methods_with_inherited(model: LoopModel, cls: cst.ClassDef) -> list[cst.FunctionDef]:
+    """The class's methods, then those it inherits from its bases of the module that it does not override
+    (``configure_optimizers`` of a ``BaseTaskModule`` the task class derives from)."""
+    methods = list(class_methods(cls))
+    index = model.index
+    if index is None:
+        return methods
+    names = {m.name.value for m in methods}
+    pending, seen = list(index.class_bases.get(cls.name.value, [])), {cls.name.value}
+    while pending:
+        base = pending.pop(0)
+        if base in seen:
+            continue
+        seen.add(base)
+        for name, method in index.class_methods.get(base, {}).items():
+            if name not in names:
+                names.add(name)
+                methods.append(method)
+        pending.extend(index.class_bases.get(base, []))
+    return methods
 
 
 def _sets_lr_by_hand(methods: list[cst.FunctionDef]) -> bool:
@@ -570,10 +595,17 @@ def _returned_schedulers(value: cst.BaseExpression, hook: cst.FunctionDef) -> li
     if type(value) is cst.Tuple and len(value.elements) == 2 or _two_lists(value):
         second = value.elements[1].value
         if type(second) is cst.Name:  # ``return optimizers, schedulers`` with ``schedulers = [ExponentialLR(...), ...]``
+            appended = [  # ``schedulers = []`` ... ``schedulers.append(scheduler)``
+                node.args[0].value for node in walk(hook.body)
+                if type(node) is cst.Call and callee_name(node) == "append" and type(node.func) is cst.Attribute
+                and dotted_name(node.func.value) == second.value and len(node.args) == 1
+            ]
             second = next((
                 node.value for node in walk(hook.body) if type(node) is cst.Assign and type(node.value) in (cst.List, cst.Tuple)
                 and any(type(t.target) is cst.Name and t.target.value == second.value for t in node.targets)
             ), second)
+            if appended:
+                return [e.value for e in second.elements if type(e) is cst.Element] + appended if type(second) in (cst.List, cst.Tuple) else appended
         if type(second) in (cst.List, cst.Tuple):
             return [e.value for e in second.elements if type(e) is cst.Element]
     dicts = [value] if type(value) is cst.Dict else (
