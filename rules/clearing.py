@@ -2244,6 +2244,11 @@ class UnscaledAccumulatedLoss(Rule):
 
     **Stays quiet when**
 
+    - the loop hands the gradients of two models to a comparison
+      (``loose_close(torch_parm.grad, zero_parm.grad)``, ``assert
+      torch.allclose(a.grad, b.grad)``): a test training two implementations
+      side by side, both summing the same micro-batches on purpose
+      (``fixtures/realworld/ok_gl004_parity_test_compares_gradients__InternEvo.py``);
     - the loss is divided on its way to backward (``loss / n``, ``loss /= n``,
       ``loss.mul_(mb_size / batch_size)``, a helper returning a divided loss
       (also a method of an object built from a class of the module,
@@ -2396,6 +2401,8 @@ class UnscaledAccumulatedLoss(Rule):
                 yield from _divided_twice(model, acc, step)
                 if _deliberate_sum(model, root, acc):
                     continue
+                if _compares_two_models_gradients(model, loop):
+                    continue  # a parity test: both sides sum the same undivided losses, and the comparison is the point
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
                 for backward in acc.backwards:
                     own_mean = _mean_of_own_micro_batch(model, backward, acc, loop) if backward.normalised else None
@@ -2430,6 +2437,26 @@ class UnscaledAccumulatedLoss(Rule):
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,), setting=acc.count,
                     )
+
+
+_COMPARING = re.compile(r"(^|_)(assert|allclose|isclose|close|equal)", re.IGNORECASE)
+
+
+def _compares_two_models_gradients(model: LoopModel, loop: Frame) -> bool:
+    """Whether the loop hands the gradients of two different tensors to a comparison (``loose_close(torch_p.grad,
+    zero_p.grad)``, ``assert torch.allclose(a.grad, b.grad)``): a test that trains two implementations side by side
+    and checks they agree, where both sum the same micro-batches on purpose (InternEvo's ZeRO-vs-DDP test)."""
+    for node in model.file.walk(loop.node):
+        if type(node) is not cst.Call or not _COMPARING.search(callee_name(node) or ""):
+            continue
+        owners = set()
+        for arg in node.args[:2]:
+            value = arg.value
+            if type(value) is cst.Attribute and value.attr.value == "grad":
+                owners.add(dotted_name(value.value))
+        if len(owners - {None}) == 2:
+            return True
+    return False
 
 
 def _output_of_a_dividing_engine(model: LoopModel, backward: Event) -> bool:
