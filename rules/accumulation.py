@@ -62,7 +62,9 @@ class ClipPerMicroBatch(Rule):
     unclipped gradients, and the clipped ones are cleared before the next
     backward. Clipping before the backward, with a clear since the last
     step, clips nothing: the step applies the unclipped gradients of the
-    backward that follows. So does a backward helper that clips first and
+    backward that follows (or a clip after that backward acts alone, and the
+    first is dead code:
+    ``fixtures/realworld/gl006_generator_clipped_before_backward__mead-baseline.py``). So does a backward helper that clips first and
     backpropagates after (``clip_grad_norm_(shared, m); loss.backward()``,
     the step left to its caller): it clips what was there before the call.
 
@@ -233,9 +235,12 @@ class ClipPerMicroBatch(Rule):
                 e for e in events[position + 1:]
                 if e.kind in (EventKind.BACKWARD, EventKind.STEP, EventKind.CLIP) and not exclusive(e, clip)
             ]
-            if len(later) < 2 or later[0].kind is not EventKind.BACKWARD or later[1].kind is not EventKind.STEP:
+            # a clip between the backward and the step (``clip_grad_norm_(parameters)``) is the one that acts
+            between = [e for e in later[1:] if e.kind is not EventKind.CLIP][:1]
+            if not later or later[0].kind is not EventKind.BACKWARD or not between or between[0].kind is not EventKind.STEP:
                 continue  # the next thing is not "backward, then step": the clip is no stray before a backward
-            backward, step = later[0], later[1]
+            backward, step = later[0], between[0]
+            acting = next((e for e in later[1:] if e.kind is EventKind.CLIP and root.order(e) < root.order(step)), None)
             if step.target is None or any(f.accumulation for f in step.frames) or home_loop(root, step) is not loop:
                 continue
             if _clips_another_model(model, clip, step):
@@ -243,12 +248,17 @@ class ClipPerMicroBatch(Rule):
             clear = _emptied_by(model, events, position, step.target)
             if clear is None:
                 continue
+            if acting is not None:
+                outcome = (f"the clip at line {model.line(acting.node)}, after the backward, is the one that acts; drop "
+                           f"this one, or clip what it meant to there")
+            else:
+                outcome = (f"`{step.target}` steps at line {model.line(step.node)} with unclipped gradients; clip "
+                           f"between the backward and the step")
             yield Report(
                 clip.node,
                 f"`{model.code(clip.node)}` runs before the backward at line {model.line(backward.node)}, on the "
                 f"gradients `{model.code(clear.node)}` at line {model.line(clear.node)} cleared: it clips nothing, and "
-                f"`{step.target}` steps at line {model.line(step.node)} with unclipped gradients; clip between the "
-                f"backward and the step",
+                f"{outcome}",
                 event=clip, against=(backward, step),
             )
 
