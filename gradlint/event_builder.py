@@ -294,8 +294,10 @@ class EventBuilder:
 
     def _counted_by_ended_loop(self, statement: cst.If, function: cst.FunctionDef | None) -> bool:
         """Whether every remainder the ``if`` tests is of a counter that only a loop not holding the ``if`` moves on
-        (its ``for`` target, or ``n += 1`` in its body): after the batch loop has ended, ``if n % k != 0:`` runs once
-        per pass and steps the pass's last, short window. It picks no micro-batch of the loop around it."""
+        (its ``for`` target, or ``n += 1`` in its body, with ``n = 0`` set again on each pass of the loop around the
+        ``if``): after the batch loop has ended, ``if n % k != 0:`` runs once per pass and steps the pass's last, short
+        window. It picks no micro-batch of the loop around it. (A count that runs on across passes, never set back
+        there, is that loop's own accumulation counter.)"""
         remainders = [n for n in self._walk(statement.test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
         if not remainders:
             return False
@@ -307,35 +309,46 @@ class EventBuilder:
             counters.add(names[0])
         parents = self.index.file.parent_map()
         holding: set[int] = set()
+        around: cst.CSTNode | None = None  # the innermost loop that holds the ``if`` (None: the function's body)
         node = parents.get(statement)
         while node is not None:
             holding.add(id(node))
+            if around is None and type(node) in (cst.For, cst.While):
+                around = node
             node = parents.get(node)
-        inner: set[str] = set()
-        outer: set[str] = set()
+        targets: set[str] = set()  # bound as an ended loop's ``for`` target
+        inner: set[str] = set()  # moved on inside an ended loop
+        outer: set[str] = set()  # moved on outside every ended loop
+        reset: set[str] = set()  # set again where each pass of the loop around runs, outside the ended loops
 
-        def note(target: cst.CSTNode, inside: bool) -> None:
+        def names_of(target: cst.CSTNode) -> set[str]:
             bound = dotted_name(target) if type(target) in (cst.Name, cst.Attribute) else None
-            names = {bound} if bound else {dotted_name(n) for n in self._walk(target) if type(n) is cst.Name}
-            for name in names & counters:
-                (inner if inside else outer).add(name)
+            return ({bound} if bound else {dotted_name(n) for n in self._walk(target) if type(n) is cst.Name}) & counters
 
-        pending: list[tuple[cst.CSTNode, bool]] = [(function if function is not None else self.index.module, False)]
+        top = function if function is not None else self.index.module
+        pending: list[tuple[cst.CSTNode, bool, bool]] = [(top, False, around is None)]
         while pending:
-            node, inside = pending.pop()
+            node, inside, per_pass = pending.pop()
             kind = type(node)
             if kind in (cst.For, cst.While) and id(node) not in holding and node is not statement:
                 if kind is cst.For:
-                    note(node.target, True)
+                    targets |= names_of(node.target)
                 inside = True
             elif kind is cst.AugAssign:
-                note(node.target, inside)
+                (inner if inside else outer).update(names_of(node.target))
             elif kind is cst.For:
-                note(node.target, inside)
+                outer.update(names_of(node.target))
+            elif kind is cst.Assign and not inside and per_pass:
+                for target in node.targets:
+                    reset |= names_of(target.target)
             elif kind in (cst.FunctionDef, cst.ClassDef) and node is not function:
                 continue
-            pending.extend((child, inside) for child in self.index.file.children(node))
-        return counters <= inner and not (counters & outer)
+            if node is around:
+                per_pass = True
+            pending.extend((child, inside, per_pass) for child in self.index.file.children(node))
+        if counters & outer:
+            return False
+        return all(name in targets or (name in inner and name in reset) for name in counters)
 
     def _continue_guard(self, statement: cst.CSTNode, function: cst.FunctionDef | None) -> Frame | None:
         """``if not boundary: continue`` puts the rest of the block under an accumulation guard; so does a branch that
