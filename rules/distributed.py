@@ -659,9 +659,7 @@ def _calls_with_gradients(model: LoopModel, node: cst.CSTNode) -> Iterator[cst.C
     stack = [node]
     while stack:
         node = stack.pop()
-        if type(node) is cst.With and any(
-            type(item.item) is cst.Call and callee_name(item.item) in _NO_GRAD for item in node.items
-        ):
+        if _switches_gradients_off(node):
             continue
         if type(node) is cst.Call:
             yield node
@@ -1319,6 +1317,13 @@ def _sets_flag_of(event: Event, owner: str) -> bool:
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
 
 
+def _switches_gradients_off(node: cst.CSTNode) -> bool:
+    """``with torch.no_grad():`` (or ``inference_mode``): nothing run in its block records a graph."""
+    return type(node) is cst.With and any(
+        type(item.item) is cst.Call and callee_name(item.item) in _NO_GRAD for item in node.items
+    )
+
+
 def _training_forwards(loop: cst.CSTNode, owner: str) -> Iterator[cst.Call]:
     """The calls ``owner(...)`` in a loop's body that run with gradients on (not under ``torch.no_grad()``)."""
     stack = [loop.body]
@@ -1326,9 +1331,7 @@ def _training_forwards(loop: cst.CSTNode, owner: str) -> Iterator[cst.Call]:
         node = stack.pop()
         if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
             continue
-        if type(node) is cst.With and any(
-            type(item.item) is cst.Call and callee_name(item.item) in _NO_GRAD for item in node.items
-        ):
+        if _switches_gradients_off(node):
             continue
         if type(node) is cst.Call and dotted_name(node.func) == owner:
             yield node
@@ -2370,7 +2373,7 @@ def _under_no_grad(model: LoopModel, node: cst.CSTNode, stop: cst.CSTNode) -> bo
     table = model.parents or {}
     node = table.get(node)
     while node is not None and node is not stop:
-        if type(node) is cst.With and any(callee_name(item.item) in ("no_grad", "inference_mode") for item in node.items if type(item.item) is cst.Call):
+        if _switches_gradients_off(node):
             return True
         node = table.get(node)
     return False
