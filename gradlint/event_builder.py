@@ -99,6 +99,7 @@ class EventBuilder:
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
+        self._flushes: dict[tuple[int, int], bool] = {}  # (if, function) -> read as a flush after an ended loop
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
         self._may_hold_no_sync = index.text is None or any(method in index.text for method in frameworks.MODEL_NO_SYNC)
         self._switches: dict[tuple[int, int], bool] = {}
@@ -197,7 +198,7 @@ class EventBuilder:
         accumulation = accumulation or _counter_reaches_threshold(statement)
         if accumulation and self._counts_outer_iterations(statement.test, scope):
             accumulation, count = False, None  # ``if epoch % 2 == 0:`` inside the batch loop: the same on every batch of an epoch
-        if accumulation and self._counted_by_ended_loop(statement, scope.function):
+        if accumulation and self._flush_after_ended_loop(statement, scope.function):
             accumulation, count = False, None  # ``if n % k != 0: opt.step()`` after the batch loop: once per pass, a flush
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
         side = _setting_test(statement.test) if fixed else None
@@ -291,6 +292,13 @@ class EventBuilder:
             if any(_assigns(node, names) for node in self._walk(innermost)):
                 return False
         return True
+
+    def _flush_after_ended_loop(self, statement: cst.If, function: cst.FunctionDef | None) -> bool:
+        """``_counted_by_ended_loop``, once per ``if`` and function (a helper's ``if`` is read again at every call)."""
+        key = (id(statement), id(function))
+        if key not in self._flushes:
+            self._flushes[key] = self._counted_by_ended_loop(statement, function)
+        return self._flushes[key]
 
     def _counted_by_ended_loop(self, statement: cst.If, function: cst.FunctionDef | None) -> bool:
         """Whether every remainder the ``if`` tests is of a counter that only a loop not holding the ``if`` moves on
