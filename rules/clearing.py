@@ -190,7 +190,9 @@ class MissingZeroGrad(Rule):
       the helper the loop calls, which builds it and steps it:
       ``fixtures/realworld/gl001_fresh_optimizer_built_in_called_helper__OLMo-core.py``), or the
       optimizer's own ``step()`` clears after stepping (ColossalAI's
-      ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``);
+      ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``;
+      a class of the module whose ``step()`` sets ``p.grad = None``:
+      ``fixtures/realworld/ok_gl001_optimizer_class_clears_in_its_step__modded-nanogpt.py``);
     - the optimizer is set up for gradient release (optimi's
       ``gradient_release=True``, torchtune, a per-parameter optimizer dict
       stepped in hooks): each gradient is applied and freed during backward;
@@ -533,12 +535,17 @@ def _closure_reevaluated_without_clear(model: LoopModel, root: Root) -> Iterator
 
 def _step_clears_itself(model: LoopModel, optimizer: str | None) -> bool:
     """Whether every value the module gives the optimizer's name is built by a constructor whose ``step()`` clears the
-    gradients after stepping (a framework's declaration: colossalai's ``GeminiOptimizer``)."""
+    gradients after stepping: a framework's declaration (colossalai's ``GeminiOptimizer``) or a class of the module
+    whose ``step()`` sets the gradients to ``None`` (modded-nanogpt's ``NorMuonAndAdam``)."""
     if model.index is None or optimizer is None:
         return False
     values = [v for v in model.index.assigned_anywhere(optimizer) if isinstance(v, cst.BaseExpression)]
     return bool(values) and all(
-        type(v) is cst.Call and model.index.qualified_names(v.func) & frameworks.CLEARING_STEPS for v in values
+        type(v) is cst.Call and (
+            model.index.qualified_names(v.func) & frameworks.CLEARING_STEPS
+            or (type(v.func) is cst.Name and model.index.step_clears(v.func.value))
+        )
+        for v in values
     )
 
 
