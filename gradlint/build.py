@@ -69,6 +69,7 @@ def build_model(parsed: ParsedFile | cst.Module, context: Iterable[str] | None =
         clamp_hooks=known.clamp_hooks,
         scaled_dispatch=known.scaled_dispatch,
         ships_at_one=known.ships_at_one,
+        device_args=known.device_args,
     )
 
 

@@ -192,6 +192,7 @@ class LoopModel:
     scaled_dispatch: frozenset[str] = frozenset()  # ``callback:function``: ``function`` runs it while gradients are scaled
     clamp_hooks: frozenset[str] = frozenset()  # functions of the run that clip gradients by hooks on a model's parameters
     ships_at_one: frozenset[str] = frozenset()  # settings it reads as counts, declared with the default 1 in the run
+    device_args: frozenset[str] = frozenset()  # ``Class:slot=kind``: devices the run's constructions hand its classes
     _codes: dict[cst.CSTNode, str] = dataclasses.field(default_factory=dict, repr=False)
     _param_sources: dict[str, frozenset[str]] | None = dataclasses.field(default=None, repr=False)
 

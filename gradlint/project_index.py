@@ -38,6 +38,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
+from gradlint.device_constructions import device_arguments, may_hand_devices
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree, child_nodes, walk
 from gradlint.scaler_release_facts import scaler_release_facts
@@ -96,6 +97,9 @@ class FileCalls:
     # Its module-level functions that read the values of the gradients of a model they are handed
     # (:mod:`gradlint.scaler_release_facts`)
     reads_grads: frozenset[str] = frozenset()
+    # ``Class:slot=cpu`` / ``Class:slot=other`` for the arguments of its constructions that hand a device
+    # (:mod:`gradlint.device_constructions`)
+    device_args: frozenset[str] = frozenset()
 
     def to_json(self) -> list[list[str]]:
         """A form the cache can store."""
@@ -110,6 +114,7 @@ class FileCalls:
             sorted(self.sums_loss),
             sorted(self.defaults), sorted(self.count_names),
             sorted(self.reads_grads),
+            sorted(self.device_args),
         ]
 
     @classmethod
@@ -155,6 +160,9 @@ SHIPS_AT_ONE = "ships_at_one:"
 # ``reads_grads:name``: a function of the run (every definition of the name agreeing) that reads the values of the
 # gradients of a model it is handed (:mod:`gradlint.scaler_release_facts`).
 READS_GRADS = "reads_grads:"
+# ``devices:Class:slot=kind``: what a construction somewhere in the run hands a class this file defines at one argument,
+# the CPU or something else (:mod:`gradlint.device_constructions`).
+DEVICE_ARGS = "devices:"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +185,7 @@ class Context:
     sums_loss: frozenset[str] = frozenset()  # ``name:position``: models built from classes whose forward sums the loss
     ships_at_one: frozenset[str] = frozenset()  # counts it reads that another file of the run declares with default 1
     grad_readers: frozenset[str] = frozenset()  # functions of the run that read the gradients of a model they are handed
+    device_args: frozenset[str] = frozenset()  # ``Class:slot=kind``: devices the run's constructions hand its classes
 
     @classmethod
     def of(cls, names: Iterable[str]) -> "Context":
@@ -184,7 +193,7 @@ class Context:
         prefixes = (
             CALLED_IN_LOOP, UNSCALED_BY_CALLER, WRAPPED_BY_CALLER, STEPS_HANDED, KEEPS_HANDED, WRAPS_OPTIMIZER,
             HANDED_SCALER, RELEASES, SCALED_DISPATCH,
-            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS, SHIPS_AT_ONE, READS_GRADS,
+            RETURNS_WRAP, BACKWARD_HELPER, CLAMP_HOOKS, SUMS_LOSS, SHIPS_AT_ONE, READS_GRADS, DEVICE_ARGS,
         )
         found: dict[str, set[str]] = {prefix: set() for prefix in ("", *prefixes)}
         for name in names:
@@ -212,15 +221,16 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     ``tree``, Python's tree of ``text`` when the caller has parsed it already, saves parsing it again.
     """
     declares = may_declare(text)
-    if not might_call(text) and not declares:
+    if not might_call(text) and not declares and not may_hand_devices(text):
         return FileCalls()
     if tree is None:
         tree = python_tree(text)
         if tree is None:
             return FileCalls()
     defaults = declared_defaults(tree) if declares else frozenset()
+    devices = device_arguments(tree) if may_hand_devices(text) else frozenset()
     if not might_call(text):
-        return FileCalls(defaults=defaults)
+        return FileCalls(defaults=defaults, device_args=devices)
     calls = _Scan(_lines_naming("unscale_", text)).file(tree.tree)
     facts = scaler_release_facts(text, tree)
     if facts:
@@ -228,7 +238,7 @@ def scan_calls(text: str, tree: FiledTree | None = None) -> FileCalls:
     calls = _with_handed_and_wrapped(calls, text, tree)
     if may_sum(text):
         calls = dataclasses.replace(calls, sums_loss=summing_forwards(tree))
-    calls = dataclasses.replace(calls, defaults=defaults, count_names=count_names(tree))
+    calls = dataclasses.replace(calls, defaults=defaults, count_names=count_names(tree), device_args=devices)
     return _with_assigned_and_helpers(calls, text, tree)
 
 
@@ -1148,6 +1158,7 @@ class ProjectIndex:
         bound: dict[str, dict[str, set[str]]] = {}  # unit -> assigned name -> the callees assigned to it
         declared: dict[str, set[str]] = {}  # unit -> ``name=1`` / ``name=*`` of every file's declared settings
         wrapped_here: dict[str, set[str]] = {}  # path -> wrapped facts of calls of the file's own functions
+        devices: dict[str, set[str]] = {}  # class name -> what the run's constructions hand it (every file of the run)
         for path, calls in files:
             unit = unit_of[path]
             alone.setdefault(unit, set()).update(calls.alone)
@@ -1178,6 +1189,8 @@ class ProjectIndex:
             _join_definitions(helper_shapes.setdefault(unit, {}), calls.defines | {f"{c}()" for c in calls.classes}, calls.backward_helpers)
             _join_definitions(summing.setdefault(unit, {}), calls.classes, calls.sums_loss)
             declared.setdefault(unit, set()).update(calls.defaults)
+            for fact in calls.device_args:
+                devices.setdefault(fact.split(":", 1)[0], set()).add(fact)
             for fact in calls.assigned:
                 target, callee = fact.split(":", 1)
                 bound.setdefault(unit, {}).setdefault(target, set()).add(callee)
@@ -1201,6 +1214,7 @@ class ProjectIndex:
         self._summing = {unit: _agreed(found) for unit, found in summing.items()}
         self._bound = bound
         self._declared = declared
+        self._devices = devices
         self._units_in: dict[str, set[str]] = {}  # each folder's units: a package beside a script, or a folder of modules
         self._imported_folders: dict[str, set[str]] = {}  # each unit's folders beside its files that they import
         for path, calls in files:
@@ -1235,7 +1249,10 @@ class ProjectIndex:
         ``forward`` returns a summed loss (:func:`_summing_models`); prefixed ``ships_at_one:``, the names it reads as
         counts that the unit (or a folder it imports) declares with the default 1, every declaration agreeing
         (:mod:`gradlint.setting_defaults`); prefixed ``reads_grads:``, the functions of the unit's other files that read
-        the gradients of a model they are handed (every definition agreeing). :class:`Context` reads them all back.
+        the gradients of a model they are handed (every definition agreeing); prefixed ``devices:``, ``Class:slot=kind`` for
+        what the constructions anywhere in the run hand its classes at an argument spelled as a device (every file of the
+        run, not the unit: a class is often built by scripts that import it from afar). :class:`Context` reads them all
+        back.
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
@@ -1278,6 +1295,7 @@ class ProjectIndex:
             + tuple(SUMS_LOSS + fact for fact in _summing_models(calls.assigned, summing))
             + tuple(SHIPS_AT_ONE + name for name in sorted(calls.count_names & self._shipping_at_one(unit)))
             + tuple(READS_GRADS + name for name in sorted(self._grad_readers(unit) - calls.defines))
+            + tuple(DEVICE_ARGS + fact for name in sorted(calls.classes) for fact in sorted(self._devices.get(name, ())))
         )
 
     def _known_to(self, unit: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import libcst as cst
 
-from gradlint import frameworks
+from gradlint import device_constructions, frameworks
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
@@ -648,7 +648,14 @@ class UnregisteredParameters(Rule):
     itself); a moved parameter the module's optimizer is built over by its
     attribute (``Adam([{"params": self.deform}])``: the optimizer holds what the
     name holds, and a copy would be refused loudly:
-    ``fixtures/realworld/ok_gl018_moved_parameter_handed_to_optimizer__LGM.py``)
+    ``fixtures/realworld/ok_gl018_moved_parameter_handed_to_optimizer__LGM.py``); a
+    parameter built on the CPU and moved to a device the ``__init__`` is handed
+    (``nn.Parameter(torch.tensor([10.])).to(loss_device)``) where every
+    construction of the class in the run hands that argument the CPU
+    (``torch.device("cpu")``, or a name bound only to it): ``.to`` hands back
+    the parameter itself
+    (``fixtures/crossfile/parameter_moved_to_loss_device__Real-Time-Voice-Cloning_correct``;
+    checked alone, without the files that build it, the file is reported)
     (``fixtures/parameters/ok_gl018_registered_layers.py``,
     ``fixtures/realworld/ok_gl018_float_of_float32_parameter__Time-Series-Library.py``,
     ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``,
@@ -847,7 +854,10 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                     fresh.setdefault(target, (value, layer))
                     continue
                 moved = _moved_parameter(model, value)
-                if moved is not None and _read_anywhere(model, target) and not _handed_to_an_optimizer(model, target):
+                if (
+                    moved is not None and _read_anywhere(model, target) and not _handed_to_an_optimizer(model, target)
+                    and not _moved_to_the_cpu_by_every_construction(model, value, method)
+                ):
                     yield Report(
                         value,
                         f"`{target}` is assigned `nn.Parameter(...).{moved}(...)`: `.{moved}` returns a plain tensor copy "
@@ -1180,6 +1190,36 @@ def _moved_parameter(model: LoopModel, value: cst.BaseExpression) -> str | None:
             return None  # ``.float()`` of a float32 tensor hands back the parameter itself
         return value.func.attr.value
     return None
+
+
+# Factories that build on the CPU unless handed a device (``torch.tensor([10.])``, ``torch.zeros(n)``).
+_CPU_FACTORIES = frozenset({
+    "tensor", "Tensor", "FloatTensor", "zeros", "ones", "randn", "rand", "empty", "full", "arange", "eye", "linspace",
+})
+
+
+def _moved_to_the_cpu_by_every_construction(model: LoopModel, moved: cst.Call, method: cst.FunctionDef) -> bool:
+    """``nn.Parameter(torch.tensor([10.])).to(loss_device)`` in ``__init__(self, device, loss_device)``, where every
+    construction of the class in the run hands ``loss_device`` the CPU (``torch.device("cpu")``): the tensor is built
+    there, so ``.to`` hands back the parameter itself (:mod:`gradlint.device_constructions`). A parameter with a default
+    counts only when the default is the CPU too."""
+    if moved.func.attr.value != "to" or len(moved.args) != 1 or method.name.value != "__init__":
+        return False
+    inner = moved.func.value.args[0].value if moved.func.value.args else None
+    if type(inner) is not cst.Call or callee_name(inner) not in _CPU_FACTORIES or keyword_arg(inner, "device") is not None:
+        return False  # built elsewhere than on the CPU, or from a tensor that may lie anywhere: the move may copy
+    device = moved.args[0].value
+    if moved.args[0].keyword is not None or type(device) is not cst.Name:
+        return False
+    positional = [p for p in method.params.params][1:]  # after ``self``
+    at = next((i for i, p in enumerate(positional) if p.name.value == device.value), None)
+    if at is None:
+        return False
+    default = positional[at].default
+    if default is not None and not (type(default) is cst.SimpleString and default.evaluated_value == "cpu"):
+        return False
+    class_name = model.index.class_of.get(method)
+    return bool(class_name) and device_constructions.cpu_only(model.device_args, class_name, (str(at), device.value))
 
 
 def _float32_factory(model: LoopModel, parameter: cst.Call) -> bool:
