@@ -411,7 +411,7 @@ class EventBuilder:
                 return True, None
             if depth < 2 and type(node) is cst.Name and id(node) not in receivers:
                 for value in self._assigned(name, function):
-                    if not isinstance(value, Unpacked):
+                    if not isinstance(value, Unpacked) and not _arithmetic(value):
                         found, count = self._guard(value, function, depth + 1)
                         if found:
                             return True, count
@@ -1192,6 +1192,12 @@ class EventBuilder:
             return True
         name = dotted_name(value)
         return name is not None and any(self._scales(_uncast(v)) for v in self._assigned(name, scope.function))
+
+
+def _arithmetic(value: cst.BaseExpression) -> bool:
+    """``total_loss / accum_steps``: a number computed from the count, no flag telling micro-batches apart (a remainder,
+    ``(step + 1) % accum``, still is one)."""
+    return type(value) is cst.BinaryOperation and type(value.operator) is not cst.Modulo
 
 
 def _string_key(subscript: cst.Subscript) -> str | None:
