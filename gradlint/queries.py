@@ -18,7 +18,8 @@ from gradlint import frameworks
 from gradlint.events import EventKind
 from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.syntax import (
-    boolean_terms, callee_name, dotted_name, element_name, is_grad, keyword_arg, lies_under, method_name, positional_args, walk,
+    boolean_terms, callee_name, dotted_name, element_name, is_grad, keyword_arg, lies_under, method_name, number,
+    positional_args, walk,
 )
 from gradlint.objects import ObjKind, last_name
 
@@ -231,6 +232,9 @@ class Accumulation:
     frame: Frame  # the guard branch, or the inner micro-batch loop
     backwards: list[Event]  # the backwards whose gradients pile up for the step
     count: cst.BaseExpression | None  # the number of micro-batches, when the code shows it
+    # the last micro-batch's backwards, run after the micro-batch loop and before the step (``range(accum - 1)`` then
+    # one more forward and backward)
+    trailing: tuple[Event, ...] = ()
 
 
 def runs_every_micro_batch(event: Event, loop: Frame, acc: Accumulation) -> bool:
@@ -466,7 +470,12 @@ def steps_with_loops(root: Root) -> Iterator[tuple[Event, Frame]]:
 def steps_after_loops(model: LoopModel, root: Root) -> Iterator[tuple[Event, Accumulation]]:
     """Each plain optimizer step outside any loop that follows a loop whose iterations backpropagate: a function run
     once per epoch or per task (``for b in loader: ...; loss.backward()`` then ``optimizer.step()``), with nothing
-    writing the gradients between the loop and the step. The loop's micro-batches accumulate for that step."""
+    writing the gradients between the loop and the step. The loop's micro-batches accumulate for that step.
+
+    The last micro-batch may run after the loop, outside it (``for _ in range(accum - 1): ... backward()`` under
+    ``no_sync()``, then one more forward and backward that all-reduces), when nothing clears between the loop and the
+    step; the count is then ``accum``. The accumulation's backwards are the loop's: what runs on the micro-batches
+    that do not step."""
     probes = probe_events(root)
     for step in root.events_of(EventKind.STEP):
         if step.loops or step.framework is not None or step.target is None:
@@ -476,14 +485,28 @@ def steps_after_loops(model: LoopModel, root: Root) -> Iterator[tuple[Event, Acc
             b for b in root.events_of(EventKind.BACKWARD)
             if root.order(b) < at and id(b) not in probes and not split_by_setting(b, step)
         ]
-        if not before or not before[-1].loops:
+        looped = [b for b in before if b.loops]
+        if not looped:
             continue
-        micro = before[-1].loops[0]
+        micro = looped[-1].loops[0]
+        trailing = [b for b in before if root.order(b) > root.order(looped[-1])]
+        if trailing and any(root.order(looped[-1]) < root.order(z) < at for z in root.events_of(EventKind.ZERO)):
+            continue  # cleared after the loop: only what follows the clear reaches the step
         if root.events_of(EventKind.STEP, micro) or _gradients_written_after(model, micro.node, step.node):
             continue
         if _retry_loop(micro.node):
             continue  # its backward completes once; the iterations before it were retries it clears after
-        yield step, Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+        count = _range_count(micro)
+        if trailing:
+            count = _one_more(count)
+        yield step, Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], count, tuple(trailing))
+
+
+def _one_more(count: cst.BaseExpression | None) -> cst.BaseExpression | None:
+    """``accum`` for a loop over ``range(accum - 1)`` followed by one more micro-batch; None when it cannot be said."""
+    if type(count) is cst.BinaryOperation and type(count.operator) is cst.Subtract and number(count.right) == 1:
+        return count.left
+    return None
 
 
 # A ``for`` header that says the loop runs over micro-batches.

@@ -2234,7 +2234,12 @@ class UnscaledAccumulatedLoss(Rule):
     ``iteration(data)`` that splits the batch with ``chunk`` and steps once
     after the pieces:
     ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``;
-    a ``range(accum)`` loop there may run anything, such as a re-forward of
+    a ``range(accum)`` loop there counts when each pass draws a fresh batch,
+    ``batch = next(data_iter)``, ``get_next_batch(loader)``, also with the
+    last micro-batch run after the loop, ``range(accum - 1)`` under
+    ``no_sync()`` then one more backward, reported there too:
+    ``fixtures/realworld/gl004_micro_batches_drawn_in_step_function__lm-engine.py``;
+    otherwise it may run anything, such as a re-forward of
     cached features whose every loss is the whole batch's:
     ``fixtures/realworld/ok_gl004_cached_features_reforwarded_per_micro_batch__open_clip.py``).
 
@@ -2389,7 +2394,10 @@ class UnscaledAccumulatedLoss(Rule):
             judged = [(step, loop, acc) for step, loop in steps_with_loops(root) if (acc := accumulation(root, step, loop))]
             # a per-batch method the caller runs (no loop around its step) whose own loop over the batch's chunks
             # backpropagates each before one step
-            judged += [(step, acc.frame, acc) for step, acc in steps_after_loops(model, root) if _splits_a_batch(acc.frame.node)]
+            judged += [
+                (step, acc.frame, acc) for step, acc in steps_after_loops(model, root)
+                if _splits_a_batch(acc.frame.node) or _draws_a_batch_each_time(model, acc.frame.node)
+            ]
             for step, loop, acc in judged:
                 if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
                     continue  # the accumulated gradients are divided by hand
@@ -2411,6 +2419,7 @@ class UnscaledAccumulatedLoss(Rule):
                 if _compares_two_models_gradients(model, loop):
                     continue  # a parity test: both sides sum the same undivided losses, and the comparison is the point
                 count = f"`{model.code(acc.count)}`" if acc.count is not None else "the number of micro-batches"
+                undivided = False  # whether a backward of the loop was reported undivided
                 for backward in acc.backwards:
                     own_mean = _mean_of_own_micro_batch(model, backward, acc, loop) if backward.normalised else None
                     if _divided_for_step(backward, own_mean is None) or _thrown_away(model, root, backward, step, loop):
@@ -2437,6 +2446,7 @@ class UnscaledAccumulatedLoss(Rule):
                         f" (it is divided by `{model.code(own_mean)}`, counted from its own micro-batch: a mean over one "
                         f"micro-batch, not over the accumulated batch)" if own_mean is not None else ""
                     )
+                    undivided = True
                     yield Report(
                         backward.node,
                         f"gradients are accumulated for `{step.target}`, which steps {accumulation_place(model, acc)}, "
@@ -2444,6 +2454,16 @@ class UnscaledAccumulatedLoss(Rule):
                         fix=fixes.divide_loss(model, backward, acc),
                         event=backward, against=(step,), setting=acc.count,
                     )
+                for backward in acc.trailing if undivided else ():
+                    if not _divided_for_step(backward):
+                        yield Report(
+                            backward.node,
+                            f"the last micro-batch, run after the micro-batch loop at line "
+                            f"{model.line(acc.frame.node)}, is not divided by {count} either: gradients are accumulated "
+                            f"for `{step.target}`, which steps after it; divide this loss as the loop's",
+                            fix=fixes.divide_loss(model, backward, acc),
+                            event=backward, against=(step,), setting=acc.count,
+                        )
 
 
 _COMPARING = re.compile(r"(^|_)(assert|allclose|isclose|close|equal)", re.IGNORECASE)
@@ -3172,6 +3192,19 @@ def _splits_a_batch(loop: cst.CSTNode) -> bool:
     return type(loop) is cst.For and any(
         type(n) is cst.Call and callee_name(n) in ("chunk", "split", "tensor_split") for n in walk(loop.iter)
     )
+
+
+# A call that hands the next batch of a data source: ``next(it)``, ``get_next_batch(loader)``, ``loader.next_batch()``.
+_NEXT_BATCH = re.compile(r"^(next|(get_|fetch_|load_)?next_(micro_?)?batch|(get|fetch|load)_(micro_?)?batch)$")
+
+
+def _draws_a_batch_each_time(model: LoopModel, loop: cst.CSTNode) -> bool:
+    """A loop whose header says it runs micro-batches (``for _ in range(accum_steps)``) and whose body draws a fresh
+    batch from a data source on each pass (``batch = next(data_iter)``, ``get_next_batch(train_dataloader)``): each
+    pass is a micro-batch of its own, not a re-run over batches gathered elsewhere (open_clip's cached features)."""
+    if not header_says_micro_batches(model, loop):
+        return False
+    return any(type(n) is cst.Call and _NEXT_BATCH.match(callee_name(n) or "") for n in model.file.walk(loop.body))
 
 
 def _looks_like_micro_batches(model: LoopModel, loop_node: cst.CSTNode) -> bool:
