@@ -828,11 +828,13 @@ def _setting_sides(model: LoopModel, event: Event) -> tuple[set[str], list[froze
     return holds, fails
 
 
-def setting_values(model: LoopModel, node: cst.CSTNode) -> dict[str, bool]:
+def setting_values(model: LoopModel, node: cst.CSTNode, loop: cst.CSTNode | None = None) -> dict[str, bool]:
     """What the settings tested by the ``if``s around ``node`` are wherever it runs: ``{"configs.only_eval": True}``
     in the body of ``if configs.only_eval:``, ``False`` in its ``else`` or in the body of ``if not
     configs.only_eval:``. Only single-term tests of settings (:func:`_is_setting`) assigned at most once in the
-    function (a configuration read once into a local), and each term of an ``and`` whose body holds the node."""
+    function (a configuration read once into a local), or, given the ``loop`` both run in, assigned only outside it
+    (fixed for one iteration: ``amp = cfg["amp"]``, then ``model, amp, device = to_device(model, amp)`` before the
+    loop), and each term of an ``and`` whose body holds the node."""
     parents = model.parents or {}
     values: dict[str, bool] = {}
     child, current = node, parents.get(node)
@@ -840,7 +842,9 @@ def setting_values(model: LoopModel, node: cst.CSTNode) -> dict[str, bool]:
         if type(current) is cst.If and child is not current.test:
             in_body = child is current.body
             terms = boolean_terms(current.test, cst.And)
-            if (in_body or len(terms) == 1) and all(_is_setting(t) for t in terms) and not _assigned_where_tested(model, current, terms, once=True):
+            if (in_body or len(terms) == 1) and all(_is_setting(t) for t in terms) and not _assigned_where_tested(
+                model, current, terms, once=True, outside=loop,
+            ):
                 for term in terms:
                     holds = in_body
                     while type(term) is cst.UnaryOperation and type(term.operator) is cst.Not:
@@ -850,9 +854,10 @@ def setting_values(model: LoopModel, node: cst.CSTNode) -> dict[str, bool]:
     return values
 
 
-def contradicting_settings(model: LoopModel, a: cst.CSTNode, b: cst.CSTNode) -> bool:
-    """Whether ``a`` and ``b`` run under opposite values of one setting (:func:`setting_values`): they never meet."""
-    values_a, values_b = setting_values(model, a), setting_values(model, b)
+def contradicting_settings(model: LoopModel, a: cst.CSTNode, b: cst.CSTNode, loop: cst.CSTNode | None = None) -> bool:
+    """Whether ``a`` and ``b`` run under opposite values of one setting (:func:`setting_values`): they never meet (in
+    one iteration of ``loop``, when given)."""
+    values_a, values_b = setting_values(model, a, loop), setting_values(model, b, loop)
     return any(values_b.get(term, value) != value for term, value in values_a.items())
 
 
@@ -872,9 +877,12 @@ def _is_setting_read(node: cst.BaseExpression) -> bool:
     return type(node) in (cst.Name, cst.Attribute) and dotted_name(node) is not None
 
 
-def _assigned_where_tested(model: LoopModel, test: cst.If, terms: list[cst.BaseExpression], once: bool = False) -> bool:
+def _assigned_where_tested(
+    model: LoopModel, test: cst.If, terms: list[cst.BaseExpression], once: bool = False, outside: cst.CSTNode | None = None,
+) -> bool:
     """Whether a name the test reads is assigned in the function holding it (more than once at module level, or
-    with ``once``, anywhere: a configuration read once into a local is still fixed)."""
+    with ``once``, anywhere: a configuration read once into a local is still fixed; with ``outside``, a loop, only
+    assignments inside it count)."""
     if model.index is None:
         return True
     function = function_holding(model, test)
@@ -883,7 +891,16 @@ def _assigned_where_tested(model: LoopModel, test: cst.If, terms: list[cst.BaseE
     for term in terms:
         for node in walk(term):
             name = dotted_name(node) if type(node) in (cst.Name, cst.Attribute) else None
-            if name is not None and len(table.get(name, ())) > allowed:
+            if name is None:
+                continue
+            values = table.get(name, ())
+            if outside is not None:
+                # an unpacked element (``model, amp, device = to_device(...)``) lies where its call does
+                nodes = [v if isinstance(v, cst.CSTNode) else getattr(v, "value", None) for v in values]
+                inside = [n for n in nodes if n is None or lies_in(model, n, outside)]
+                if not inside:
+                    continue
+            if len(values) > allowed:
                 return True
     return False
 

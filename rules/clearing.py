@@ -19,6 +19,7 @@ from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopMo
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.optimizer_updates import stepped_update_scale, too_large
 from gradlint.queries import (
+    contradicting_settings,
     branch_sides,
     closure_of,
     Accumulation,
@@ -227,7 +228,11 @@ class MissingZeroGrad(Rule):
       the loop (``try: train() except OutOfMemoryError: train()``): each call
       runs its own loop, so the steps never share an iteration; or the first
       step's branch leaves the iteration (``if warmup: ...; opt.step();
-      continue``).
+      continue``); or the two steps sit on opposite sides of a setting that
+      only code before the loop binds (``if amp: scaler.step(opt)`` and
+      ``if not amp: opt.step()``, with ``amp`` read from the configuration and
+      rebound by a helper before the loop:
+      ``fixtures/realworld/ok_gl001_steps_on_opposite_sides_of_amp_setting__GaNDLF.py``).
 
     **Bad**::
 
@@ -1091,6 +1096,7 @@ def _steps_reapplying_gradients(model: LoopModel, root) -> Iterator[Report]:
                 and not exclusive(first, event)
                 and not leaves_before(first, event)
                 and _in_one_run_of(model, loop, first, event)
+                and not contradicting_settings(model, first.node, event.node, loop.node)  # ``if amp:`` ... ``else:`` twice
             ):
                 between = since[key][:-1]
                 backward = next((e for e in between if e.kind is EventKind.BACKWARD and not exclusive(e, event)), None)
@@ -2336,7 +2342,10 @@ class UnscaledAccumulatedLoss(Rule):
       mean over the samples on the way: ``.mean(dim=[1, 2, 3])`` over each
       sample's own elements keeps one value per sample); a comment beside the loss saying the sum over samples,
       tokens or micro-batches is meant; or weight decay / learning rate scaled
-      by the accumulation count (a recipe tuned for a nominal batch). A sum of
+      by the accumulation count (a recipe tuned for a nominal batch; the
+      count's whole name, ``self.accumulation_steps``, not another attribute
+      of ``self``:
+      ``fixtures/realworld/gl004_weight_decay_restored_beside_undivided_loss__catalyst.py``). A sum of
       loss terms (``l1 + 0.5 * l2``: the factor weighs one term against the
       other, it divides nothing) or over the components of a loss whose parts
       are already means (``per_quantile_losses.sum()``, ``torch.stack([...]).sum()``)
@@ -2956,7 +2965,7 @@ def _hyperparameters_set(model: LoopModel) -> list[tuple[cst.BaseExpression, fro
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
             named = [t for t in targets if _HYPERPARAMETER.search(dotted_name(t) or model.code(t))]
             if named:
-                names = frozenset(n.value for n in model.file.walk(node.value) if type(n) is cst.Name)
+                names = frozenset(_names_read(node.value))
                 found.extend((t, names) for t in named)
         return found
 
@@ -3169,10 +3178,20 @@ def _accumulation_names(model: LoopModel, acc: Accumulation) -> set[str]:
     source = acc.count if acc.count is not None else (acc.frame.node.test if type(acc.frame.node) is cst.If else None)
     if source is None:
         return set()
-    names = {n.value for n in walk(source) if type(n) is cst.Name}
+    names = _names_read(source)
     if acc.count is not None:
         return names
     return {n for n in names if re.search(r"accum", n, re.IGNORECASE)}
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
+    """The names and whole attribute chains an expression reads (``self.accumulation_steps``, not ``self`` alone: any
+    attribute of ``self`` would share it)."""
+    inner = {id(n.value) for n in walk(node) if type(n) is cst.Attribute}
+    return {
+        name for n in walk(node)
+        if type(n) in (cst.Name, cst.Attribute) and id(n) not in inner and (name := dotted_name(n)) is not None
+    }
 
 
 def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
