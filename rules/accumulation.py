@@ -1005,6 +1005,12 @@ class LossDividedWithoutAccumulation(Rule):
     holds the step back: the prepared optimizer steps and clears on every
     batch
     (``fixtures/realworld/gl010_framework_divides_outside_its_context__EAGLE.py``).
+    Also when the loop enters that context only once around itself (``with
+    accelerator.accumulate(model): for mb in micro_batches: ...;
+    optimizer.step()``): the framework decides at each entry whether the
+    gradients sync, so on all but one entry in N nothing steps and the
+    micro-batches pile up, and on that one every micro-batch steps
+    (``fixtures/realworld/gl010_accumulate_entered_around_micro_batch_loop__lm-human-preference-details.py``).
 
     The same when the division is written on the gradients under the
     accumulation's boundary test (``if i % iter_size == 0: for p in params:
@@ -1095,6 +1101,9 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
     count = declared.count if declared is not None else None
     if count is None or count.held_back_only_in is None or count.unheld_message is None:
         return
+    # the context entered once around the whole loop (``with accelerator.accumulate(model): for mb in ...:``)
+    outer = next((backward.frames[:at] for at, f in enumerate(backward.frames) if f is loop), ())
+    around = next((f for f in outer if f.context == count.held_back_only_in), None)
     if _accumulates(root, loop, count.held_back_only_in):
         return
     setting = framework_settings(model).accumulation_of(count.settings)
@@ -1109,11 +1118,13 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
         return
     if not any(clears(model, z, step.target) and _unconditional(z, loop) for z in root.events_of(EventKind.ZERO, loop)):
         return
-    yield Report(
-        step.node,
-        count.unheld_message(model.code(step.node), model.code(backward.node), model.code(counted), model.line(counted)),
-        event=step, against=(backward,),
-    )
+    if around is not None and count.entered_around_message is not None:
+        message = count.entered_around_message(
+            model.code(step.node), model.line(around.node), model.line(loop.node), model.code(counted), model.line(counted),
+        )
+    else:
+        message = count.unheld_message(model.code(step.node), model.code(backward.node), model.code(counted), model.line(counted))
+    yield Report(step.node, message, event=step, against=(backward,))
 
 
 def _gradients_divided_under_guard(model: LoopModel, root: Root) -> Iterator[Report]:

@@ -161,6 +161,16 @@ def _is_key(node: cst.BaseExpression, key: str) -> bool:
     return type(node) is cst.SimpleString and node.evaluated_value == key
 
 
+def _entered_around_message(step: str, context_line: int, loop_line: int, count: str, count_line: int) -> str:
+    return (
+        f"`{step}` runs on every pass of the loop at line {loop_line}, but `accumulate()` is entered once around that "
+        f"loop (line {context_line}): accelerate decides on entering whether the gradients sync, and its prepared "
+        f"optimizer skips every step and clear until they do, so on all but one in `{count}` (line {count_line}) "
+        f"entries nothing steps and the micro-batches pile up, and on that one every micro-batch steps; enter "
+        f"`accumulate()` once per micro-batch, inside the loop"
+    )
+
+
 def _unheld_message(step: str, backward: str, count: str, line: int) -> str:
     return (
         f"`{step}` steps on every batch, but `{backward}` divides the loss by the Accelerator's "
@@ -467,6 +477,7 @@ FRAMEWORK = Framework(
                 read_elsewhere_message=_read_elsewhere_message,
                 held_back_only_in="accumulate",
                 unheld_message=_unheld_message,
+                entered_around_message=_entered_around_message,
             ),
         ),
     ),

@@ -75,6 +75,9 @@ class CountSetting:
     # that divides so and steps every batch (step code, backward code, count code, line of the count)
     held_back_only_in: str | None = None
     unheld_message: Callable[[str, str, str, int], str] | None = None
+    # The message for a loop that steps on every pass inside that context entered once around the loop, which decides
+    # once per entry (step code, line of the context, line of the loop, count code, line of the count)
+    entered_around_message: Callable[[str, int, int, str, int], str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
