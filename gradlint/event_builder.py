@@ -692,7 +692,7 @@ class EventBuilder:
         if call.args and callee_name(call) in self.grad_readers and index.resolve_function(call, scope.function) is None:
             emit(GRAD_READ)  # ``debug_utils.log_gradient_stats(model, ...)`` of another file of the run
             return
-        if _scales_gradients(call, method):
+        if _scales_gradients(call, method, lambda name: self._assigned(name, scope.function)):
             emit(GRAD_DIVIDE)
             return
         if method in frameworks.COMM_HOOKS:
@@ -1686,12 +1686,23 @@ def _configured_clipper(call: cst.Call) -> bool:
     return name is not None and _CLIPPER.search(name.rsplit(".", 1)[-1]) is not None
 
 
-def _scales_gradients(call: cst.Call, method: str | None) -> bool:
-    """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided at once."""
+def _scales_gradients(
+    call: cst.Call, method: str | None, assigned: Callable[[str], list] = lambda name: [],
+) -> bool:
+    """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided
+    at once; also by a name every assignment of which divides (``factor = world_size / sample_size``, then
+    ``multiply_grads(optim, factor)``: wav2vec2's trainer)."""
     name = callee_name(call) or ""
     if "grad" not in name.lower() or name in _CLIP_FUNCTIONS or name in frameworks.CLIP_METHODS:
         return False
-    return any(contains_division(arg.value) for arg in call.args)
+    for arg in call.args:
+        if contains_division(arg.value):
+            return True
+        if type(arg.value) is cst.Name:
+            values = assigned(arg.value.value)
+            if values and all(isinstance(v, cst.BaseExpression) and contains_division(v) for v in values):
+                return True
+    return False
 
 
 def _switches_off_grad_sync(assign: cst.Assign) -> bool:

@@ -2308,7 +2308,9 @@ class UnscaledAccumulatedLoss(Rule):
       ``fixtures/realworld/ok_gl004_plain_backward_of_engine_output__deepspeed.py``);
     - the gradients are divided after accumulating: ``p.grad /= n``,
       ``p.grad.mul_(1 / n)``, ``scale_grads_(params, 1 / tokens)``,
-      ``optimizer.multiply_grads(1 / n)``, Opacus ``virtual_step()``, a DDP
+      ``optimizer.multiply_grads(1 / n)`` (also by a name every assignment of
+      which divides, ``factor = world_size / sample_size``:
+      ``fixtures/realworld/ok_gl004_gradients_multiplied_by_named_factor__DeepLearningExamples.py``), Opacus ``virtual_step()``, a DDP
       communication hook that divides by more than the world size (also one
       a wrapper factory makes: ``register_comm_hook(None, wrap(allreduce_hook))``);
     - the backward feeds a given gradient (``y.backward(dy)``): there is no
