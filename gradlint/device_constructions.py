@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import re
 
-from gradlint.python_nodes import FiledTree
+from gradlint.python_nodes import FiledTree, last_name, own_nodes
 
 _DEVICE_WORD = re.compile(r"device|cuda|\bcpu\b", re.IGNORECASE)
 _CPU = "cpu"
@@ -33,16 +33,16 @@ def may_hand_devices(text: str) -> bool:
 def device_arguments(tree: FiledTree) -> frozenset[str]:
     """``Class:slot=cpu`` / ``Class:slot=other`` for the arguments of the file's constructions that hand a device."""
     module = tree.tree
-    module_bindings = _bindings(_own_nodes(module))
+    module_bindings = _bindings(own_nodes(module))
     found: set[str] = set()
     for scope in [module, *tree.by_type().get(ast.FunctionDef, ()), *tree.by_type().get(ast.AsyncFunctionDef, ())]:
-        own = list(_own_nodes(scope))
+        own = list(own_nodes(scope))
         parameters = _parameters(scope)
         bindings = _bindings(own) if scope is not module else module_bindings
         for node in own:
             if type(node) is not ast.Call:
                 continue
-            name = _last_name(node.func)
+            name = last_name(node.func)
             if not name or not name[0].isupper() or not _hands_a_device(node):
                 continue
             slots = [(str(at), arg) for at, arg in enumerate(node.args) if type(arg) is not ast.Starred]
@@ -69,8 +69,8 @@ def _spelled_as_device(value: ast.AST) -> bool:
     if type(value) is ast.Constant and type(value.value) is str:
         return value.value.split(":")[0] in ("cpu", "cuda")
     if type(value) is ast.Call:
-        return _last_name(value.func) == "device"
-    dotted = _last_name(value)
+        return last_name(value.func) == "device"
+    dotted = last_name(value)
     return bool(dotted) and bool(_DEVICE_WORD.search(dotted))
 
 
@@ -87,7 +87,7 @@ def _cpu_literal(value: ast.AST) -> bool:
     """``"cpu"`` or ``torch.device("cpu")``."""
     if type(value) is ast.Constant:
         return value.value == "cpu"
-    if type(value) is ast.Call and _last_name(value.func) == "device" and len(value.args) == 1 and not value.keywords:
+    if type(value) is ast.Call and last_name(value.func) == "device" and len(value.args) == 1 and not value.keywords:
         return _cpu_literal(value.args[0])
     return False
 
@@ -117,21 +117,3 @@ def _parameters(scope: ast.AST) -> set[str]:
     arguments = scope.args
     names = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
     return {a.arg for a in names if a is not None}
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of a scope, not those of the functions, classes and lambdas defined in it."""
-    pending = list(ast.iter_child_nodes(scope))
-    while pending:
-        node = pending.pop()
-        yield node
-        if type(node) not in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda):
-            pending.extend(ast.iter_child_nodes(node))
-
-
-def _last_name(node: ast.AST) -> str | None:
-    if type(node) is ast.Name:
-        return node.id
-    if type(node) is ast.Attribute:
-        return node.attr
-    return None

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator
 
 from gradlint.device_constructions import device_arguments, may_hand_devices
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import FiledTree, child_nodes, walk
+from gradlint.python_nodes import FiledTree, child_nodes, own_nodes, walk
 from gradlint.scaler_release_facts import scaler_release_facts
 from gradlint.setting_defaults import count_names, declared_defaults, may_declare, merged
 from gradlint.summed_losses import may_sum, summing_forwards
@@ -401,7 +401,7 @@ def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> froz
         built: dict[str, str] = {}
         returned: set[str | None] = set()
         handed = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
-        for node in _own_nodes(function):
+        for node in own_nodes(function):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 by = _wrapper(node.value, class_names)
                 for target in node.targets:
@@ -415,17 +415,6 @@ def _returned_wraps(tree: FiledTree, from_imports: list[ast.ImportFrom]) -> froz
         if len(returned) == 1 and None not in returned:
             found.add(f"{function.name}:{returned.pop()}")
     return frozenset(found)
-
-
-def _own_nodes(function: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of a function's own body, nested functions, classes and lambdas left out."""
-    stack = list(getattr(function, "body", []))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _SKIPPED):
-            continue
-        yield node
-        stack.extend(child_nodes(node))
 
 
 def _with_assigned_and_helpers(calls: FileCalls, text: str, tree: FiledTree) -> FileCalls:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 from collections import deque
+from collections.abc import Iterator
 
 # Fields whose nodes are leaves no check reads: an expression's load or store context, an operator.
 _LEAF_FIELDS = frozenset({"ctx", "op", "ops"})
@@ -89,3 +90,26 @@ def walk(node: ast.AST) -> list[ast.AST]:
     for item in found:  # the list grows as it is read: breadth first, as ast.walk
         found.extend(child_nodes(item))
     return found
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a module's or a function's own body: the functions, classes and lambdas defined in it left out."""
+    stack = list(getattr(scope, "body", []))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _SCOPES):
+            continue
+        yield node
+        stack.extend(child_nodes(node))
+
+
+def last_name(node: ast.AST) -> str | None:
+    """``x`` for ``x`` and ``a.b.x``; None for any other expression."""
+    if type(node) is ast.Name:
+        return node.id
+    if type(node) is ast.Attribute:
+        return node.attr
+    return None

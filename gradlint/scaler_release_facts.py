@@ -45,7 +45,7 @@ import functools
 import re
 
 from gradlint.objects import ObjKind, kind_from_name
-from gradlint.python_nodes import FiledTree, child_nodes, walk
+from gradlint.python_nodes import FiledTree, child_nodes, last_name, walk
 
 # A callee whose name says it runs callbacks by name: ``call_hook("after_backward")``, ``trigger("on_backward")``.
 _DISPATCHER = re.compile(r"hook|callback|event|trigger|notify|dispatch|fire", re.IGNORECASE)
@@ -88,23 +88,17 @@ def scaler_release_facts(text: str, tree: FiledTree) -> dict[str, frozenset[str]
     return facts
 
 
-def _last(node: ast.AST) -> str | None:
-    if type(node) is ast.Name:
-        return node.id
-    if type(node) is ast.Attribute:
-        return node.attr
-    return None
 
 
 def _hands_scaler(tree: FiledTree) -> frozenset[str]:
     """The callees handed an argument named as a scaler (``step(loss, scaler)``, ``step(grad_scaler=self.scaler)``)."""
     found = set()
     for node in tree.by_type().get(ast.Call, ()):
-        callee = _last(node.func)
+        callee = last_name(node.func)
         if callee is None:
             continue
         values = [*node.args, *(k.value for k in node.keywords)]
-        if any((name := _last(v)) is not None and kind_from_name(name) is ObjKind.SCALER for v in values):
+        if any((name := last_name(v)) is not None and kind_from_name(name) is ObjKind.SCALER for v in values):
             found.add(callee)
     return frozenset(found)
 
@@ -135,7 +129,7 @@ def _sets_up_release(function: ast.AST, module_functions: dict, methods: dict) -
     for node in walk(function):
         if type(node) is not ast.Call:
             continue
-        name = _last(node.func)
+        name = last_name(node.func)
         if name in release_calls:
             return True
         if any(k.arg in keywords and not (type(k.value) is ast.Constant and k.value.value is False) for k in node.keywords):
@@ -150,7 +144,7 @@ def _sets_up_release(function: ast.AST, module_functions: dict, methods: dict) -
 def _hooks(hook: ast.AST, scope: dict, methods: dict) -> list[ast.AST]:
     """What a registered hook expression runs: a lambda, a function of the file or class (also through
     ``functools.partial``), or the functions a hook factory returns."""
-    if type(hook) is ast.Call and _last(hook.func) == "partial" and hook.args:
+    if type(hook) is ast.Call and last_name(hook.func) == "partial" and hook.args:
         hook = hook.args[0]
     if type(hook) is ast.Lambda:
         return [hook]
@@ -182,7 +176,7 @@ def _steps(function: ast.AST, scope: dict, methods: dict, depth: int) -> bool:
         func = node.func
         if type(func) is ast.Attribute and func.attr == "step":
             owner = func.value.value if type(func.value) is ast.Subscript else func.value
-            name = _last(owner)
+            name = last_name(owner)
             if name is not None and (kind_from_name(name) is ObjKind.OPTIMIZER or "optim" in name.lower()):
                 return True
         if depth < _DEPTH:
@@ -229,7 +223,7 @@ def _calls_in_order(function: ast.AST) -> list[tuple[ast.Call, frozenset[str]]]:
 
 
 def _names_hooks(node: ast.AST) -> bool:
-    return any(type(n) in (ast.Name, ast.Attribute) and _HOOKS.search(_last(n) or "") for n in walk(node))
+    return any(type(n) in (ast.Name, ast.Attribute) and _HOOKS.search(last_name(n) or "") for n in walk(node))
 
 
 def _dispatch(call: ast.Call, bound: frozenset[str]) -> str | None:
@@ -237,7 +231,7 @@ def _dispatch(call: ast.Call, bound: frozenset[str]) -> str | None:
     func = call.func
     if type(func) is ast.Attribute and type(func.value) is ast.Name and func.value.id in bound:
         return func.attr
-    name = _last(func)
+    name = last_name(func)
     if name is not None and _DISPATCHER.search(name) and call.args:
         first = call.args[0]
         if type(first) is ast.Constant and type(first.value) is str and _IDENTIFIER.match(first.value):
@@ -259,7 +253,7 @@ def _dispatched_while_scaled(function: ast.AST, runs: dict[str, frozenset[str]])
             scaled = True
             continue
         if type(func) is ast.Attribute and (
-            func.attr == "unscale_" or (func.attr == "step" and kind_from_name(_last(func.value) or "") is ObjKind.SCALER)
+            func.attr == "unscale_" or (func.attr == "step" and kind_from_name(last_name(func.value) or "") is ObjKind.SCALER)
         ):
             scaled = False
             continue
@@ -281,7 +275,7 @@ def _is_scaled_backward(call: ast.Call) -> bool:
     inner = func.value
     return (
         type(inner) is ast.Call and type(inner.func) is ast.Attribute and inner.func.attr == "scale"
-        and kind_from_name(_last(inner.func.value) or "") is ObjKind.SCALER
+        and kind_from_name(last_name(inner.func.value) or "") is ObjKind.SCALER
     )
 
 
@@ -306,8 +300,8 @@ def registers_clamping_hooks(function: ast.AST) -> bool:
         bound = {n.id for n in walk(loop.target) if type(n) is ast.Name}
         for node in walk(loop):
             if (
-                type(node) is ast.Call and _last(node.func) == "register_hook" and node.args
-                and type(node.func) is ast.Attribute and _last(node.func.value) in bound
+                type(node) is ast.Call and last_name(node.func) == "register_hook" and node.args
+                and type(node.func) is ast.Attribute and last_name(node.func.value) in bound
             ):
                 hook = node.args[0]
                 body = hook if type(hook) is ast.Lambda else nested.get(hook.id) if type(hook) is ast.Name else None
@@ -318,7 +312,7 @@ def registers_clamping_hooks(function: ast.AST) -> bool:
 
 def _over_parameters(node: ast.AST) -> bool:
     """``model.parameters()``, ``self.model.named_parameters()``."""
-    return type(node) is ast.Call and _last(node.func) in _PARAMETERS
+    return type(node) is ast.Call and last_name(node.func) in _PARAMETERS
 
 
 def _bounds_its_argument(hook: ast.AST) -> bool:
@@ -328,10 +322,10 @@ def _bounds_its_argument(hook: ast.AST) -> bool:
     if not args:
         return False
     grad = args[0].arg
-    if any(type(n) in (ast.Name, ast.Attribute) and "scale" in (_last(n) or "").lower() for n in walk(hook)):
+    if any(type(n) in (ast.Name, ast.Attribute) and "scale" in (last_name(n) or "").lower() for n in walk(hook)):
         return False
     for node in walk(hook):
-        if type(node) is not ast.Call or not _CLAMPS.search(_last(node.func) or ""):
+        if type(node) is not ast.Call or not _CLAMPS.search(last_name(node.func) or ""):
             continue
         operands = [node.func.value] if type(node.func) is ast.Attribute else []
         operands += list(node.args)
@@ -363,7 +357,7 @@ def reads_handed_gradients(function: ast.FunctionDef | ast.AsyncFunctionDef) -> 
     unvalued: set[int] = set()  # ``.grad`` nodes read only for None-ness or finiteness
     for node in nodes:
         if type(node) is ast.Call:
-            name = _last(node.func)
+            name = last_name(node.func)
             if name in _GRADIENT_WORK or (name or "").endswith("_") and _touches_grad(node.func) and name not in _NORM_CLIPS:
                 return False
             if name in _SCALE_FREE:
@@ -375,7 +369,7 @@ def reads_handed_gradients(function: ast.FunctionDef | ast.AsyncFunctionDef) -> 
         elif type(node) is ast.Compare and any(type(c) is ast.Constant and c.value is None for c in node.comparators):
             unvalued.update(id(n) for n in walk(node.left) if type(n) is ast.Attribute and n.attr == "grad")
     for node in nodes:
-        if type(node) is ast.Call and _last(node.func) in _NORM_CLIPS and node.args and _parameters_of(node.args[0], handed):
+        if type(node) is ast.Call and last_name(node.func) in _NORM_CLIPS and node.args and _parameters_of(node.args[0], handed):
             limit = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "max_norm"), None)
             if limit is not None and _infinite(limit):
                 return True
@@ -411,7 +405,7 @@ def _touches_grad(func: ast.AST) -> bool:
 
 def _infinite(node: ast.AST) -> bool:
     """``float("inf")``, ``math.inf``, ``torch.inf``, ``np.inf``."""
-    if type(node) is ast.Call and _last(node.func) == "float" and node.args:
+    if type(node) is ast.Call and last_name(node.func) == "float" and node.args:
         arg = node.args[0]
         return type(arg) is ast.Constant and str(arg.value).lower().lstrip("+") in ("inf", "infinity")
-    return _last(node) == "inf"
+    return last_name(node) == "inf"
