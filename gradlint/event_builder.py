@@ -1686,9 +1686,7 @@ def _configured_clipper(call: cst.Call) -> bool:
     return name is not None and _CLIPPER.search(name.rsplit(".", 1)[-1]) is not None
 
 
-def _scales_gradients(
-    call: cst.Call, method: str | None, assigned: Callable[[str], list] = lambda name: [],
-) -> bool:
+def _scales_gradients(call: cst.Call, method: str | None, assigned: Callable[[str], list]) -> bool:
     """``optimizer.multiply_grads(1 / n)``, ``scale_grads_(model.parameters(), 1.0 / tokens)``: every gradient divided
     at once; also by a name every assignment of which divides (``factor = world_size / sample_size``, then
     ``multiply_grads(optim, factor)``: wav2vec2's trainer)."""

@@ -23,6 +23,7 @@ from gradlint.syntax import (
     callee_name,
     children,
     dotted_name,
+    frees_gradients,
     is_grad,
     tracked_name,
     number,
@@ -476,16 +477,7 @@ class ModuleIndex:
         """Whether a class of this module clears gradients in its own ``step()``: a ``p.grad = None`` store or a
         ``zero_grad()`` call there (an optimizer written for the project that frees what it applied)."""
         step = self.class_methods.get(class_name, {}).get("step")
-        if step is None:
-            return False
-        for node in self.file.walk(step.body):
-            if type(node) is cst.Assign and type(node.value) is cst.Name and node.value.value == "None" and any(
-                type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets
-            ):
-                return True
-            if type(node) is cst.Call and callee_name(node) == "zero_grad":
-                return True
-        return False
+        return step is not None and frees_gradients(self.file.walk(step.body))
 
     def _classify_unpacked(self, value: "Unpacked") -> ObjInfo | None:
         """``model, opt = accelerator.prepare(model, opt)``: element ``i`` is what argument ``i`` was; or, for a call

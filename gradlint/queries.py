@@ -881,8 +881,8 @@ def _assigned_where_tested(
     model: LoopModel, test: cst.If, terms: list[cst.BaseExpression], once: bool = False, outside: cst.CSTNode | None = None,
 ) -> bool:
     """Whether a name the test reads is assigned in the function holding it (more than once at module level, or
-    with ``once``, anywhere: a configuration read once into a local is still fixed; with ``outside``, a loop, only
-    assignments inside it count)."""
+    with ``once``, anywhere: a configuration read once into a local is still fixed; with ``outside``, a loop, a name
+    no assignment of which lies inside the loop is fixed too)."""
     if model.index is None:
         return True
     function = function_holding(model, test)

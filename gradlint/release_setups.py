@@ -33,7 +33,10 @@ import libcst as cst
 
 from gradlint import frameworks
 from gradlint.objects import ObjKind, kind_from_name, last_name
-from gradlint.syntax import TRIVIA, bool_literal, callee_name, dotted_name, keyword_arg, method_name, positional_args, receiver, root_name, walk
+from gradlint.syntax import (
+    TRIVIA, bool_literal, callee_name, dotted_name, frees_gradients, keyword_arg, method_name, positional_args, receiver,
+    root_name, walk,
+)
 
 # Substrings one of which every release set-up recognised here contains: torch's and the frameworks'.
 RELEASE_TOKENS = ("post_accumulate_grad_hook", "in_backward", *frameworks.RELEASE_TOKENS)
@@ -415,7 +418,7 @@ class _Finder:
             return
         model = _unless_parameter(_parameters_owner_of_loop(receiver(call), ctx.loops), ctx.function)
         self._learn_flags(ctx)
-        self.setups.append(ReleaseSetup("hook", call, ctx.function, optimizer, model, function, _frees_grad(body)))
+        self.setups.append(ReleaseSetup("hook", call, ctx.function, optimizer, model, function, frees_gradients(walk(body, into_lambdas=True))))
 
     def _stepped_optimizer(self, body: cst.CSTNode, scope: cst.FunctionDef | None, depth: int = 0) -> str | None:
         """The optimizer a hook body steps (``optimizer_dict[p].step()`` → ``optimizer_dict``), if any: in its own
@@ -539,17 +542,6 @@ def _parameters_owner_of_loop(param: cst.BaseExpression | None, loops: tuple[cst
                     return dotted_name(receiver(node))
             return None
     return None
-
-
-def _frees_grad(body: cst.CSTNode) -> bool:
-    """Whether a hook clears the gradient it stepped with (``zero_grad()`` or ``p.grad = None``)."""
-    for node in walk(body, into_lambdas=True):
-        if type(node) is cst.Call and method_name(node) == "zero_grad":
-            return True
-        if type(node) is cst.Assign and type(node.value) is cst.Name and node.value.value == "None":
-            if any(type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets):
-                return True
-    return False
 
 
 def _more_than_one(value: cst.BaseExpression) -> bool:

@@ -7,7 +7,7 @@ import inspect
 import operator
 import re
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import libcst as cst
 
@@ -125,6 +125,18 @@ def is_grad(node: cst.CSTNode | None) -> bool:
     if type(node) is cst.Attribute and node.attr.value == "data":
         node = node.value
     return type(node) is cst.Attribute and node.attr.value == "grad"
+
+
+def frees_gradients(nodes: Iterable[cst.CSTNode]) -> bool:
+    """Whether code among ``nodes`` clears the gradients it holds: an ``x.zero_grad()`` call or a ``p.grad = None``
+    store (a gradient-release hook, or an optimizer class's own ``step()``, that frees what it applied)."""
+    for node in nodes:
+        if type(node) is cst.Call and method_name(node) == "zero_grad":
+            return True
+        if type(node) is cst.Assign and type(node.value) is cst.Name and node.value.value == "None":
+            if any(type(t.target) is cst.Attribute and t.target.attr.value == "grad" for t in node.targets):
+                return True
+    return False
 
 
 def bool_literal(node: cst.BaseExpression) -> bool | None:

@@ -1192,10 +1192,9 @@ def _moved_parameter(model: LoopModel, value: cst.BaseExpression) -> str | None:
     return None
 
 
-# Factories that build on the CPU unless handed a device (``torch.tensor([10.])``, ``torch.zeros(n)``).
-_CPU_FACTORIES = frozenset({
-    "tensor", "Tensor", "FloatTensor", "zeros", "ones", "randn", "rand", "empty", "full", "arange", "eye", "linspace",
-})
+# Factories that build on the CPU unless handed a device (``torch.tensor([10.])``, ``torch.zeros(n)``): all but the
+# ``_like`` ones, which build where the tensor they copy lies.
+_CPU_FACTORIES = frozenset(name for name in _TENSOR_FACTORIES if not name.endswith("_like"))
 
 
 def _moved_to_the_cpu_by_every_construction(model: LoopModel, moved: cst.Call, method: cst.FunctionDef) -> bool:
