@@ -31,6 +31,8 @@ class CounterStart:
     # ``enumerate(loader, start=start_step + 1)`` in ``def train_epoch(..., start_step=0)``: the parameter whose
     # literal default (a fresh run's value) the start was read with
     from_default: str | None = None
+    # a counter on ``self`` set back to its start inside the guard: every window counts as the first does
+    reset_at: cst.CSTNode | None = None
 
 
 def counter_start(
@@ -214,6 +216,8 @@ def _hand_counter(
     counter kept on ``self`` (``self.step``) counts only when no method but ``__init__`` sets it otherwise: a helper
     the loop calls could."""
     parents = model.parents
+    if type(loop) is cst.FunctionDef:
+        return _per_batch_self_counter(model, loop, guard, name, via)
     if parents is None or type(loop) not in (cst.For, cst.While) or type(loop.body) is not cst.IndentedBlock:
         return None
     if "." in name and not (name.startswith("self.") and name.count(".") == 1 and _kept_on_self(model, loop, name)):
@@ -236,6 +240,63 @@ def _hand_counter(
         return None
     start = int(number(set_at.value))
     return CounterStart(start if increment > at else start + 1, set_at, body[increment], increment > at)
+
+
+def _per_batch_self_counter(
+    model: LoopModel, function: cst.FunctionDef, guard: cst.CSTNode, name: str, via: tuple[cst.Call, ...] = ()
+) -> CounterStart | None:
+    """A counter on ``self`` of a method read as one iteration (a callback's ``on_batch_end``, run once per batch):
+    set to a literal by ``__init__`` alone, incremented once in the method's own body before the guard, and
+    otherwise only set back to that literal inside the guard, where the window ends. Each window then counts as the
+    first: the counter reads the literal plus one at the guard of a window's first micro-batch."""
+    if not (name.startswith("self.") and name.count(".") == 1) or type(function.body) is not cst.IndentedBlock:
+        return None
+    body = list(function.body.body)
+    increments = [i for i, s in enumerate(body) if _increments(s, name)]
+    at_guard = [i for i, s in enumerate(body) if _holds(s, via[0] if via else guard)]
+    if len(increments) != 1 or len(at_guard) != 1 or increments[0] >= at_guard[0]:
+        return None
+    if _exits(body[increments[0] + 1:at_guard[0]]):
+        return None
+    init = _sibling_init(model, function)
+    set_at: cst.Assign | None = None
+    reset_at: cst.Assign | None = None
+    for node in _attribute_bindings(model).get(name, ()):
+        if _holds(body[increments[0]], node):
+            continue
+        value = number(node.value) if type(node) is cst.Assign and len(node.targets) == 1 else None
+        if value is None or value != int(value) or value < 0:
+            return None  # set from something the code does not spell
+        if init is not None and function_holding(model, node) is init and set_at is None:
+            set_at = node
+        elif function_holding(model, node) is function and _holds(guard, node) and reset_at is None:
+            reset_at = node
+        else:
+            return None
+    if set_at is None or (reset_at is not None and number(reset_at.value) != number(set_at.value)):
+        return None
+    return CounterStart(int(number(set_at.value)) + 1, set_at, body[increments[0]], False, reset_at=reset_at)
+
+
+def _sibling_init(model: LoopModel, function: cst.FunctionDef) -> cst.FunctionDef | None:
+    """The ``__init__`` of the class that defines ``function``."""
+    owner = (model.parents or {}).get((model.parents or {}).get(function))
+    if type(owner) is not cst.ClassDef or type(owner.body) is not cst.IndentedBlock:
+        return None
+    return next((s for s in owner.body.body if type(s) is cst.FunctionDef and s.name.value == "__init__"), None)
+
+
+def _exits(statements: list[cst.CSTNode]) -> bool:
+    """A ``return`` or ``raise`` of the function among the statements (not one of a definition nested in them)."""
+    pending = list(statements)
+    while pending:
+        node = pending.pop()
+        if type(node) in (cst.Return, cst.Raise):
+            return True
+        if type(node) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        pending.extend(node.children)
+    return False
 
 
 def _kept_on_self(model: LoopModel, loop: cst.CSTNode, name: str) -> bool:

@@ -1493,6 +1493,10 @@ class ShiftedAccumulationWindow(Rule):
       one kept on ``self`` (``self.step``, read by a helper the loop calls)
       also only when no method but ``__init__`` sets it elsewhere
       (``fixtures/realworld/gl014_counter_on_self_shifted_guard__fastNLP.py``);
+      in a method run once per batch (a callback's ``on_batch_end``), one that
+      ``__init__`` sets to a literal, the method increments before the guard and
+      only the guard sets back to that literal (every window then counts as
+      the first: ``fixtures/realworld/gl014_callback_counter_set_back_in_guard__catalyst.py``);
       any other counter is not judged (``fixtures/accumulation/ok_accumulation_window_offsets.py``);
     - the count is a literal that makes the offset right (``(i + 3) % 2 ==
       0`` from 0), or exceeds 1 only where a framework's engine steps at its
@@ -1536,6 +1540,20 @@ class ShiftedAccumulationWindow(Rule):
                 start = counter.start
                 off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
                 plural = "es" if abs(off) > 1 else ""
+                if counter.reset_at is not None:
+                    if off < 0:
+                        continue  # set back to its start at each window's end: how long a window is depends on k
+                    yield Report(
+                        guard.node.test,
+                        f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, "
+                        f"with `{index}` counted from {start}{_kept_by_hand(model, counter)} and set back at line "
+                        f"{model.line(counter.reset_at)} after each step: every window holds "
+                        f"`{model.code(count)} - {off}` micro-batches, not `{model.code(count)}` (at a count of "
+                        f"{off + 1} every micro-batch steps); test "
+                        f"`{index} % {model.code(count)} == 0`",
+                        event=step,
+                    )
+                    continue
                 if off < 0:
                     shape = (f"the first window holds {-off} micro-batch{plural} and every later one ends {-off} "
                              f"micro-batch{plural} late")
