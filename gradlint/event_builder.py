@@ -109,6 +109,7 @@ class EventBuilder:
         self._no_count_divisions: dict[tuple[int, str], bool] = {}
         self._running: dict[int, frozenset[str]] = {}  # each function's running micro-batch counters
         self._wrappers: dict[str, bool] = {}
+        self._holders: dict[str, str | None] = {}  # ``_optimizer_held_by``, once per name
         self._stepped_on_every_path: dict[int, frozenset[str]] = {}  # per ``if`` chain: the optimizers each path steps
 
     def root_events(self, function: cst.FunctionDef | None) -> list[Event]:
@@ -727,7 +728,7 @@ class EventBuilder:
                 return
             if recv_kind is ObjKind.OPTIMIZER:
                 target = _element_of_loop(recv, scope.frames) or recv_name
-                if _handed_a_rate(call):
+                if _handed_a_rate_or_gradients(call):
                     # ``emb_optimizer.step(lr)``: torch's ``step`` takes a closure alone; this optimizer is another
                     # library's, and what its step does with the gradients is its own
                     emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, has_args=True)
@@ -795,6 +796,9 @@ class EventBuilder:
         handed = [name for name in (dotted_name(arg.value) for arg in call.args) if name and self._kind(name) is ObjKind.OPTIMIZER]
         for arg_name in handed:
             emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
+        held = self._optimizer_held_by(dotted_name(call.func.value)) if not handed and type(call.func) is cst.Attribute else None
+        if held is not None:  # ``gns = GradientNoiseScale(adp, sgd)``, then ``gns.reset_accumulation()``
+            emit(HANDOFF, target=held, target_kind=ObjKind.OPTIMIZER)
         if len(handed) == 1 and name in self.steps_handed:
             # ``self.mp_trainer.optimize(self.opt)``: every function of that name in the run steps the optimizer it is handed
             emit(EventKind.STEP, target=handed[0], target_kind=ObjKind.OPTIMIZER, framework="handed")
@@ -904,6 +908,22 @@ class EventBuilder:
         if function not in self._hand_clips:
             self._hand_clips[function] = _clips_gradient_norm(function, self._walk)
         return self._hand_clips[function]
+
+    def _optimizer_held_by(self, name: str | None) -> str | None:
+        """The optimizer an object of unknown kind was built with (``gns = GradientNoiseScale(adp, sgd)``): every
+        assignment of ``name`` in the module is a call, and those calls hand it one optimizer, the same each time.
+        Its methods may step or clear that optimizer: a call of one is handed it as much as ``f(sgd)`` is."""
+        if name is None or self._kind(name) is not ObjKind.UNKNOWN:
+            return None
+        if name not in self._holders:
+            values = self.index.assigned_anywhere(name)
+            held = {
+                dotted_name(arg.value) for value in values if type(value) is cst.Call for arg in value.args
+                if self._kind(dotted_name(arg.value)) is ObjKind.OPTIMIZER
+            }
+            every_call = bool(values) and all(type(value) is cst.Call for value in values)
+            self._holders[name] = held.pop() if every_call and len(held) == 1 else None
+        return self._holders[name]
 
     def _kind(self, name: str | None) -> ObjKind:
         if name is None:
@@ -1295,21 +1315,30 @@ _MIRRORED = {cst.GreaterThan: cst.LessThan, cst.LessThan: cst.GreaterThan, cst.G
 _RATE_NAME = re.compile(r"(^|_)(lr|learning_rate|rate)$", re.IGNORECASE)
 
 
-def _handed_a_rate(call: cst.Call) -> bool:
-    """``opt.step(lr)``, ``opt.step(lr=self.learning_rate)``, ``opt.step(0.01)``: a step handed a learning rate, where
-    torch's ``Optimizer.step`` takes only a closure (WholeGraph's sparse optimizers, Warp's)."""
+def _handed_a_rate_or_gradients(call: cst.Call) -> bool:
+    """``opt.step(lr)``, ``opt.step(lr=self.learning_rate)``, ``opt.step(0.01)``: a step handed a learning rate;
+    ``opt.step([x.grad])``, ``opt.step(grads)``, ``opt.step(gradient_func())``: one handed the gradients to apply.
+    torch's ``Optimizer.step`` takes only a closure: these are other libraries' optimizers (WholeGraph's sparse
+    optimizers, Warp's, which apply the gradients they are handed)."""
     for arg in call.args:
         if arg.keyword is not None:
             if _RATE_NAME.search(arg.keyword.value):
                 return True
             continue
         value = arg.value
-        if type(value) in (cst.Float, cst.Integer):
+        if type(value) in (cst.Float, cst.Integer, cst.List, cst.Tuple):
             return True
-        name = dotted_name(value) if type(value) in (cst.Name, cst.Attribute) else None
-        if name is not None and _RATE_NAME.search(name.rsplit(".", 1)[-1]):
+        named = value.func if type(value) is cst.Call else value
+        name = dotted_name(named) if type(named) in (cst.Name, cst.Attribute) else None
+        last = name.rsplit(".", 1)[-1] if name is not None else ""
+        if _RATE_NAME.search(last) and named is value:
+            return True
+        if _GRADIENTS_NAME.search(last) and "closure" not in last.lower():
             return True
     return False
+
+
+_GRADIENTS_NAME = re.compile(r"(^|_)(grads?|gradients?)(_|$)", re.IGNORECASE)
 
 
 def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:

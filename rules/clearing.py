@@ -147,7 +147,10 @@ class MissingZeroGrad(Rule):
     (``emb_optimizer.step(lr)``, ``optimizer.step(lr=...)``: torch's takes
     only a closure; WholeGraph's sparse optimizers and Warp's apply and drop
     the gradients they collected:
-    ``fixtures/realworld/ok_gl001_sparse_optimizer_stepped_with_rate__graphstorm.py``).
+    ``fixtures/realworld/ok_gl001_sparse_optimizer_stepped_with_rate__graphstorm.py``)
+    or the gradients to apply (``opt.step([x.grad])``, ``opt.step(grads)``,
+    ``opt.step(gradient_func())``: Warp's Adam,
+    ``fixtures/realworld/ok_gl001_optimizer_handed_its_gradients__warp.py``).
     An object built from a class of the module whose ``step()`` and
     ``zero_grad()`` step and clear the optimizer it holds (a warm-up or
     logging wrapper) is read as that optimizer.
@@ -186,7 +189,11 @@ class MissingZeroGrad(Rule):
       (``clip_gradient(optimizer, 1.0)``, ``adjust_learning_rate(optimizer,
       epoch)``, ``save_checkpoint(...)``), or every function of that name in
       the files of the run is read and none clears (no ``zero_grad``, no
-      store into ``.grad``, no argument handed on to other code);
+      store into ``.grad``, no argument handed on to other code); a method
+      of an object of unknown kind built with the optimizer counts as handed
+      it (``gns = GradientNoiseScale(adp, sgd)``, then
+      ``gns.reset_accumulation()``:
+      ``fixtures/realworld/ok_gl001_object_built_with_optimizer_clears__adaptdl.py``);
     - a fresh optimizer over fresh tensors is built every iteration (also in
       the helper the loop calls, which builds it and steps it:
       ``fixtures/realworld/gl001_fresh_optimizer_built_in_called_helper__OLMo-core.py``), or the
@@ -286,7 +293,7 @@ class MissingZeroGrad(Rule):
                 if _step_clears_itself(model, step.target):
                     continue  # the optimizer's own step() clears after stepping
                 if step.has_args:
-                    continue  # ``opt.step(lr)``: another library's optimizer, whose step may consume its gradients
+                    continue  # ``opt.step(lr)``, ``opt.step(grads)``: another library's optimizer, whose step may consume its gradients
                 if _none_where_stepped(model, step):
                     continue  # ``opt = None`` unless ``if args.deepspeed:`` builds it, stepped in that test's ``else``
                 if _replays_a_graph_captured_without_gradients(model, root, loop):
