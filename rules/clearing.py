@@ -2246,7 +2246,10 @@ class UnscaledAccumulatedLoss(Rule):
     in a per-batch method with no loop around its step (a trainer's
     ``iteration(data)`` that splits the batch with ``chunk`` and steps once
     after the pieces:
-    ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``;
+    ``fixtures/realworld/gl004_chunks_of_batch_in_per_batch_method__homura.py``,
+    or cuts a piece that starts at the loop's variable,
+    ``global_batch[i : i + mini_batch]``:
+    ``fixtures/realworld/gl004_slices_of_global_batch_in_step_method__cosmos-rl.py``;
     a ``range(accum)`` loop there counts when each pass draws a fresh batch,
     ``batch = next(data_iter)``, ``get_next_batch(loader)``, also with the
     last micro-batch run after the loop, ``range(accum - 1)`` under
@@ -2419,7 +2422,9 @@ class UnscaledAccumulatedLoss(Rule):
             for step, loop, acc in judged:
                 if any(not _undoes_loss_scale(model, e, acc.backwards) for e in root.events_of(GRAD_DIVIDE, loop)):
                     continue  # the accumulated gradients are divided by hand
-                if acc.style == "micro_loop" and not _looks_like_micro_batches(model, acc.frame.node):
+                if acc.style == "micro_loop" and not (
+                    _looks_like_micro_batches(model, acc.frame.node) or _splits_a_batch(acc.frame.node)
+                ):
                     continue
                 if _cleared_every_micro_batch(model, root, step, loop, acc):
                     continue  # nothing accumulates: GL003 reports the clear, the one line to change
@@ -3215,10 +3220,26 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
 
 def _splits_a_batch(loop: cst.CSTNode) -> bool:
     """A ``for`` loop whose header splits a tensor into pieces (``zip(x.chunk(k), y.chunk(k))``, ``torch.split(x,
-    n)``): the micro-batches of one batch. A loop over ``range(accum)`` or over lists made elsewhere may run anything
-    (open_clip's re-forward of cached features, a slider trainer's prompt pairs), and is left to a loop around it."""
-    return type(loop) is cst.For and any(
-        type(n) is cst.Call and callee_name(n) in ("chunk", "split", "tensor_split") for n in walk(loop.iter)
+    n)``), or whose body cuts a piece that starts at its variable (``for i in range(0, len(batch), mb): part =
+    batch[i : i + mb]``): the micro-batches of one batch. A loop over ``range(accum)`` or over lists made elsewhere
+    may run anything (open_clip's re-forward of cached features, a slider trainer's prompt pairs), and is left to a
+    loop around it."""
+    if type(loop) is not cst.For:
+        return False
+    if any(type(n) is cst.Call and callee_name(n) in ("chunk", "split", "tensor_split") for n in walk(loop.iter)):
+        return True
+    return type(loop.target) is cst.Name and any(
+        type(n) is cst.Slice and _starts_at(n, loop.target.value) for n in walk(loop.body)
+    )
+
+
+def _starts_at(piece: cst.Slice, name: str) -> bool:
+    """``[name : name + n]`` (or ``n + name``): a piece of ``n`` items that starts at ``name``."""
+    lower, upper = piece.lower, piece.upper
+    return (
+        type(lower) is cst.Name and lower.value == name and type(upper) is cst.BinaryOperation
+        and type(upper.operator) is cst.Add
+        and any(type(side) is cst.Name and side.value == name for side in (upper.left, upper.right))
     )
 
 
