@@ -25,6 +25,7 @@ from gradlint.python_nodes import FiledTree
 from gradlint.queries import function_holding
 from gradlint.setting_defaults import latent_note
 from gradlint.syntax import dotted_name, number, parameter_names
+from gradlint.foreign_code import written_for_another_library
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
@@ -170,6 +171,8 @@ def check_module(
     ``context`` is what the other files of the run say about the module's functions
     (:mod:`gradlint.project_index`); None: the module alone is the run.
     """
+    if written_for_another_library(parsed.code):
+        return FileResult(path)  # Warp's or Paddle's ``backward`` and ``step`` are not torch's
     try:
         model = build_model(parsed, context)
     except RecursionError:  # LibCST writes code back out recursively

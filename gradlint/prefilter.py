@@ -12,6 +12,9 @@ Two levels, each a superset of what the loop model reacts to:
    cheaper than LibCST's), such a token counts only when the module really
    calls the name (:func:`called_names`). Library code full of
    ``*_backward`` functions and docs about ``step()`` is then left unparsed.
+
+A module written for another autodiff library (:mod:`gradlint.foreign_code`)
+fires no rule.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import ast
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from gradlint.foreign_code import written_for_another_library
 from gradlint.objects import ObjKind, kind_from_name
 from gradlint.python_nodes import FiledTree
 from gradlint.tokens import CallNeed, Need
@@ -42,6 +46,8 @@ def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
     Each token is searched for at most once per text, and the tokens of a
     tuple in order, stopping at the first one that is absent.
     """
+    if written_for_another_library(text):
+        return False
     search = _TokenSearch(text)
     return any(search.present(token) for token in needed_tokens(rules))
 
@@ -55,6 +61,8 @@ def rules_that_might_fire(
     parsed file is checked with these rules only. ``called``, the names the
     module calls (:func:`called_names`), narrows call tokens to real calls.
     """
+    if written_for_another_library(text):
+        return []
     search = _TokenSearch(text, called)
     return [rule for rule in rules if any(search.present(token) for token in rule.needs)]
 
