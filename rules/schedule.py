@@ -78,7 +78,8 @@ class SchedulerStepsPerMicroBatch(Rule):
       the whole training);
     - the module counts the schedule's length in micro-batches: a
       ``..._steps`` it assigns is the number of batches of an epoch
-      (``len(loader)``, ``epoch_len``) times the epochs, with no accumulation
+      (``len(loader)``, ``epoch_len``, ``n_batches_per_epoch``:
+      ``fixtures/realworld/ok_gl301_schedule_sized_in_batches_per_epoch__emmental.py``) times the epochs, with no accumulation
       count in it (``lr_decay_steps = epoch_len * max_epochs``, also with
       the epochs read by key, ``len(loader) * config.get("num_epochs")``;
       ``fixtures/realworld/gl006_clip_in_step_method__EveryDream2trainer.py``,
@@ -259,7 +260,8 @@ def _loop_bounds(loop: cst.For | cst.While) -> set[str]:
 
 
 _LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps?$")
-_EPOCH_LENGTH = ("epoch_len", "batches_per_epoch", "num_batches")
+# The batches of one epoch: ``epoch_len``, ``num_batches``, ``n_batches_per_epoch``
+_EPOCH_LENGTH = re.compile(r"^(epoch_len|((n|num)_)?batches(_per_epoch)?)$")
 # A name that says it holds (or is made from) the accumulation count: ``gradient_accumulation_steps``, ``grad_acc``
 _ACCUMULATION_NAME = re.compile(r"accum|(^|_)acc(_|$)|grad(ient)?_?acc", re.IGNORECASE)
 
@@ -290,10 +292,10 @@ def _batches_times_epochs(value: cst.BaseExpression, tables) -> bool:
         return False
     batches = (
         any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value))
-        or any(n in _EPOCH_LENGTH for n in last)
+        or any(_EPOCH_LENGTH.match(n) for n in last)
         or _samples_over_batch_size(value, tables)
     )
-    return batches and any("epoch" in n and n not in _EPOCH_LENGTH for n in last)
+    return batches and any("epoch" in n and not _EPOCH_LENGTH.match(n) for n in last)
 
 
 def _samples_over_batch_size(value: cst.BaseExpression, tables) -> bool:
