@@ -1449,7 +1449,9 @@ class ZeroGradInAccumulation(Rule):
     next epoch's first step, and the clear throws them away
     (``fixtures/accumulation/epoch_start_clear_with_counter_across_epochs.py``;
     quiet when the guard counts per epoch, ``(i + 1) % k`` of the batch loop's
-    index or a counter set back each epoch, or flushes the epoch's last
+    index or a counter set back each epoch, also at the start of the function
+    the epoch loop calls, ``cur_step = 0`` in ``train_epoch``:
+    ``fixtures/realworld/ok_gl003_counter_set_in_epoch_function__qlib.py``, or flushes the epoch's last
     micro-batches with an ``or`` clause, or steps them after the batch loop at the epoch's end:
     ``fixtures/accumulation/ok_epoch_start_clear_with_counter_per_epoch.py``).
 
@@ -1939,7 +1941,8 @@ def _loop_around(event: Event, loop: Frame) -> Frame | None:
 def _counts_across(model: LoopModel, test: cst.BaseExpression, loop: Frame, outer: Frame) -> cst.BaseExpression | None:
     """What the guard ``test`` takes a remainder of, when it is a counter that the batch ``loop`` counts up and the
     epoch loop ``outer`` never sets back: not the batch loop's own index, nothing assigned in the epoch loop
-    outside the batch loop; and no ``or`` clause that flushes an epoch's last micro-batches. Else None."""
+    outside the batch loop (nor in the function holding the batch loop, when the epoch loop calls it); and no
+    ``or`` clause that flushes an epoch's last micro-batches. Else None."""
     if any(type(n) is cst.BooleanOperation and type(n.operator) is cst.Or for n in model.file.walk(test)):
         return None
     remainders = [n for n in model.file.walk(test) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Modulo]
@@ -1956,7 +1959,11 @@ def _counts_across(model: LoopModel, test: cst.BaseExpression, loop: Frame, oute
             counted_up.add(dotted_name(node.target))
     if not counters <= counted_up:
         return None
-    for node in model.file.walk(outer.node.body):
+    scopes = [outer.node.body]
+    holder = function_holding(model, loop.node)
+    if holder is not None and holder is not function_holding(model, outer.node):
+        scopes.append(holder.body)  # the batch loop's function, called once per epoch: ``cur_step = 0`` at its start
+    for node in (n for scope in scopes for n in model.file.walk(scope)):
         if node is loop.node:
             continue
         if type(node) in (cst.Assign, cst.AnnAssign) and not lies_in(model, node, loop.node):
