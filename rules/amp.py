@@ -116,7 +116,8 @@ def _backward_of_an_owner(event: Event) -> bool:
     call = event.node
     return (
         type(call) is cst.Call and type(call.func) is cst.Attribute and call.func.attr.value == "backward"
-        and bool(call.args) and event.loss is not None and not _is_receiver_of(call, event.loss)
+        and any(arg.keyword is None for arg in call.args)  # handed the loss, not only ``retain_graph=...``
+        and event.loss is not None and not _is_receiver_of(call, event.loss)
     )
 
 
@@ -150,7 +151,9 @@ class BackwardWithoutScaler(Rule):
     **Stays quiet when**
 
     - another backward of the same loop is scaled (the scaler is optional:
-      ``if scaler: ... else: loss.backward()``), or the backward runs only
+      ``if scaler: ... else: loss.backward()``; also with keyword arguments,
+      ``scaler.scale(loss).backward(retain_graph=...)``:
+      ``fixtures/realworld/ok_gl101_scaled_backward_with_retain_graph__torch4keras.py``), or the backward runs only
       when the scaler is None (``if scaler is None: loss.backward()``);
     - a framework backpropagates (``accelerator.backward``, Lightning, a
       DeepSpeed engine), or an object's own ``backward`` is handed the loss
