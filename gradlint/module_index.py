@@ -450,7 +450,9 @@ class ModuleIndex:
             if kind is not None:
                 return ObjInfo(kind)
         name = callee_name(value) or ""
-        if type(value.func) is cst.Name and self._steps_without_gradients(name):
+        if self._steps_without_gradients(name) and (
+            type(value.func) is cst.Name or dotted_name(value.func) == f"self.{name}"  # a class nested in ``self``'s
+        ):
             return ObjInfo(ObjKind.OTHER)  # ``ema_optimizer = WeightEMA(...)``: named like an optimizer, steps no gradient
         if name in frameworks.RETURNS_GIVEN_ALONE and len(positional_args(value)) == 1:  # ``model = accelerator.prepare(model)``
             return self._classify_value(positional_args(value)[0].value)

@@ -140,7 +140,9 @@ class MissingZeroGrad(Rule):
 
     A class of the module whose ``step()`` reads no gradient (a weight
     average named ``ema_optimizer``) is no optimizer
-    (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``),
+    (``fixtures/realworld/gl001_weight_average_named_optimizer__Semi-supervised-learning.py``;
+    also one nested in the trainer and built as ``self._EMA(...)``:
+    ``fixtures/realworld/ok_gl001_nested_weight_average_class__DeepLense.py``),
     nor is higher's differentiable optimizer, whose ``step(loss)`` takes its
     gradients itself (``fixtures/frameworks/ok_higher_inner_optimizer_takes_its_own_gradients.py``),
     nor is an optimizer whose ``step`` is handed a learning rate
@@ -198,7 +200,10 @@ class MissingZeroGrad(Rule):
       the helper the loop calls, which builds it and steps it:
       ``fixtures/realworld/gl001_fresh_optimizer_built_in_called_helper__OLMo-core.py``), or the
       optimizer's own ``step()`` clears after stepping (ColossalAI's
-      ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``;
+      ``GeminiOptimizer``: ``fixtures/frameworks/ok_colossalai_gemini_step_clears.py``,
+      once ``ZeroOptimizer``, also with the name rebound to it around
+      itself, ``optimizer = ZeroOptimizer(optimizer, model)``:
+      ``fixtures/realworld/ok_gl001_zero_optimizer_rebound_around_optimizer__ColossalAI-Examples.py``;
       a class of the module whose ``step()`` sets ``p.grad = None``:
       ``fixtures/realworld/ok_gl001_optimizer_class_clears_in_its_step__modded-nanogpt.py``);
     - the optimizer is set up for gradient release (optimi's
@@ -552,13 +557,19 @@ def _step_clears_itself(model: LoopModel, optimizer: str | None) -> bool:
     if model.index is None or optimizer is None:
         return False
     values = [v for v in model.index.assigned_anywhere(optimizer) if isinstance(v, cst.BaseExpression)]
-    return bool(values) and all(
-        type(v) is cst.Call and (
-            model.index.qualified_names(v.func) & frameworks.CLEARING_STEPS
-            or (type(v.func) is cst.Name and model.index.step_clears(v.func.value))
+
+    def clearing(value: cst.BaseExpression) -> bool:
+        return type(value) is cst.Call and bool(
+            model.index.qualified_names(value.func) & frameworks.CLEARING_STEPS
+            or (type(value.func) is cst.Name and model.index.step_clears(value.func.value))
         )
-        for v in values
+
+    # ``optimizer = get_optimizer(model)`` then ``optimizer = ZeroOptimizer(optimizer, model)``: the name ends up
+    # holding the wrapper, built around what it held
+    wraps_itself = any(
+        clearing(v) and bool(v.args) and dotted_name(v.args[0].value) == optimizer for v in values
     )
+    return bool(values) and all(clearing(v) or wraps_itself for v in values)
 
 
 def _reevaluates(model: LoopModel, optimizer: str) -> bool:
