@@ -61,7 +61,9 @@ class StepTakesAnotherLossGradients(Rule):
     stepped after it (``lossG`` and ``optimizerG``, ``d_loss_real`` and
     ``opt_d``, ``actor_loss`` and ``actor_optimizer``), each optimizer's step
     applies the gradients of the terms named for the others; a term that
-    reaches its network is reported.
+    reaches its network is reported. A number alone names nothing: ``loss1 +
+    loss2`` beside ``optimizer1`` and ``optimizer2`` is one objective
+    (``fixtures/realworld/ok_gl017_numbered_loss_terms_summed__DeepLense.py``).
 
     **Fix.** Clear the optimizer right before its own backward (or step it
     before the other loss's backward), or switch the other network's
@@ -416,11 +418,12 @@ _OPTIMIZER_WORDS = frozenset({"opt", "optim", "optimizer", "optimiser", "optimiz
 def _named_for(term: str, optimizer: str) -> bool:
     """Whether a loss's name says which optimizer it is for: the words left of each name without ``loss`` / ``opt``
     words begin alike (``d_loss_real`` and ``opt_d``, ``actor_loss`` and ``actor_optimizer``), or the optimizer's is one
-    capital letter that begins the loss's first word (``lossDfake`` and ``optimizerD``)."""
+    capital letter that begins the loss's first word (``lossDfake`` and ``optimizerD``). A number alone (``loss2`` and
+    ``optimizer2``) says nothing: the terms of one loss are often numbered as the optimizers are."""
     mine = [w for w in _WORDS.findall(last_name(optimizer)) if w.lower() not in _OPTIMIZER_WORDS]
     theirs = [w for w in _WORDS.findall(last_name(term)) if w.lower() not in _LOSS_WORDS]
-    if not mine or not theirs:
-        return False
+    if not mine or not theirs or all(w.isdigit() for w in mine):
+        return False  # ``loss2`` and ``optimizer2``: a number orders the terms and the optimizers, it names no network
     if [w.lower() for w in theirs[: len(mine)]] == [w.lower() for w in mine]:
         return True
     letter = mine[0]
