@@ -643,7 +643,9 @@ class UnregisteredParameters(Rule):
     construction in the module, or the attribute is never read in the module
     (a leftover) or only handed to calls, activation checkpointing among
     them (a dummy input that makes the checkpointed output ask for
-    gradients: ``fixtures/realworld/ok_gl018_checkpoint_dummy_input__GLIP.py``); ``.float()`` is called on a parameter of a float32 tensor
+    gradients: ``fixtures/realworld/ok_gl018_checkpoint_dummy_input__GLIP.py``),
+    or added and subtracted again wherever it is read (``x + b.to(x) -
+    b.to(x)``: ``fixtures/realworld/ok_gl018_dummy_tensor_added_and_subtracted__autogluon.py``); ``.float()`` is called on a parameter of a float32 tensor
     (``torch.ones(n)`` given no ``dtype``: it hands back the parameter
     itself); a moved parameter the module's optimizer is built over by its
     attribute (``Adam([{"params": self.deform}])``: the optimizer holds what the
@@ -870,7 +872,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 if (
                     method.name.value == "__init__" and _tensor_asking_for_gradients(model, value)
                     and not _named_elsewhere(model, target, methods) and _read_anywhere(model, target)
-                    and not _only_handed_to_checkpoint(model, target)
+                    and not _only_handed_to_checkpoint(model, target) and not _cancels_where_read(model, target)
                 ):  # built once with the module, as a weight is (not a forward's intermediate kept on ``self``)
                     yield Report(
                         value,
@@ -922,6 +924,34 @@ def _only_handed_to_checkpoint(model: LoopModel, target: str) -> bool:
         target.rsplit(".", 1)[-1], (False, False)
     )
     return handed and checkpointed
+
+
+def _cancels_where_read(model: LoopModel, target: str) -> bool:
+    """Whether every read of the attribute ``self.x`` names is added and subtracted again in one sum (``x +
+    self.dummy_bias.to(x) - self.dummy_bias.to(x)``): a tensor asking for gradients only so that the output does
+    (activation checkpointing's dummy input), whose gradient through the sum is zero. Not a weight."""
+    parents = model.parents or {}
+    name = target.rsplit(".", 1)[-1]
+    signs: dict[int, int] = {}  # each sum holding a read -> the reads' signs added up
+    for node in model.file.every_node(model.module):
+        if type(node) is not cst.Attribute or node.attr.value != name:
+            continue
+        term = node
+        parent = parents.get(term)
+        if type(parent) is cst.AssignTarget:
+            continue
+        if type(parent) is cst.Attribute and parent.value is term and type(parents.get(parent)) is cst.Call:
+            term = parents[parent]  # ``self.dummy_bias.to(x)``: the same tensor, moved
+        sign, top = 1, term
+        while type(parents.get(top)) is cst.BinaryOperation and type(parents[top].operator) in (cst.Add, cst.Subtract):
+            chain = parents[top]
+            if top is chain.right and type(chain.operator) is cst.Subtract:
+                sign = -sign
+            top = chain
+        if top is term:
+            return False  # read outside a sum
+        signs[id(top)] = signs.get(id(top), 0) + sign
+    return bool(signs) and all(total == 0 for total in signs.values())
 
 
 def _attributes_handed(model: LoopModel) -> dict[str, tuple[bool, bool]]:
