@@ -27,6 +27,7 @@ from gradlint.setting_defaults import latent_note
 from gradlint.syntax import dotted_name, number, parameter_names
 from gradlint.foreign_code import written_for_another_library
 from gradlint.prefilter import called_names, might_fire, needed_tokens, rules_that_might_fire
+from gradlint.ruled_out import ruled_out
 from gradlint.rule import Report, Rule
 from gradlint.rules import ALL_RULES
 from gradlint.source import SourceError, read_source
@@ -208,6 +209,8 @@ def rule_reports(rule_class: type[Rule], model: LoopModel, path: str) -> list[tu
     """
     chosen: dict[int, tuple[Report, bool, CSTNode, str]] = {}
     for report in rule_class().check(model):
+        if ruled_out(model, report.node):
+            continue  # under ``if a: if b:`` after ``if a and b: raise``: code that never runs
         applies = report.fix is not None and report.fix.edits() is not None
         site, message = report_site(model, report)
         if report.setting is not None:
