@@ -75,19 +75,21 @@ def _raised_test(statement: cst.CSTNode) -> cst.BaseExpression | None:
 
 
 def _assigned_after(model: LoopModel, test: cst.BaseExpression, statements: list[cst.CSTNode]) -> bool:
-    """Whether a name or attribute the test reads is bound again in the statements."""
+    """Whether something the test reads (``self.args.local_rank``) or holds it (``self.args``) is bound again in the
+    statements."""
     read = {dotted_name(n) for n in walk(test) if type(n) in (cst.Name, cst.Attribute)} - {None}
     for statement in statements:
         for node in walk(statement):
             targets: list[cst.CSTNode] = []
             if type(node) is cst.Assign:
                 targets = [t.target for t in node.targets]
-            elif type(node) in (cst.AugAssign, cst.AnnAssign):
-                targets = [node.target]
+            elif type(node) is cst.AugAssign or (type(node) is cst.AnnAssign and node.value is not None):
+                targets = [node.target]  # ``self.args: TrainingArguments`` alone binds nothing
             elif type(node) is cst.For:
                 targets = [node.target]
-            if any(dotted_name(t) in read for target in targets for t in walk(target)):
-                return True
+            for target in targets:
+                parts = [e.value for e in target.elements] if type(target) in (cst.Tuple, cst.List) else [target]
+                bound = {dotted_name(part) for part in parts} - {None}
+                if any(r == b or r.startswith(b + ".") for r in read for b in bound):
+                    return True
     return False
-
-

@@ -32,6 +32,7 @@ from gradlint.queries import (
     steps_with_loops,
 )
 from gradlint.rule import BACKWARD, STEP, Report, Rule
+from gradlint.ruled_out import ruled_out
 from gradlint.tokens import HANDS_AN_OPTIMIZER
 from gradlint.syntax import (
     callee_name, children, dotted_name, keyword_arg, mentions, method_name, number, only_raises_not_implemented, positional_args, receiver,
@@ -80,6 +81,11 @@ class AccumulationWithoutNoSync(Rule):
 
     **Stays quiet when**
 
+    - every wrap of the model lies where an earlier ``if ...: raise`` of its
+      function has refused the settings it needs (``if args.local_rank != -1
+      or args.n_gpu > 1: raise`` above ``if args.local_rank != -1: model =
+      DDP(model)``:
+      ``fixtures/realworld/ok_gl302_wrap_a_raise_rules_out__private-transformers.py``);
     - the micro-batches run inside ``no_sync()`` / ``no_backward_sync()`` /
       ``require_backward_grad_sync = False`` / ``set_requires_gradient_sync(flag)``
       (``fixtures/distributed/ok_fsdp2_requires_gradient_sync.py``), a
@@ -337,6 +343,7 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
     settings = framework_settings(model)
     wrap_calls = _wrapper_constructions(model)
     returned = _returned_by_other_files(model)
+    refused: dict[str, bool] = {}  # each name wrapped by an assignment -> whether every such wrap is ruled out
     for function, table in index.assignments.items():
         for name, values in table.items():
             for value in values:
@@ -345,9 +352,14 @@ def _wrapped_models(model: LoopModel) -> tuple[dict[str, Wrap], dict[str, set]]:
                     or (returned.get(_plain_callee(value) or "") if type(value) is cst.Call else None)
                 )
                 if by is not None:
+                    refused[name] = refused.get(name, True) and isinstance(value, cst.CSTNode) and ruled_out(model, value)
                     wrapped.setdefault(name, by)
                     scopes.setdefault(name, set()).add(function)
                     break
+    for name in [n for n, never in refused.items() if never]:
+        # ``if args.local_rank != -1 or args.n_gpu > 1: raise ...`` above ``if args.local_rank != -1: model = DDP(model)``
+        wrapped.pop(name, None)
+        scopes.pop(name, None)
     for key, calls in settings.wraps.items():
         wrap = frameworks.WRAPS[key]
         if wrap.function is None:
