@@ -796,7 +796,10 @@ class EventBuilder:
         handed = [name for name in (dotted_name(arg.value) for arg in call.args) if name and self._kind(name) is ObjKind.OPTIMIZER]
         for arg_name in handed:
             emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
-        held = self._optimizer_held_by(dotted_name(call.func.value)) if not handed and type(call.func) is cst.Attribute else None
+        held = (
+            self._optimizer_held_by(dotted_name(call.func.value))
+            if not handed and type(call.func) is cst.Attribute and _RESET_WORDS.search(call.func.attr.value) else None
+        )
         if held is not None:  # ``gns = GradientNoiseScale(adp, sgd)``, then ``gns.reset_accumulation()``
             emit(HANDOFF, target=held, target_kind=ObjKind.OPTIMIZER)
         if len(handed) == 1 and name in self.steps_handed:
@@ -912,7 +915,8 @@ class EventBuilder:
     def _optimizer_held_by(self, name: str | None) -> str | None:
         """The optimizer an object of unknown kind was built with (``gns = GradientNoiseScale(adp, sgd)``): every
         assignment of ``name`` in the module is a call, and those calls hand it one optimizer, the same each time.
-        Its methods may step or clear that optimizer: a call of one is handed it as much as ``f(sgd)`` is."""
+        A method of it whose name says it resets or clears (``gns.reset_accumulation()``) may clear that optimizer, as
+        ``f(sgd)`` may; other methods (a callback handler's ``on_step_end``) are not read as handed it."""
         if name is None or self._kind(name) is not ObjKind.UNKNOWN:
             return None
         if name not in self._holders:
@@ -1338,6 +1342,7 @@ def _handed_a_rate_or_gradients(call: cst.Call) -> bool:
     return False
 
 
+_RESET_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
 _GRADIENTS_NAME = re.compile(r"(^|_)(grads?|gradients?)(_|$)", re.IGNORECASE)
 
 

@@ -192,8 +192,8 @@ class MissingZeroGrad(Rule):
       epoch)``, ``save_checkpoint(...)``), or every function of that name in
       the files of the run is read and none clears (no ``zero_grad``, no
       store into ``.grad``, no argument handed on to other code); a method
-      of an object of unknown kind built with the optimizer counts as handed
-      it (``gns = GradientNoiseScale(adp, sgd)``, then
+      whose name says it resets or clears, of an object of unknown kind built
+      with the optimizer, counts as handed it (``gns = GradientNoiseScale(adp, sgd)``, then
       ``gns.reset_accumulation()``:
       ``fixtures/realworld/ok_gl001_object_built_with_optimizer_clears__adaptdl.py``);
     - a fresh optimizer over fresh tensors is built every iteration (also in
@@ -3238,8 +3238,9 @@ def _comment_of(model: LoopModel, node: cst.CSTNode) -> str:
 
 def _splits_a_batch(loop: cst.CSTNode) -> bool:
     """A ``for`` loop whose header splits a tensor into pieces (``zip(x.chunk(k), y.chunk(k))``, ``torch.split(x,
-    n)``), or whose body cuts a piece that starts at its variable (``for i in range(0, len(batch), mb): part =
-    batch[i : i + mb]``): the micro-batches of one batch. A loop over ``range(accum)`` or over lists made elsewhere
+    n)``), or whose body cuts a piece of the batch that starts at its variable (``for i in range(0, len(batch), mb):
+    part = batch[i : i + mb]``; what is cut is named for a batch, its samples or its inputs): the micro-batches of
+    one batch. A loop over ``range(accum)`` or over lists made elsewhere
     may run anything (open_clip's re-forward of cached features, a slider trainer's prompt pairs), and is left to a
     loop around it."""
     if type(loop) is not cst.For:
@@ -3247,8 +3248,15 @@ def _splits_a_batch(loop: cst.CSTNode) -> bool:
     if any(type(n) is cst.Call and callee_name(n) in ("chunk", "split", "tensor_split") for n in walk(loop.iter)):
         return True
     return type(loop.target) is cst.Name and any(
-        type(n) is cst.Slice and _starts_at(n, loop.target.value) for n in walk(loop.body)
+        type(n) is cst.Subscript and _BATCH_NAME.search(dotted_name(n.value) or "")
+        and any(type(e.slice) is cst.Slice and _starts_at(e.slice, loop.target.value) for e in n.slice)
+        for n in walk(loop.body)
     )
+
+
+# What a piece cut from is named when it holds the batch's samples (``global_batch``, ``samples``, ``inputs``), not
+# indices into something else (``global_indices[i : i + batch_size]`` may pick calibration samples of one long batch)
+_BATCH_NAME = re.compile(r"batch|sample|example|input|data", re.IGNORECASE)
 
 
 def _starts_at(piece: cst.Slice, name: str) -> bool:
