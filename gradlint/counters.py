@@ -1,9 +1,11 @@
 """What a micro-batch counter holds when an accumulation guard reads it, on the loop's first iteration.
 
-Two kinds of counter are read: the loop's own index (``for i, b in
-enumerate(loader, start)``, ``for i in range(start, n)``) and a counter kept
+Three kinds of counter are read: the loop's own index (``for i, b in
+enumerate(loader, start)``, ``for i in range(start, n)``), a counter kept
 by hand (``step = 0`` before the loop, ``step += 1`` once in every
-iteration). A counter whose value at the guard cannot be told from the code
+iteration), and, in a method run once per batch (a callback's
+``on_batch_end``), a counter on ``self`` that ``__init__`` sets and the
+method increments (set back at most inside the guard, to where it started). A counter whose value at the guard cannot be told from the code
 (a start that is no literal, a second increment, a ``continue`` between the
 guard and the increment, an assignment after the loop) is no counter here:
 the caller stays quiet.
