@@ -14,7 +14,7 @@ from gradlint.model import GRAD_DIVIDE, GRAD_READ, HANDOFF, NO_SYNC, Event, Fram
 from gradlint.module_index import ModuleIndex, Unpacked
 from gradlint.objects import ObjKind, kind_from_name, last_name
 from gradlint.project_index import BackwardHelper
-from gradlint.queries import handoff_may_step
+from gradlint.queries import CLEAR_WORDS, handoff_may_step
 from gradlint.syntax import (
     SCALING_CALLS,
     bind_arguments,
@@ -798,7 +798,7 @@ class EventBuilder:
             emit(HANDOFF, target=arg_name, target_kind=ObjKind.OPTIMIZER)
         held = (
             self._optimizer_held_by(dotted_name(call.func.value))
-            if not handed and type(call.func) is cst.Attribute and _RESET_WORDS.search(call.func.attr.value) else None
+            if not handed and type(call.func) is cst.Attribute and CLEAR_WORDS.search(call.func.attr.value) else None
         )
         if held is not None:  # ``gns = GradientNoiseScale(adp, sgd)``, then ``gns.reset_accumulation()``
             emit(HANDOFF, target=held, target_kind=ObjKind.OPTIMIZER)
@@ -1342,7 +1342,6 @@ def _handed_a_rate_or_gradients(call: cst.Call) -> bool:
     return False
 
 
-_RESET_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
 _GRADIENTS_NAME = re.compile(r"(^|_)(grads?|gradients?)(_|$)", re.IGNORECASE)
 
 

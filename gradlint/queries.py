@@ -148,10 +148,11 @@ def handoff_may_clear(handoff: Event, keeps: frozenset[str] = frozenset()) -> bo
     name = callee_name(handoff.node) if type(handoff.node) is cst.Call else None
     if name is not None and (name in keeps or name in frameworks.KEEPS_GRADIENTS or _SCHEDULER_CLASS.search(name)):
         return False
-    return name is None or _CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
+    return name is None or CLEAR_WORDS.search(name) is not None or _NOT_CLEARING.search(name) is None
 
 
-_CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
+# A name that says it zeroes, clears or resets (``reset_accumulation``, ``clear_grads``): it may clear gradients
+CLEAR_WORDS = re.compile(r"zero|clear|reset", re.IGNORECASE)
 # torch's schedulers by their class names (``StepLR``, ``CosineAnnealingLR``, ``ReduceLROnPlateau``): built over the
 # optimizer, they only read and set its learning rates
 _SCHEDULER_CLASS = re.compile(r"[a-z]LR$|^ReduceLROnPlateau$")
