@@ -19,7 +19,7 @@ import libcst as cst
 
 from gradlint.model import Frame, LoopModel
 from gradlint.queries import counter_and_offset, function_holding
-from gradlint.syntax import boolean_terms, callee_name, dotted_name, keyword_arg, number, positional_args, walk
+from gradlint.syntax import boolean_terms, callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, walk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,9 +283,9 @@ def _per_batch_self_counter(
 def _sibling_init(model: LoopModel, function: cst.FunctionDef) -> cst.FunctionDef | None:
     """The ``__init__`` of the class that defines ``function``."""
     owner = (model.parents or {}).get((model.parents or {}).get(function))
-    if type(owner) is not cst.ClassDef or type(owner.body) is not cst.IndentedBlock:
+    if type(owner) is not cst.ClassDef:
         return None
-    return next((s for s in owner.body.body if type(s) is cst.FunctionDef and s.name.value == "__init__"), None)
+    return next((method for method in class_methods(owner) if method.name.value == "__init__"), None)
 
 
 def _exits(statements: list[cst.CSTNode]) -> bool:

@@ -46,10 +46,8 @@ def might_fire(text: str, rules: Sequence[type[Rule]]) -> bool:
     Each token is searched for at most once per text, and the tokens of a
     tuple in order, stopping at the first one that is absent.
     """
-    if written_for_another_library(text):
-        return False
     search = _TokenSearch(text)
-    return any(search.present(token) for token in needed_tokens(rules))
+    return any(search.present(token) for token in needed_tokens(rules)) and not written_for_another_library(text)
 
 
 def rules_that_might_fire(
@@ -61,10 +59,9 @@ def rules_that_might_fire(
     parsed file is checked with these rules only. ``called``, the names the
     module calls (:func:`called_names`), narrows call tokens to real calls.
     """
-    if written_for_another_library(text):
-        return []
     search = _TokenSearch(text, called)
-    return [rule for rule in rules if any(search.present(token) for token in rule.needs)]
+    firing = [rule for rule in rules if any(search.present(token) for token in rule.needs)]
+    return [] if firing and written_for_another_library(text) else firing
 
 
 # In :func:`called_names`' answer: the module imports ``backward`` under another name

@@ -46,10 +46,7 @@ def ruled_out(model: LoopModel, node: cst.CSTNode) -> bool:
 
 def _implied(model: LoopModel, refused: cst.BaseExpression, taken: set[str]) -> bool:
     """Whether the tests taken spell every term of one ``and`` of the ``or`` the raise refused."""
-    return any(
-        {model.code(term) for term in boolean_terms(alternative, cst.And)} <= taken
-        for alternative in boolean_terms(refused, cst.Or)
-    )
+    return any(_and_terms(model, alternative) <= taken for alternative in boolean_terms(refused, cst.Or))
 
 
 def _tests_taken_to(model: LoopModel, node: cst.CSTNode, function: cst.FunctionDef) -> set[str]:
@@ -59,9 +56,14 @@ def _tests_taken_to(model: LoopModel, node: cst.CSTNode, function: cst.FunctionD
     child, current = node, parents.get(node)
     while current is not None and current is not function:
         if type(current) is cst.If and child is current.body:
-            taken |= {model.code(term) for term in boolean_terms(current.test, cst.And)}
+            taken |= _and_terms(model, current.test)
         child, current = current, parents.get(current)
     return taken
+
+
+def _and_terms(model: LoopModel, test: cst.BaseExpression) -> set[str]:
+    """The code of each term of an ``and`` (the test itself when it is none)."""
+    return {model.code(term) for term in boolean_terms(test, cst.And)}
 
 
 def _raised_test(statement: cst.CSTNode) -> cst.BaseExpression | None:
