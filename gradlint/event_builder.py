@@ -397,6 +397,8 @@ class EventBuilder:
             return True, count
         if self._count_reaches_threshold(test, function):
             return True, None
+        if self._counts_down_and_skips(test):
+            return True, None
         # ``config["is_warmup"]``: the key names the setting read, not whatever else the container holds
         containers = {id(n.value) for n in self._walk(test) if type(n) is cst.Subscript and _string_key(n) is not None}
         # ``accelerator.state.deepspeed_plugin``: the object an attribute is read from is no flag to follow back (its
@@ -458,6 +460,32 @@ class EventBuilder:
             if counter is not None and _resets(statement, counter) and self._added_to(counter, function):
                 return True
         return False
+
+    def _counts_down_and_skips(self, test: cst.BaseExpression) -> bool:
+        """``if acc_batches > 1: acc_batches -= 1; continue``: a count-down of the micro-batches left in the window.
+
+        The branch lowers the count it tests and skips the rest of the
+        iteration, so the step after it waits for the count to run down,
+        whatever the count is called. A count of batches to wait or to warm up
+        (``warmup``, ``skip``, ``wait``, ``delay``, ``patience``) skips whole
+        iterations instead and is no guard.
+        """
+        statement = self.index.file.parent_map().get(test)
+        if type(statement) is not cst.If or statement.test is not test or statement.orelse is not None:
+            return False
+        if type(test) is not cst.Comparison or len(test.comparisons) != 1:
+            return False
+        if type(test.comparisons[0].operator) not in (cst.GreaterThan, cst.NotEqual) or number(test.comparisons[0].comparator) not in (0, 1):
+            return False
+        counter = dotted_name(test.left) if type(test.left) in (cst.Name, cst.Attribute) else None
+        if counter is None or _WAITING_COUNT.search(counter.rsplit(".", 1)[-1]):
+            return False
+        smalls = _branch_smalls(statement)
+        return bool(smalls) and type(smalls[-1]) is cst.Continue and any(
+            type(small) is cst.AugAssign and type(small.operator) is cst.SubtractAssign
+            and dotted_name(small.target) == counter and number(small.value) == 1
+            for small in smalls
+        )
 
     def _added_to(self, counter: str, function: cst.FunctionDef | None) -> bool:
         """Whether ``counter += ...`` is written in the function (for ``self.`` attributes, in any function of the module)."""
@@ -1295,13 +1323,20 @@ def _counter_reaches_threshold(statement: cst.If) -> bool:
     return counter is not None and _resets(statement, counter)
 
 
-def _resets(statement: cst.If, counter: str) -> bool:
-    """Whether the body of ``statement`` sets ``counter`` back: ``counter = 0`` or ``counter -= ...`` among its lines."""
+_WAITING_COUNT = re.compile(r"warm|skip|wait|delay|patience|burn", re.IGNORECASE)
+
+
+def _branch_smalls(statement: cst.If) -> list[cst.BaseSmallStatement]:
+    """The simple statements of the ``if`` branch of ``statement``, in order (compound statements left out)."""
     lines = statement.body.body
-    smalls = lines if type(statement.body) is cst.SimpleStatementSuite else [
+    return list(lines) if type(statement.body) is cst.SimpleStatementSuite else [
         small for line in lines if type(line) is cst.SimpleStatementLine for small in line.body
     ]
-    for small in smalls:
+
+
+def _resets(statement: cst.If, counter: str) -> bool:
+    """Whether the body of ``statement`` sets ``counter`` back: ``counter = 0`` or ``counter -= ...`` among its lines."""
+    for small in _branch_smalls(statement):
         if type(small) is cst.Assign and number(small.value) == 0 and any(dotted_name(t.target) == counter for t in small.targets):
             return True
         if type(small) is cst.AugAssign and type(small.operator) is cst.SubtractAssign and dotted_name(small.target) == counter:

@@ -1452,6 +1452,11 @@ class ZeroGradInAccumulation(Rule):
     1) % k:`` runs where ``(j + 1) % k == 0`` holds, and the clear and the
     step may sit in two helpers the iteration calls
     (``fixtures/realworld/gl003_clear_under_continue_guard_test_before_backward__mmf.py``).
+    The guard may also count down the micro-batches left, whatever the count
+    is called: ``if acc_batches > 1: acc_batches -= 1; continue`` before the
+    step (``fixtures/realworld/gl003_clear_before_countdown_skip_guard__pytorch-cifar100.py``;
+    a count of batches to skip while warming up, ``warmup``/``skip``/``wait``
+    in its name, is no guard).
 
     A clear at the start of each epoch is flagged when the step's guard counts
     micro-batches across epochs (``self.global_step % k``, counted up in the

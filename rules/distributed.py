@@ -1947,21 +1947,38 @@ def _forwards_around_wrapper(model: LoopModel, root: Root, owner: str) -> bool:
 
 def _wrappers_clip_on_the_other_branch(model: LoopModel, call: cst.Call, owner: str, sharded) -> bool:
     """Whether the plain clip sits in one branch of an ``if`` whose other branch clips with the wrapper's own method on
-    the same model (``if strategy != "DDP": model.clip_grad_norm_(...) else: torch.nn.utils.clip_grad_norm_(...)``):
-    the code picks the clip by how the model is wrapped."""
+    the same model (``if strategy != "DDP": model.clip_grad_norm_(...) else: torch.nn.utils.clip_grad_norm_(...)``),
+    or after an ``if`` that clips so and returns (``if self.fsdp: return self.policy.clip_grad_norm_(...)``, then the
+    plain clip): the code picks the clip by how the model is wrapped."""
     parents = model.parents or {}
+
+    def wrappers_clip(node: cst.CSTNode) -> bool:
+        return any(
+            type(n) is cst.Call and method_name(n) == sharded.clip_method and type(n.func) is cst.Attribute
+            and dotted_name(n.func.value) == owner
+            for n in walk(node)
+        )
+
     child, current = call, parents.get(call)
     while current is not None and type(current) is not cst.FunctionDef:
         if type(current) is cst.If and child is not current.test:
             other = current.orelse if child is current.body else current.body
-            if other is not None and any(
-                type(n) is cst.Call and method_name(n) == sharded.clip_method and type(n.func) is cst.Attribute
-                and dotted_name(n.func.value) == owner
-                for n in walk(other)
-            ):
+            if other is not None and wrappers_clip(other):
+                return True
+        if type(current) is cst.IndentedBlock and child in current.body:
+            earlier = current.body[: current.body.index(child)]
+            if any(type(s) is cst.If and s.orelse is None and _ends_in_return(s.body) and wrappers_clip(s.body) for s in earlier):
                 return True
         child, current = current, parents.get(current)
     return False
+
+
+def _ends_in_return(block: cst.BaseSuite) -> bool:
+    """Whether a suite's last statement is a ``return``."""
+    last = block.body[-1] if block.body else None
+    if type(last) is cst.SimpleStatementLine:
+        last = last.body[-1] if last.body else None
+    return type(last) is cst.Return
 
 
 def _class_tokens(sharded) -> tuple[str, ...]:
@@ -1992,7 +2009,10 @@ class NormClippedOnShards(Rule):
     - the plain clip sits in one branch of an ``if`` whose other branch clips
       the same model with the wrapper's own ``clip_grad_norm_`` (the code picks
       the clip by strategy:
-      ``fixtures/realworld/ok_gl306_gl307_abstract_loss_and_clip_per_strategy__CogKit.py``);
+      ``fixtures/realworld/ok_gl306_gl307_abstract_loss_and_clip_per_strategy__CogKit.py``),
+      or after an ``if`` that clips so and returns (``if self.fsdp: return
+      self.policy.clip_grad_norm_(...)``:
+      ``fixtures/realworld/ok_gl307_wrapper_clip_returned_first__HALOs.py``);
     - the model was wrapped with ``sharding_strategy=ShardingStrategy.NO_SHARD``
       (or a variable assigned nothing else): whole gradients on every rank;
     - the model was sharded with FSDP2's ``fully_shard``: its gradients are
@@ -2131,6 +2151,14 @@ def _same_instance_runs(model: LoopModel, wrapping: cst.FunctionDef | None, clip
 def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
     """How the wrap's strategy shards, in words, or None when it keeps whole gradients for sure."""
     arg = keyword_arg(wrap, sharded.strategy_keyword)
+    spread = next((a for a in wrap.args if a.star == "**"), None)
+    if arg is None and spread is not None:
+        arg = _keyword_in_spread_dict(model, wrap, spread.value, sharded.strategy_keyword)
+        if arg is None:
+            return (
+                f"`{sharded.strategy_keyword}` not given unless in `**{model.code(spread.value)}`: sharded unless it is "
+                + " or ".join(sorted(sharded.unsharded))
+            )
     if arg is None:
         return f"`{sharded.strategy_keyword}` not given: `{sharded.default}`"
     named = dotted_name(arg.value)
@@ -2147,6 +2175,16 @@ def _strategy(model: LoopModel, wrap: cst.Call, sharded) -> str | None:
     return f"`{sharded.strategy_keyword}={named}`, a setting: sharded unless it is " + " or ".join(sorted(sharded.unsharded))
 
 
+def _keyword_in_spread_dict(model: LoopModel, wrap: cst.Call, spread: cst.BaseExpression, keyword: str) -> cst.Arg | None:
+    """The ``keyword=`` argument of the ``dict(...)`` a wrap spreads (``FSDP(m, **shared_fsdp_kwargs)`` with
+    ``shared_fsdp_kwargs = dict(sharding_strategy=..., ...)`` in the same function), or None when it is not seen."""
+    name = dotted_name(spread)
+    values = model.index.assignments.get(function_holding(model, wrap), {}).get(name, []) if name is not None else []
+    if len(values) != 1 or type(values[0]) is not cst.Call or dotted_name(values[0].func) != "dict":
+        return None
+    return keyword_arg(values[0], keyword)
+
+
 class ForwardAroundWrapper(Rule):
     """A data-parallel model is trained through the module it wraps: its own forward never runs, nothing is all-reduced.
 
@@ -2154,7 +2192,10 @@ class ForwardAroundWrapper(Rule):
     of a backward only when its own forward prepared the reducer for it
     (``_post_forward`` calls ``reducer.prepare_for_backward``; the reducer's
     gradient hooks return at once while it expects none). A training step
-    whose loss is computed through ``model.module.encode(...)``, or through
+    whose loss is computed through ``model.module.encode(...)``, through a
+    helper that returns the wrapped module (``self._get_model().compute_loss(batch)``
+    with ``_get_model`` returning ``self.model.module``:
+    ``fixtures/realworld/gl309_loss_through_unwrap_helper__OpenTSLM.py``), or through
     the object the wrapper was built from, never runs that forward: each
     process steps its own replica on its own shard of the data, and the
     replicas drift apart with no error. A model prepared by accelerate is the
@@ -2343,6 +2384,12 @@ def _forward_around(
             if callee is not None and (callee in origins or (callee.startswith(module + ".") and last not in _NOT_A_FORWARD_METHOD) or callee == module):
                 forwards.append(sub)
             helper = model.index.resolve_function(sub, scope) if model.index is not None else None
+            if helper is not None and not sub.args and _unwraps(model, helper, name):
+                visited.add(id(helper))  # ``self._get_model()`` is ``self.model.module``: its body hands nothing on
+                forward = _forward_of_unwrapped(model, sub)
+                if forward is not None:
+                    forwards.append(forward)
+                continue
             if helper is not None and id(helper) not in visited:
                 visited.add(id(helper))
                 pending.append((helper.body, helper))
@@ -2355,6 +2402,30 @@ def _forward_around(
             continue
         if mentions(backward.loss, derived) or any(lies_in(model, call, backward.loss) for call in forwards):
             return forwards[0], backward
+    return None
+
+
+def _unwraps(model: LoopModel, helper: cst.FunctionDef, name: str) -> bool:
+    """Whether ``helper`` hands back the module the wrapper ``name`` wraps: every value it returns is ``name.module``
+    or ``name`` itself (the fallback with one process), at least one is ``name.module`` (``def _get_model(self): if
+    hasattr(self.model, "module"): return self.model.module; return self.model``, or the same as one ``... if ...
+    else ...``)."""
+    values: list[cst.BaseExpression] = []
+    for value in model.index.returned(helper):
+        values.extend((value.body, value.orelse) if type(value) is cst.IfExp else (value,))
+    spelled = {dotted_name(v) if type(v) in (cst.Name, cst.Attribute) else None for v in values}
+    return f"{name}.module" in spelled and spelled <= {name, f"{name}.module"}
+
+
+def _forward_of_unwrapped(model: LoopModel, call: cst.Call) -> cst.Call | None:
+    """The forward run on what an unwrapping helper's ``call`` returns: ``helper()(x)``, or ``helper().method(x)``
+    for a method that runs the module (not ``parameters()``, ``train()``...); None for anything else."""
+    parent = (model.parents or {}).get(call)
+    if type(parent) is cst.Call and parent.func is call:
+        return parent
+    outer = (model.parents or {}).get(parent) if type(parent) is cst.Attribute and parent.value is call else None
+    if type(outer) is cst.Call and outer.func is parent and parent.attr.value not in _NOT_A_FORWARD_METHOD:
+        return outer
     return None
 
 
