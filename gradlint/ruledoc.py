@@ -99,11 +99,20 @@ def render_markdown(rule: type[Rule]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-# The title of each family of rules (the module of ``rules/`` that holds it) on the rule pages.
+# The title of each family of rules (the module of ``rules/`` that holds it) on the rule pages. Several modules may
+# share a family: each holds one idea, a family groups the ideas a reader looks for together.
 FAMILIES = {
     "clearing": "Clearing gradients",
+    "foreign_gradients": "Clearing gradients",
+    "steps": "Clearing gradients",
+    "gradient_reads": "Clearing gradients",
     "accumulation": "Gradient accumulation",
+    "pass_end": "Gradient accumulation",
+    "guard_precedence": "Gradient accumulation",
     "parameters": "What the optimizer holds",
+    "parameter_groups": "What the optimizer holds",
+    "network_in_no_optimizer": "What the optimizer holds",
+    "replaced_network": "What the optimizer holds",
     "amp": "Mixed precision with a GradScaler",
     "gradient_release": "Gradient release",
     "schedule": "Learning-rate schedulers",
