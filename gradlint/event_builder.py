@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import libcst as cst
 
@@ -99,6 +99,8 @@ class EventBuilder:
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
+        # Per function: the counts its accumulation guards divide by (``batches % update_interval``), met so far
+        self._guard_counts: dict[int, set[str]] = {}
         self._flushes: dict[tuple[int, int], bool] = {}  # (if, function) -> read as a flush after an ended loop
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
         self._may_hold_no_sync = index.text is None or any(method in index.text for method in frameworks.MODEL_NO_SYNC)
@@ -202,7 +204,7 @@ class EventBuilder:
         if accumulation and self._flush_after_ended_loop(statement, scope.function):
             accumulation, count = False, None  # ``if n % k != 0: opt.step()`` after the batch loop: once per pass, a flush
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
-        side = _setting_test(statement.test) if fixed else None
+        side = _setting_test(statement.test, self._guard_counts.get(id(scope.function), ())) if fixed else None
         body_frame = Frame(
             FrameKind.BRANCH, statement, "if", accumulation, count, exits=leaves_block(statement.body), fixed=fixed, accumulation_on=side,
         )
@@ -382,6 +384,9 @@ class EventBuilder:
         found = self._guards.get(key)
         if found is None:
             found = self._guards[key] = self._judge_guard(test, function, depth)
+            count = dotted_name(found[1]) if found[0] and found[1] is not None else None
+            if count is not None:
+                self._guard_counts.setdefault(id(function), set()).add(count)
         return found
 
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
@@ -413,6 +418,8 @@ class EventBuilder:
                     continue  # ``should_step = has_signal`` before the loop: the same on every micro-batch
                 return True, None
             if depth < 2 and type(node) is cst.Name and id(node) not in receivers:
+                if self._set_before_its_loop(name, test, function):
+                    continue  # ``resume_step = train_steps % n`` before the loop: the same number on every batch
                 for value in self._assigned(name, function):
                     if not isinstance(value, Unpacked) and not _arithmetic(value):
                         found, count = self._guard(value, function, depth + 1)
@@ -497,7 +504,7 @@ class EventBuilder:
 
     def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
         """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""
-        if not _accumulation_enabled(test):
+        if not _accumulation_enabled(test, self._guard_counts.get(id(function), ())):
             return False
         key = (id(test), id(function))
         if key not in self._switches:
@@ -1380,13 +1387,13 @@ def _handed_a_rate_or_gradients(call: cst.Call) -> bool:
 _GRADIENTS_NAME = re.compile(r"(^|_)(grads?|gradients?)(_|$)", re.IGNORECASE)
 
 
-def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
+def _setting_test(test: cst.BaseExpression, counts: Collection[str] = ()) -> tuple[str, bool] | None:
     """For ``if args.gradient_accumulation_steps > 1:`` the setting tested and whether the body runs with accumulation
     on (``== 1``: off); None when the test is no comparison of an accumulation count against 1 or 2. A count that may
     be None is tested for presence first: ``if multiplier is not None and multiplier > 1:`` (its ``else`` runs with
     accumulation off too)."""
     if type(test) is cst.BooleanOperation and type(test.operator) is cst.And:
-        found = [(term, _setting_test(term)) for term in boolean_terms(test, cst.And)]
+        found = [(term, _setting_test(term, counts)) for term in boolean_terms(test, cst.And)]
         tested = [setting for _, setting in found if setting is not None]
         if len(tested) == 1 and tested[0][1] and all(
             setting is not None or _presence_of(term, tested[0][0]) for term, setting in found
@@ -1404,8 +1411,8 @@ def _setting_test(test: cst.BaseExpression) -> tuple[str, bool] | None:
     if name is None or on is None:
         return None
     last = name.rsplit(".", 1)[-1]
-    if not (_ACCUMULATION_WORDS.search(last) and _COUNT_WORDS.search(last)) and not _MULTIPLIER.search(last):
-        return None
+    if not (_ACCUMULATION_WORDS.search(last) and _COUNT_WORDS.search(last)) and not _MULTIPLIER.search(last) and name not in counts:
+        return None  # ``counts``: what an accumulation guard of the function divides by, whatever its name
     return name, on
 
 
@@ -1421,13 +1428,13 @@ def _presence_of(term: cst.BaseExpression, name: str) -> bool:
     return type(term) in (cst.Name, cst.Attribute) and dotted_name(term) == name
 
 
-def _accumulation_enabled(test: cst.BaseExpression) -> bool:
+def _accumulation_enabled(test: cst.BaseExpression, counts: Collection[str] = ()) -> bool:
     """``if args.gradient_accumulation_steps > 1:``: a test of the configured count against 1, not of the micro-batch.
 
     It has the same value on every batch, so neither of its branches is an
     accumulation guard (a ``%`` of the batch index inside one still is).
     """
-    return _setting_test(test) is not None
+    return _setting_test(test, counts) is not None
 
 
 _COUNT_WORDS = re.compile(r"steps|iters?$|batches|count|^n_|_n$|num|freq|every|interval", re.IGNORECASE)

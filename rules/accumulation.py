@@ -1005,6 +1005,12 @@ class LossDividedWithoutAccumulation(Rule):
     holds the step back: the prepared optimizer steps and clears on every
     batch
     (``fixtures/realworld/gl010_framework_divides_outside_its_context__EAGLE.py``).
+    A test of the context's sync flag there (``if accelerator.sync_gradients:
+    clip``) holds nothing back, in a module that never enters the context
+    (the flag changes only on entering it), nor does a skip of the batches
+    already seen on resuming (``if resuming and step < resume_step:
+    continue`` before the forward: it picks iterations, not micro-batches):
+    ``fixtures/realworld/gl010_sync_flag_tested_outside_accumulate__Otter.py``.
     Also when the loop enters that context only once around itself (``with
     accelerator.accumulate(model): for mb in micro_batches: ...;
     optimizer.step()``): the framework decides at each entry whether the
@@ -1045,7 +1051,7 @@ class LossDividedWithoutAccumulation(Rule):
             yield from _gradients_divided_under_guard(model, root)
 
     def _every_micro_batch(self, model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
-        if _accumulates(root, loop):
+        if _accumulates(root, loop, backward=backward):
             return  # the loop accumulates somewhere: GL003 and GL004 weigh it
         events = root.events_in(loop)
         if any(
@@ -1056,9 +1062,11 @@ class LossDividedWithoutAccumulation(Rule):
         step = next((e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at), None)
         if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER:
             return
-        if not _unconditional(step, loop):
+        if not _unconditional(step, loop, backward):
             return
-        clear = next((z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop)), None)
+        clear = next(
+            (z for z in root.events_of(EventKind.ZERO, loop) if clears(model, z, step.target) and _unconditional(z, loop, backward)), None,
+        )
         if clear is None:
             return
         division = _accumulation_division(model, backward, loop)
@@ -1087,9 +1095,39 @@ class LossDividedWithoutAccumulation(Rule):
         )
 
 
-def _accumulates(root: Root, loop: Frame, context: str = "accumulate") -> bool:
-    """Whether anything in the loop is under an accumulation guard or in a framework's accumulation context."""
-    return any(f.accumulation or f.context == context for e in root.events_in(loop) for f in frames_inside(e, loop))
+def _accumulates(root: Root, loop: Frame, context: str = "accumulate", backward: Event | None = None) -> bool:
+    """Whether anything in the loop is under an accumulation guard or in a framework's accumulation context. A guard
+    that also holds ``backward`` picks which iterations run at all, not which micro-batches step (``if resuming and
+    step < resume_step: continue`` before the forward)."""
+    return any(
+        (f.accumulation or f.context == context) and not _holds(f, backward)
+        for e in root.events_in(loop) for f in frames_inside(e, loop)
+    )
+
+
+def _holds(frame: Frame, event: Event | None) -> bool:
+    """Whether ``frame`` is one of the frames around ``event``."""
+    return event is not None and any(f is frame for f in event.frames)
+
+
+def _accumulates_in_context(model: LoopModel, root: Root, loop: Frame, context: str, backward: Event) -> bool:
+    """``_accumulates`` for a framework's backward, except that a test of the context's sync flag (``if
+    accelerator.sync_gradients:``) guards nothing in a module that never enters the context: the flag is set only on
+    entering it (accelerate's ``GradientState`` starts it True), so it is the same on every batch."""
+    enters = model.file.once(("enters", context), lambda: any(
+        type(n) is cst.Call and callee_name(n) == context for n in model.file.walk(model.file.module)
+    ))
+    for event in root.events_in(loop):
+        for frame in frames_inside(event, loop):
+            if frame.context == context:
+                return True
+            if not frame.accumulation or _holds(frame, backward):
+                continue  # a guard around the backward too picks iterations, not micro-batches
+            test = frame.node.test if type(frame.node) is cst.If else None
+            if not enters and type(test) is cst.Attribute and test.attr.value in frameworks.SYNC_STEP_FLAGS:
+                continue
+            return True
+    return False
 
 
 def _framework_divides_outside_its_context(model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
@@ -1104,7 +1142,7 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
     # the context entered once around the whole loop (``with accelerator.accumulate(model): for mb in ...:``)
     outer = next((backward.frames[:at] for at, f in enumerate(backward.frames) if f is loop), ())
     around = next((f for f in outer if f.context == count.held_back_only_in), None)
-    if _accumulates(root, loop, count.held_back_only_in):
+    if _accumulates_in_context(model, root, loop, count.held_back_only_in, backward):
         return
     setting = framework_settings(model).accumulation_of(count.settings)
     if setting.without_count:
@@ -1114,16 +1152,18 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
         return
     at = root.order(backward)
     step = next((e for e in root.events_of(EventKind.STEP, loop) if root.order(e) > at), None)
-    if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER or not _unconditional(step, loop):
+    if step is None or step.framework is not None or step.target_kind is not ObjKind.OPTIMIZER or not _unconditional(step, loop, backward):
         return
-    if not any(clears(model, z, step.target) and _unconditional(z, loop) for z in root.events_of(EventKind.ZERO, loop)):
+    if not any(clears(model, z, step.target) and _unconditional(z, loop, backward) for z in root.events_of(EventKind.ZERO, loop)):
         return
     if around is not None and count.entered_around_message is not None:
         message = count.entered_around_message(
             model.code(step.node), model.line(around.node), model.line(loop.node), model.code(counted), model.line(counted),
         )
     else:
-        message = count.unheld_message(model.code(step.node), model.code(backward.node), model.code(counted), model.line(counted))
+        message = count.unheld_message(
+            model.code(step.node), model.code(backward.node), model.line(backward.node), model.code(counted), model.line(counted),
+        )
     yield Report(step.node, message, event=step, against=(backward,))
 
 
@@ -1172,11 +1212,12 @@ def _guard_dividing_gradients(root: Root, loop: Frame) -> tuple[Frame, Event] | 
     return None
 
 
-def _unconditional(event: Event, loop: Frame) -> bool:
-    """Whether an event runs on every iteration of ``loop``: no branch around it inside the loop but a fixed setting,
-    no inner loop, no ``except`` handler."""
+def _unconditional(event: Event, loop: Frame, backward: Event | None = None) -> bool:
+    """Whether an event runs on every iteration of ``loop`` (of those that run ``backward``, when given): no branch
+    around it inside the loop but a fixed setting or one that also holds ``backward``, no inner loop, no ``except``
+    handler."""
     return all(
-        f.kind is FrameKind.WITH or (f.kind is FrameKind.BRANCH and f.fixed and f.branch in ("if", "else"))
+        f.kind is FrameKind.WITH or (f.kind is FrameKind.BRANCH and f.fixed and f.branch in ("if", "else")) or _holds(f, backward)
         for f in frames_inside(event, loop)
     )
 

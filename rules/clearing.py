@@ -112,7 +112,11 @@ class MissingZeroGrad(Rule):
     clear), or only where ``it % n == 1`` with ``n`` a count of the run
     (never true when ``n`` is 1: reported at that clear)
     (``fixtures/realworld/gl001_clear_only_with_scheduler__tez.py``,
-    ``gl001_clear_when_remainder_is_one__simple-nmt.py``). And a function with
+    ``gl001_clear_when_remainder_is_one__simple-nmt.py``), or only with
+    accumulation on (``if update_interval > 1: opt.zero_grad()`` after a step
+    that also runs with an interval of 1; the interval is a count because the
+    step's guard divides by it: reported at that clear,
+    ``fixtures/realworld/gl001_clear_only_with_accumulation_on__sockeye.py``). And a function with
     no loop that clears one network on every call but never another that
     it steps (a GAN's ``step(data)``), when each network is built from a
     class of the module whose optimizer is built over its own
@@ -783,6 +787,8 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
     if never is not None:
         remainder, count = never
         return f"only when `{model.code(remainder)}`, which never holds when `{model.code(count)}` is 1"
+    if _only_with_accumulation_on(clear, step, loop) is not None:
+        return f"only with accumulation on (`{_only_with_accumulation_on(clear, step, loop)}` above 1), while the step runs with it off too"
     for frame in frames_inside(clear, loop):
         if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or step.inside(frame) or frame.branch != "if":
             continue
@@ -809,12 +815,24 @@ def _misplaced_clear(model: LoopModel, clear: Event, step: Event, loop: Frame) -
     """How to fix a clear off the step's path that is itself the mistake (the one the user changes), else None."""
     if _scheduler_branch(model, clear, step, loop) is not None:
         return "clear outside the scheduler's branch"
+    if _only_with_accumulation_on(clear, step, loop) is not None:
+        return "clear after every step, whatever the count"
     never = _never_with_count_one(model, clear, step, loop)
     if never is not None:
         remainder = never[0].left
         shifted = f"({model.code(remainder.left)} - {model.code(never[0].comparisons[0].comparator)})"
         return f"test `{shifted} % {model.code(never[1])} == 0`, which holds for a count of 1 too"
     return None
+
+
+def _only_with_accumulation_on(clear: Event, step: Event, loop: Frame) -> str | None:
+    """The accumulation setting a clear runs only with on (``if update_interval > 1: opt.zero_grad()``), when the step
+    runs with it off too; else None. The setting is a count named for accumulation or one an accumulation guard of the
+    function divides by."""
+    side = accumulation_side(clear, loop)
+    if side is None or not side[1] or accumulation_side(step, loop) is not None:
+        return None
+    return side[0]
 
 
 def _never_with_count_one(model: LoopModel, clear: Event, step: Event, loop: Frame) -> tuple[cst.Comparison, cst.BaseExpression] | None:

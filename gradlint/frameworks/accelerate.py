@@ -171,9 +171,9 @@ def _entered_around_message(step: str, context_line: int, loop_line: int, count:
     )
 
 
-def _unheld_message(step: str, backward: str, count: str, line: int) -> str:
+def _unheld_message(step: str, backward: str, backward_line: int, count: str, line: int) -> str:
     return (
-        f"`{step}` steps on every batch, but `{backward}` divides the loss by the Accelerator's "
+        f"`{step}` steps on every batch, but `{backward}` at line {backward_line} divides the loss by the Accelerator's "
         f"`gradient_accumulation_steps` (`{count}`, line {line}) and the loop never enters `accumulate()`, the only "
         f"place accelerate holds the prepared optimizer's step back: nothing accumulates, and each step is that many "
         f"times too small; run the batch in `with accelerator.accumulate(model):`, or build the Accelerator without the count"

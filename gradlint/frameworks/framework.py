@@ -72,9 +72,9 @@ class CountSetting:
     read_elsewhere_message: Callable[[str, int, str], str] | None = None
     # The accumulation context (an :class:`AccumulateContext` method) outside which the framework holds no step back:
     # its prepared optimizer steps on every call there while the backward still divides; and the message for a loop
-    # that divides so and steps every batch (step code, backward code, count code, line of the count)
+    # that divides so and steps every batch (step code, backward code, line of the backward, count code, line of the count)
     held_back_only_in: str | None = None
-    unheld_message: Callable[[str, str, str, int], str] | None = None
+    unheld_message: Callable[[str, str, int, str, int], str] | None = None
     # The message for a loop that steps on every pass inside that context entered once around the loop, which decides
     # once per entry (step code, line of the context, line of the loop, count code, line of the count)
     entered_around_message: Callable[[str, int, int, str, int], str] | None = None
