@@ -340,6 +340,8 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
         else:
             inside = {id(b) for b in guarded}
             outside = [b for b in backwards if id(b) not in inside]
+        if outside and _another_optimizer_steps_every_pass(root, step, frame, outside, loop):
+            return None  # ``loss.backward(); opt.step(); if i % n_critic: d_opt.step()``: a schedule, each pass cleared
         if outside:
             # if/else: the stepping branch's own backward is the last micro-batch, summed with the others
             last = [b for b in guarded if root.order(b) < at] if stepping_branch_backpropagates else []
@@ -357,7 +359,24 @@ def accumulation(root: Root, step: Event, loop: Frame) -> Accumulation | None:
     micro = micro_loops[-1]
     if root.events_of(EventKind.STEP, micro):
         return None  # the inner loop steps itself: a training loop of its own, not micro-batches summed for this step
+    if _retry_loop(micro.node):
+        return None  # ``for _ in range(k): try: ...backward(); break``: the pass that gets through ends it
     return Accumulation("micro_loop", micro, [b for b in before if b.inside(micro)], _range_count(micro))
+
+
+def _another_optimizer_steps_every_pass(root: Root, step: Event, guard: Frame, outside: list[Event], loop: Frame) -> bool:
+    """Whether another optimizer steps on every pass, after the last backward outside the guard and before the guarded
+    step: the backward serves that step each pass, and the guard only schedules when this optimizer steps too (a
+    discriminator stepped every ``n_critic`` passes on the same backward as the generator, both cleared every pass).
+    An accumulation holds back every step of its window."""
+    last = root.order(outside[-1])
+    at = root.order(step)
+    return any(
+        last < root.order(other) < at and not same_object(other.target, step.target) and other.framework is None
+        and not other.inside(guard)
+        and all(f.kind is FrameKind.WITH or (f.kind is FrameKind.BRANCH and f.fixed) for f in frames_inside(other, loop))
+        for other in root.events_of(EventKind.STEP, loop)
+    )
 
 
 def accumulation_side(event: Event, loop: Frame) -> tuple[str, bool] | None:
@@ -605,8 +624,9 @@ def _clears_another_model(model: LoopModel, zero: Event, optimizer: str | None) 
 def masks_by_value(event: Event) -> bool:
     """Whether a manual zeroing runs, in a loop over parameters, under a test that orders a value computed from the
     parameter the loop walks (``g = p.grad.norm(); clip_coef = thresh / g; if clip_coef < 0.2: p.grad.mul_(0)``): a
-    per-parameter clip that drops some gradients for the step to skip, not a clear. A test that the gradient exists
-    (``if p.grad is not None:``) orders nothing."""
+    per-parameter clip that drops some gradients for the step to skip, not a clear; or that asks whether its values
+    are finite (``if torch.isnan(p.grad).any():``): a repair. A test that the gradient exists (``if p.grad is not
+    None:``) orders nothing."""
     if not event.manual:
         return False
     at = next((i for i in range(len(event.frames) - 1, -1, -1)
@@ -628,7 +648,13 @@ def masks_by_value(event: Event) -> bool:
                 for c in node.comparisons
             ) and names_in(node) & derived:
                 return True
+            if type(node) is cst.Call and callee_name(node) in _NON_FINITE_TESTS and names_in(node) & derived:
+                return True  # ``if torch.isnan(p.grad).any(): p.grad = torch.zeros_like(p.grad)``: a repair
     return False
+
+
+# Tests of whether a tensor holds values that are not finite: a zeroing under one repairs those gradients.
+_NON_FINITE_TESTS = frozenset({"isnan", "isinf", "isfinite", "isneginf", "isposinf"})
 
 
 def names_in(node: cst.CSTNode) -> set[str]:

@@ -687,6 +687,8 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int,
     ``unscale_``. The backwards of the function itself that reach the clip
     (``reaching``) must all run only without the scaler (``if scaler is
     None: loss.backward()``): with the scaler, the caller's backward does.
+    Quiet too when a backward of the function runs between the clip and the
+    step: the clip ran before the gradients the step takes existed.
     """
     function = root.node
     if type(function) is not cst.FunctionDef:
@@ -700,6 +702,8 @@ def _clip_before_scaler_step(model: LoopModel, root, clip: Event, position: int,
     for later in root.events[position + 1 :]:
         if later.kind is EventKind.UNSCALE and not exclusive(later, clip):
             return
+        if later.kind is EventKind.BACKWARD and not exclusive(later, clip):
+            return  # the step's gradients come from a backward after the clip: it clipped none of them (GL006's finding)
         if later.kind is EventKind.STEP and later.via_scaler is not None and not exclusive(later, clip):
             scaler = later.via_scaler
             if _without_scaler(clip, scaler) or not all(_without_scaler(b, scaler) for b in reaching):

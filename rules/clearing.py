@@ -1420,6 +1420,11 @@ class ZeroGradInAccumulation(Rule):
       stepped every ``policy_update_delay`` updates while the critics update on
       every one accumulates nothing (GL004 is quiet there too:
       ``fixtures/realworld/ok_gl003_policy_cleared_under_its_own_delay__REDQ.py``);
+    - another optimizer steps on every pass after the same backward, before
+      the guarded step: the guard schedules this optimizer's updates (a
+      discriminator stepped where ``i % n_critic != 0``, both cleared every
+      pass), it holds no window back (GL013 is quiet too:
+      ``fixtures/realworld/ok_gl003_gl013_critic_stepped_on_schedule__HRNet-Hand-Pose-Estimation.py``);
     - the loop before a step outside any loop is a retry loop: the pass that
       gets through ends it (``try: ...backward() except OOM: chunk_size //= 2
       else: break``), so its clear drops only what a failed try left
@@ -3495,7 +3500,9 @@ class GradsKeptAllocated(Rule):
       ``gl005_pipeline_inputs_zeroed__nanoRLHF.py``);
     - a per-parameter loop zeroes a gradient under a test of a value
       computed from it (``if clip_coef < 0.2: p.grad.mul_(0)``: a clip that
-      drops it, ``fixtures/realworld/ok_gl005_per_parameter_clip_drops_gradient__Infinity.py``);
+      drops it, ``fixtures/realworld/ok_gl005_per_parameter_clip_drops_gradient__Infinity.py``;
+      ``if torch.isnan(p.grad).any(): p.grad = torch.zeros_like(p.grad)``: a
+      repair, ``fixtures/realworld/ok_gl005_non_finite_gradients_replaced__csm-multilingual.py``);
     - the buffers are kept on purpose and the code says why: a reason beside
       ``set_to_none=False``, a comment about keeping them resident, a test
       that mocks ``zero_grad`` to check its arguments;

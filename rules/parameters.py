@@ -1636,10 +1636,16 @@ def _named_in_optimizers(model: LoopModel) -> set[str]:
             if type(node) is cst.Call and (_builds_optimizer(model, node) or callee_name(node) == "add_param_group")
             for a in node.args
         ]
+        followed: set[int] = set()
         while pending:
             for inner in model.file.walk(pending.pop()):
                 if type(inner) is cst.Attribute:
                     named.add(inner.attr.value)
+                if type(inner) is cst.Call:  # ``Adam(self.min_parameters())``: what the method of the module returns
+                    helper = model.index.resolve_function(inner, function_holding(model, inner))
+                    if helper is not None and id(helper) not in followed:
+                        followed.add(id(helper))
+                        pending.extend(model.index.returned(helper))
                 name = dotted_name(inner) if type(inner) in (cst.Name, cst.Attribute) else None
                 if name is not None and name not in seen:
                     seen.add(name)
