@@ -2163,6 +2163,10 @@ def _mean_of_own_micro_batch(model: LoopModel, backward: Event, acc: Accumulatio
             continue
         while type(value) is cst.BinaryOperation and type(value.operator) is cst.Multiply and _rank_factor(model, value.right, table):
             value = value.left
+        normalised = _weights_normalised_to_one(value)
+        if normalised is not None:  # ``torch.dot(losses, weights / weights.sum())``: a weighted mean of its samples
+            divisor = normalised
+            continue
         if type(value) is not cst.BinaryOperation or type(value.operator) is not cst.Divide:
             return None
         count = _without_epsilon(value.right)
@@ -2170,6 +2174,27 @@ def _mean_of_own_micro_batch(model: LoopModel, backward: Event, acc: Accumulatio
             return None
         divisor = value.right
     return divisor
+
+
+def _weights_normalised_to_one(value: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The sum in ``weights / weights.sum()`` (or ``/ torch.sum(weights)``) when that is every division of ``value``
+    (``torch.dot(per_sample_loss, weights / weights.sum())``): weights that add up to one make a weighted mean of
+    the micro-batch's samples, not a division by a count of micro-batches. None for any other value."""
+    divisions = [n for n in walk(value) if type(n) is cst.BinaryOperation and type(n.operator) is cst.Divide]
+    if not divisions:
+        return None
+    for division in divisions:
+        numerator = dotted_name(division.left) if type(division.left) in (cst.Name, cst.Attribute) else None
+        total = division.right
+        summed = None
+        if type(total) is cst.Call and callee_name(total) == "sum":
+            if type(total.func) is cst.Attribute and not total.args:
+                summed = dotted_name(total.func.value)
+            elif len(total.args) == 1:
+                summed = dotted_name(total.args[0].value)
+        if numerator is None or summed != numerator:
+            return None
+    return divisions[0].right
 
 
 def _without_epsilon(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -2334,6 +2359,9 @@ class UnscaledAccumulatedLoss(Rule):
       iteration (``torch.sum(nll) / (torch.sum(loss_mask) + 1e-8)``, also in a
       helper the loop calls): a mean over one micro-batch, reported with the
       divisor named (``fixtures/realworld/gl004_micro_batch_token_mean__verl.py``;
+      weights normalised to add up to one, ``torch.dot(losses, weights /
+      weights.sum())``, make a weighted mean of one micro-batch too:
+      ``fixtures/realworld/gl004_weighted_mean_loss_accumulated__modyn.py``;
       a count of the whole batch's tokens made before the loop divides:
       ``fixtures/accumulation/gl004_tokens_counted_over_whole_batch.py``); nor does
       a division by a running counter, ``n += 1`` per micro-batch and
