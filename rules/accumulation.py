@@ -60,7 +60,9 @@ class ClipPerMicroBatch(Rule):
     scripts by PR #721). Clipping after ``optimizer.step()`` in the
     same iteration is the opposite mistake: the step has already used the
     unclipped gradients, and the clipped ones are cleared before the next
-    backward. Clipping before the backward, with a clear since the last
+    backward (also in a per-batch update method with no loop that clears,
+    backpropagates and steps itself:
+    ``fixtures/realworld/gl006_clip_after_step_in_update_method__rlkit.py``). Clipping before the backward, with a clear since the last
     step, clips nothing: the step applies the unclipped gradients of the
     backward that follows (or a clip after that backward acts alone, and the
     first is dead code:
@@ -193,22 +195,31 @@ class ClipPerMicroBatch(Rule):
     def _after_step(self, model: LoopModel, root: Root) -> Iterator[Report]:
         """Clips that come after the step in the same iteration, with nothing after them that could use them."""
         for clip in root.events_of(EventKind.CLIP):
-            if not clip.loops or not _clips(clip):
+            if not _clips(clip):
                 continue
-            loop = clip.loops[-1]
-            events = root.events_in(loop)
+            loop = clip.loops[-1] if clip.loops else None
+            if loop is None and (type(root.node) is not cst.FunctionDef or clip.call_chain):
+                continue  # outside a loop: only a per-batch function's own code (``def train_from_torch(self, batch)``)
+            events = root.events_in(loop) if loop is not None else root.events
             at = root.order(clip)
             if any(root.order(e) > at and e.kind in (EventKind.BACKWARD, EventKind.STEP) for e in events):
                 continue
             steps = [
                 e for e in events
-                if e.kind is EventKind.STEP and root.order(e) < at and not exclusive(e, clip) and home_loop(root, e) is loop
+                if e.kind is EventKind.STEP and root.order(e) < at and not exclusive(e, clip)
+                and (home_loop(root, e) is loop if loop is not None else not e.loops)
             ]
             if not steps:
                 continue
             step = steps[-1]
-            if not any(clears(model, z, step.target) for z in root.events_of(EventKind.ZERO, loop)):
+            zeros = root.events_of(EventKind.ZERO, loop) if loop is not None else [z for z in root.events if z.kind is EventKind.ZERO]
+            if not any(clears(model, z, step.target) for z in zeros):
                 continue
+            if loop is None and (
+                _clips_another_model(model, clip, step)
+                or not any(e.kind is EventKind.BACKWARD and root.order(e) < root.order(step) for e in events)
+            ):
+                continue  # a function's own backward, clear and step: the clip after them is wasted on every call
             yield Report(
                 clip.node,
                 f"`{model.code(clip.node)}` clips after `{step.target}` stepped at line {model.line(step.node)}: "
