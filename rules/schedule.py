@@ -90,6 +90,10 @@ class SchedulerStepsPerMicroBatch(Rule):
       ``fixtures/realworld/ok_gl301_schedule_sized_in_micro_batches_from_image_count__GeneFace.py``;
       a batch size that holds the accumulation count sizes it in optimizer
       steps: ``fixtures/realworld/gl301_schedule_sized_in_steps_stepped_per_micro_batch__GeneFace.py``):
+      or the scheduler is handed a length multiplied by the accumulation
+      count (``num_training_steps=args.max_train_steps *
+      args.gradient_accumulation_steps``: counted in micro-batches,
+      ``fixtures/realworld/ok_gl301_schedule_length_times_accumulation_count__Latte.py``),
       or the scheduler is built over a setting that also bounds the loop
       (``for it in range(args.max_iter + 1)``) or is compared with the loop's
       variable or a counter it adds one to (``if it < args.cos_max_iter:
@@ -171,6 +175,7 @@ class SchedulerStepsPerMicroBatch(Rule):
                     if (
                         not sched.has_args and runs_every_micro_batch(sched, loop, acc) and not split_by_setting(sched, step)
                         and not once_per_pass(sched, loop) and not _sized_by_the_loop(model, sched, loop)
+                        and not _length_times_the_count(model, sched.target)
                     ):
                         yield settled.note(
                             Report(
@@ -194,6 +199,26 @@ def _sized_by_the_loop(model: LoopModel, sched: Event, loop) -> bool:
         return False
     horizon = _schedule_lengths(model, sched.target)
     return bool(horizon) and not horizon.isdisjoint(_loop_bounds(loop.node))
+
+
+def _length_times_the_count(model: LoopModel, scheduler: str | None) -> bool:
+    """Whether a call that builds ``scheduler`` is handed a length multiplied by the accumulation count
+    (``get_scheduler(..., num_training_steps=args.max_train_steps * args.gradient_accumulation_steps)``): the
+    schedule is counted in micro-batches, and stepping it on every one runs it at the pace it was planned for."""
+    if model.index is None or not scheduler:
+        return False
+    for table in model.index.assignments.values():
+        for value in table.get(scheduler, ()):
+            if type(value) is not cst.Call:
+                continue
+            for arg in value.args:
+                for node in walk(arg.value):
+                    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply and any(
+                        type(side) in (cst.Name, cst.Attribute) and _ACCUMULATION_NAME.search(dotted_name(side).rsplit(".", 1)[-1])
+                        for side in (node.left, node.right)
+                    ):
+                        return True
+    return False
 
 
 def _schedule_lengths(model: LoopModel, scheduler: str) -> set[str]:
