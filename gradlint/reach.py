@@ -214,9 +214,12 @@ def _owners_in(
             if name is not None:
                 local = model.index.assignments.get(function, {}).get(name) if function is not None else None
                 if local:
-                    for each in local:
-                        if isinstance(each, cst.BaseExpression):
-                            _owners_in(model, each, found, seen, depth + 1, function)
+                    key = f"{id(function)} {name}"  # ``x = x + [...]`` in a loop: each local followed once
+                    if key not in seen and depth <= 8:
+                        seen.add(key)
+                        for each in local:
+                            if isinstance(each, cst.BaseExpression):
+                                _owners_in(model, each, found, seen, depth + 1, function)
                 else:
                     _owners_of_name(model, name, found, seen, depth + 1)
             continue
