@@ -117,6 +117,10 @@ def kind_of_constructor(qualified_name: str) -> ObjKind | None:
 _OPTIMIZER_NAME = re.compile(
     r"^(optimi[sz]ers?\w*|optim|opt|opt(im)?_?[a-z0-9]|opt(im)?_[a-z0-9_]+|\w+_(opt|optim|optimi[sz]er)(_[a-z0-9]|[0-9])?)$"
 )
+# What an optimizer is given or keeps, not the optimizer: ``opt_params``, ``optimizer_state``, ``optim_kwargs``
+_OPTIMIZER_PART = re.compile(
+    r"_(params|parameters|param_groups|state|states|state_dict|config|cfg|args|kwargs|lr)$"
+)
 _SCHEDULER_NAME = re.compile(r"(^|_)(lr_)?sched(uler)?s?($|_)|^scheduler\w*|\w*_scheduler$")
 
 
@@ -127,7 +131,7 @@ def kind_from_name(dotted: str) -> ObjKind:
         return ObjKind.SCALER
     if _SCHEDULER_NAME.search(last):
         return ObjKind.SCHEDULER
-    if _OPTIMIZER_NAME.match(last) and last not in ("opts", "options", "optional"):
+    if _OPTIMIZER_NAME.match(last) and last not in ("opts", "options", "optional") and not _OPTIMIZER_PART.search(last):
         return ObjKind.OPTIMIZER
     return _constructors().named.get(last, ObjKind.UNKNOWN)  # ``accelerator``: a framework's object
 
