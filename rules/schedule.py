@@ -207,18 +207,21 @@ def _length_times_the_count(model: LoopModel, scheduler: str | None) -> bool:
     schedule is counted in micro-batches, and stepping it on every one runs it at the pace it was planned for."""
     if model.index is None or not scheduler:
         return False
+    return any(
+        type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply and any(
+            type(side) in (cst.Name, cst.Attribute) and _ACCUMULATION_NAME.search(dotted_name(side).rsplit(".", 1)[-1])
+            for side in (node.left, node.right)
+        )
+        for value in _constructions(model, scheduler) for arg in value.args for node in walk(arg.value)
+    )
+
+
+def _constructions(model: LoopModel, name: str) -> Iterator[cst.Call]:
+    """The calls the module assigns to ``name``, in any function."""
     for table in model.index.assignments.values():
-        for value in table.get(scheduler, ()):
-            if type(value) is not cst.Call:
-                continue
-            for arg in value.args:
-                for node in walk(arg.value):
-                    if type(node) is cst.BinaryOperation and type(node.operator) is cst.Multiply and any(
-                        type(side) in (cst.Name, cst.Attribute) and _ACCUMULATION_NAME.search(dotted_name(side).rsplit(".", 1)[-1])
-                        for side in (node.left, node.right)
-                    ):
-                        return True
-    return False
+        for value in table.get(name, ()):
+            if type(value) is cst.Call:
+                yield value
 
 
 def _schedule_lengths(model: LoopModel, scheduler: str) -> set[str]:
@@ -231,19 +234,16 @@ def _schedule_lengths(model: LoopModel, scheduler: str) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        for table in model.index.assignments.values():
-            for value in table.get(name, ()):
-                if type(value) is not cst.Call:
-                    continue
-                for arg in value.args:
-                    for term in _sum_terms(arg.value):
-                        term_name = dotted_name(term) if type(term) in (cst.Name, cst.Attribute) else None
-                        if term_name is None:
-                            continue
-                        if model.info(term_name).kind is ObjKind.SCHEDULER:
-                            pending.append(term_name)
-                        elif "." in term_name and not _ACCUMULATION_NAME.search(term_name.rsplit(".", 1)[-1]):
-                            found.add(term_name)  # a setting (``args.max_iter``), not a local the module computes
+        for value in _constructions(model, name):
+            for arg in value.args:
+                for term in _sum_terms(arg.value):
+                    term_name = dotted_name(term) if type(term) in (cst.Name, cst.Attribute) else None
+                    if term_name is None:
+                        continue
+                    if model.info(term_name).kind is ObjKind.SCHEDULER:
+                        pending.append(term_name)
+                    elif "." in term_name and not _ACCUMULATION_NAME.search(term_name.rsplit(".", 1)[-1]):
+                        found.add(term_name)  # a setting (``args.max_iter``), not a local the module computes
     return found
 
 
