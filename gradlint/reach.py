@@ -166,15 +166,6 @@ def _element_at(container: cst.BaseExpression, position: int) -> cst.BaseExpress
     return None
 
 
-def _module_function_called(model: "LoopModel", call: cst.Call) -> cst.FunctionDef | None:
-    """The function or method of the module a call lands in, or None."""
-    parents = model.parents or {}
-    function = parents.get(call)
-    while function is not None and type(function) is not cst.FunctionDef:
-        function = parents.get(function)
-    return model.index.resolve_function(call, function)
-
-
 def _owners_in(
     model: "LoopModel", value: cst.BaseExpression, found: set[str], seen: set[str], depth: int,
     function: cst.FunctionDef | None = None,
@@ -193,7 +184,7 @@ def _owners_in(
             if owner is not None and method in ("parameters", "named_parameters"):
                 found.add(owner)
                 continue
-            helper = _module_function_called(model, node)
+            helper = model.index.resolve_function(node, function_holding(model, node))
             if helper is not None:  # ``self.min_parameters()``: what the module's method returns
                 if f"def {id(helper)}" not in seen and depth < 4:
                     seen.add(f"def {id(helper)}")

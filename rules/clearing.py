@@ -787,8 +787,9 @@ def _off_the_path(model: LoopModel, clear: Event, step: Event, loop: Frame, peri
     if never is not None:
         remainder, count = never
         return f"only when `{model.code(remainder)}`, which never holds when `{model.code(count)}` is 1"
-    if _only_with_accumulation_on(clear, step, loop) is not None:
-        return f"only with accumulation on (`{_only_with_accumulation_on(clear, step, loop)}` above 1), while the step runs with it off too"
+    setting = _only_with_accumulation_on(clear, step, loop)
+    if setting is not None:
+        return f"only with accumulation on (`{setting}` above 1), while the step runs with it off too"
     for frame in frames_inside(clear, loop):
         if frame.kind is not FrameKind.BRANCH or type(frame.node) is not cst.If or step.inside(frame) or frame.branch != "if":
             continue
