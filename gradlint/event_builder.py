@@ -99,8 +99,10 @@ class EventBuilder:
         # Each branch test is judged once: a helper inlined at several depths, or read
         # again through an assignment (``flag = (i + 1) % k == 0``), asks the same question.
         self._guards: dict[tuple[int, int, int], tuple[bool, cst.BaseExpression | None]] = {}
-        # Per function: the counts its accumulation guards divide by (``batches % update_interval``), met so far
+        # Per function: the counts its accumulation guards divide by (``batches % update_interval``); complete once
+        # ``_counts_of_guards`` has judged every ``if`` of the function
         self._guard_counts: dict[int, set[str]] = {}
+        self._guards_read: set[int] = set()
         self._flushes: dict[tuple[int, int], bool] = {}  # (if, function) -> read as a flush after an ended loop
         # Whether assigned values are worth searching for an uncalled ``model.no_sync``.
         self._may_hold_no_sync = index.text is None or any(method in index.text for method in frameworks.MODEL_NO_SYNC)
@@ -204,7 +206,7 @@ class EventBuilder:
         if accumulation and self._flush_after_ended_loop(statement, scope.function):
             accumulation, count = False, None  # ``if n % k != 0: opt.step()`` after the batch loop: once per pass, a flush
         fixed = not accumulation and self._mode_switch(statement.test, scope.function)
-        side = _setting_test(statement.test, self._guard_counts.get(id(scope.function), ())) if fixed else None
+        side = _setting_test(statement.test, self._counts_of_guards(scope.function)) if fixed else None
         body_frame = Frame(
             FrameKind.BRANCH, statement, "if", accumulation, count, exits=leaves_block(statement.body), fixed=fixed, accumulation_on=side,
         )
@@ -389,6 +391,16 @@ class EventBuilder:
                 self._guard_counts.setdefault(id(function), set()).add(count)
         return found
 
+    def _counts_of_guards(self, function: cst.FunctionDef | None) -> Collection[str]:
+        """The counts the accumulation guards of ``function`` divide by, whichever statement comes first: a setting test
+        (``if update_interval > 1:``) may be written before the guard that makes it a count."""
+        if function is not None and id(function) not in self._guards_read:
+            self._guards_read.add(id(function))
+            for node in self._walk(function.body):
+                if type(node) is cst.If:
+                    self._guard(node.test, function)
+        return self._guard_counts.get(id(function), ())
+
     def _judge_guard(self, test: cst.BaseExpression, function: cst.FunctionDef | None, depth: int) -> tuple[bool, cst.BaseExpression | None]:
         for node in self._walk(test):
             if type(node) is cst.BinaryOperation and type(node.operator) is cst.Modulo:
@@ -504,7 +516,7 @@ class EventBuilder:
 
     def _mode_switch(self, test: cst.BaseExpression, function: cst.FunctionDef | None) -> bool:
         """``if args.gradient_accumulation_steps > 1:``: whether accumulation is on, the same on every batch."""
-        if not _accumulation_enabled(test, self._guard_counts.get(id(function), ())):
+        if not _accumulation_enabled(test, self._counts_of_guards(function)):
             return False
         key = (id(test), id(function))
         if key not in self._switches:
