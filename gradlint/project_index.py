@@ -1210,6 +1210,13 @@ class ProjectIndex:
             folder = os.path.dirname(os.path.abspath(path))
             self._units_in.setdefault(folder, set()).add(unit_of[path])
             self._imported_folders.setdefault(unit_of[path], set()).update(os.path.join(folder, name) for name in calls.imports)
+        # each package's importers: the units whose files import the package's folder (a script beside it)
+        self._importers: dict[str, set[str]] = {}
+        for unit, folders in self._imported_folders.items():
+            for folder in folders:
+                imported = f"package\0{os.path.abspath(folder)}"
+                if imported != unit and imported in self._called:
+                    self._importers.setdefault(imported, set()).add(unit)
         self._unit_of = unit_of
         self._known: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {}  # _known_to's answer per unit
         self._ones: dict[str, frozenset[str]] = {}  # _shipping_at_one's answer per unit
@@ -1245,7 +1252,10 @@ class ProjectIndex:
         """
         unit = self._unit_of.get(path, path)
         per_batch = self._per_batch.get(unit, frozenset()) & calls.defines
-        called = self._called.get(unit, frozenset()) & calls.defines
+        # a loop of a script importing the package calls its functions too (``for epoch in ...: train_epoch(...)``)
+        called = self._called.get(unit, frozenset()).union(
+            *(self._called.get(importer, frozenset()) for importer in sorted(self._importers.get(unit, ())))
+        ) & calls.defines
         unscaled = self._unscaled.get(unit, frozenset()) & calls.defines
         wrapped = [
             fact for fact in self._wrapped.get(unit, frozenset()) | self._wrapped_here.get(path, frozenset())

@@ -17,12 +17,13 @@ from gradlint import frameworks
 from gradlint.counters import CounterStart, RemainderTest, counter_start, flag_remainder_test, remainder_test, window_offset
 from gradlint.events import EventKind
 from gradlint.findings import Severity
-from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, LoopModel, Root
+from gradlint.model import GRAD_DIVIDE, HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.queries import (
     Accumulation,
     accumulation,
     calls_unseen_inherited_method,
     clears,
+    frames_inside,
     function_holding,
     handoff_may_step,
     leaves_before,
@@ -82,7 +83,13 @@ class LastWindowOfPassNotStepped(Rule):
       the pass calls a method of ``self`` that a base class of another module
       defines (it may step ``self``'s optimizer);
     - the micro-batch loop is not inside another loop (one pass: at most
-      ``accum - 1`` micro-batches at the very end of training), iterates a
+      ``accum - 1`` micro-batches at the very end of training), unless
+      its function runs one pass per call: a loop of another file of the
+      run calls it (``for epoch in ...: run_glide_finetune_epoch(...)``:
+      ``fixtures/crossfile/epoch_function_called_by_the_script__glide-finetune``;
+      a counter set back to 0 in a method the epoch loop calls restarts
+      with each pass too:
+      ``fixtures/realworld/ok_gl003_counter_set_in_epoch_function__qlib.py``); or it iterates a
       ``range`` (whose length the code sets), or an endless iterator
       (``itertools.cycle``, a name saying ``infinite``);
     - the micro-batch loop clears the optimizer before its backward (under
@@ -134,21 +141,24 @@ class LastWindowOfPassNotStepped(Rule):
                 if id(guard) in reported:
                     continue
                 window = _per_pass_window(model, loop, guard)
-                passes = _pass_loop(step, loop)
-                if window is None or passes is None or _stepped_elsewhere(model, root, step, passes, acc.frame):
+                passes = _pass_loop(step, loop) or _pass_function(model, root, step, loop)
+                if window is None or passes is None:
+                    continue
+                in_pass = root.events if passes.node is root.node else root.events_in(passes)
+                if _stepped_elsewhere(model, step, in_pass, acc.frame):
                     continue
                 if calls_unseen_inherited_method(model, step, passes):
                     continue  # ``self.finish_epoch()`` of a base class in another module may step what is left
                 test, counter = window
-                if counter.set_at is not None and not lies_in(model, counter.set_at, passes.node):
+                if counter.set_at is not None and not _set_each_pass(model, counter.set_at, loop, passes):
                     continue  # counted across passes: the windows run on into the next pass
                 if frameworks.count_above_one_only_under_own_engine(model, test.count):
                     continue
                 if _asserted_multiple(model, passes.node, test.count):
                     continue  # ``assert prior.num_steps % accumulate_gradients == 0``: the author rules the short window out
-                if _cleared_before_backward(model, root, step, loop, acc.backwards):
+                if _cleared_before_backward(model, root, step, loop, acc.backwards) or _cleared_every_time(model, root, step, loop):
                     continue  # what is left at a pass's end meets that clear first: its fate is the clear's (GL003's) business
-                cleared = _cleared_in_pass(model, root, step, loop, passes)
+                cleared = _cleared_in_pass(model, step, loop, in_pass)
                 if cleared is None and not _divided_by_the_count(root, acc.backwards, loop):
                     continue  # carried into the next window and normalised there: one larger batch, weighed right
                 reported.add(id(guard))
@@ -300,11 +310,43 @@ def _pass_loop(step: Event, loop: Frame) -> Frame | None:
     return outer if type(outer.node) in (cst.For, cst.While) else None
 
 
-def _stepped_elsewhere(model: LoopModel, root: Root, step: Event, passes: Frame, guard: Frame) -> bool:
-    """Whether the pass steps the optimizer anywhere but under the guard, or hands it to code the module cannot see
-    (not counting a step on the other side of a setting: ``if self.deepspeed: self.deepspeed.step()`` beside a guarded
-    ``optimizer.step()`` in the ``else`` of that setting)."""
-    for event in root.events_in(passes):
+def _pass_function(model: LoopModel, root: Root, step: Event, loop: Frame) -> Frame | None:
+    """The function holding ``loop`` (as a loop frame) when a call of the function is one pass over the data: ``loop``
+    is its outermost loop, a loop of another file of the run calls it (``for epoch in range(n):
+    run_glide_finetune_epoch(...)`` in the training script), and nothing in this module calls it (a caller here
+    inlines it and is judged there)."""
+    function = root.node
+    if type(function) is not cst.FunctionDef or not step.loops or step.loops[0] is not loop or loop.called_by is not None:
+        return None
+    name = function.name.value
+    if name not in model.called_in_loop or name in _called_in_module(model):
+        return None
+    return Frame(FrameKind.LOOP, function, called_by=f"the caller of `{name}`, once per pass")
+
+
+def _set_each_pass(model: LoopModel, set_at: cst.CSTNode, loop: Frame, passes: Frame) -> bool:
+    """Whether the counter's literal assignment runs once per pass: written in the pass, or in the function holding the
+    micro-batch loop when a pass calls that function (``def train_epoch(self): cur_step = 0; for batch in data: ...``
+    run from ``for epoch in range(n): self.train_epoch()``)."""
+    if lies_in(model, set_at, passes.node):
+        return True
+    holder = function_holding(model, set_at)
+    return holder is not None and holder is function_holding(model, loop.node) and holder is not function_holding(model, passes.node)
+
+
+def _called_in_module(model: LoopModel) -> frozenset[str]:
+    """The last names of everything the module calls (read once)."""
+    return model.file.once(_called_in_module, lambda: frozenset(
+        name.rsplit(".", 1)[-1] for n in model.file.every_node(model.file.module)
+        if type(n) is cst.Call and (name := callee_name(n)) is not None
+    ))
+
+
+def _stepped_elsewhere(model: LoopModel, step: Event, in_pass: list[Event], guard: Frame) -> bool:
+    """Whether the pass (its events ``in_pass``) steps the optimizer anywhere but under the guard, or hands it to code
+    the module cannot see (not counting a step on the other side of a setting: ``if self.deepspeed:
+    self.deepspeed.step()`` beside a guarded ``optimizer.step()`` in the ``else`` of that setting)."""
+    for event in in_pass:
         if event is step or event.inside(guard) or opposite_sides_of_settings(model, event, step):
             continue
         if event.kind is EventKind.STEP and (event.target is None or same_object(event.target, step.target)):
@@ -314,11 +356,11 @@ def _stepped_elsewhere(model: LoopModel, root: Root, step: Event, passes: Frame,
     return False
 
 
-def _cleared_in_pass(model: LoopModel, root: Root, step: Event, loop: Frame, passes: Frame) -> Event | None:
-    """A clear of the step's optimizer in the pass but outside the micro-batch loop (at the start of each pass): it
-    throws away what the last pass left."""
+def _cleared_in_pass(model: LoopModel, step: Event, loop: Frame, in_pass: list[Event]) -> Event | None:
+    """A clear of the step's optimizer in the pass (its events ``in_pass``) but outside the micro-batch loop (at the
+    start of each pass): it throws away what the last pass left."""
     return next(
-        (z for z in root.events_of(EventKind.ZERO, passes) if not z.inside(loop) and clears(model, z, step.target)),
+        (z for z in in_pass if z.kind is EventKind.ZERO and not z.inside(loop) and clears(model, z, step.target)),
         None,
     )
 
@@ -331,6 +373,17 @@ def _cleared_before_backward(model: LoopModel, root: Root, step: Event, loop: Fr
     return any(
         id(z) not in probes and clears(model, z, step.target) and not leaves_before(z, step)
         and any(root.order(z) < root.order(b) < root.order(step) for b in backwards)
+        for z in root.events_of(EventKind.ZERO, loop)
+    )
+
+
+def _cleared_every_time(model: LoopModel, root: Root, step: Event, loop: Frame) -> bool:
+    """Whether the micro-batch loop clears the step's optimizer on every iteration, under no test (``optimizer.step()``
+    under ``if do_step:``, then ``optimizer.zero_grad()``): nothing is left at a pass's end, nor accumulated at all."""
+    probes = probe_events(root)
+    return any(
+        id(z) not in probes and clears(model, z, step.target)
+        and not any(f.kind is FrameKind.BRANCH for f in frames_inside(z, loop))
         for z in root.events_of(EventKind.ZERO, loop)
     )
 
@@ -364,8 +417,12 @@ def _message(model: LoopModel, step: Event, loop: Frame, passes: Frame, guard: c
     where = f"`{next((model.code(t) for t in terms if remainder_test(t) is not None), model.code(guard.test))}`"
     if len(terms) > 1:
         where = where[:-1] + " or ...` (its other terms hold only for a pass shorter than one window)"
+    if type(passes.node) is cst.FunctionDef:
+        each = f"once per call of `{passes.node.name.value}`, one pass over the data"
+    else:
+        each = f"once per pass of the loop at line {model.line(passes.node)}"
     return (f"`{step.target}` steps at line {model.line(step.node)} only where {where}, and "
-            f"{restart}, once per pass of the loop at line {model.line(passes.node)}: when {length} is not a multiple "
+            f"{restart}, {each}: when {length} is not a multiple "
             f"of `{count}`, the last {length} % {count} micro-batches of each pass are {fate}; close each pass's last "
             f"window too ({close})")
 
