@@ -1062,7 +1062,7 @@ class LossDividedWithoutAccumulation(Rule):
             yield from _gradients_divided_under_guard(model, root)
 
     def _every_micro_batch(self, model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
-        if _accumulates(root, loop, backward=backward):
+        if _accumulates(model, root, loop, backward):
             return  # the loop accumulates somewhere: GL003 and GL004 weigh it
         events = root.events_in(loop)
         if any(
@@ -1106,39 +1106,43 @@ class LossDividedWithoutAccumulation(Rule):
         )
 
 
-def _accumulates(root: Root, loop: Frame, context: str = "accumulate", backward: Event | None = None) -> bool:
-    """Whether anything in the loop is under an accumulation guard or in a framework's accumulation context. A guard
+def _accumulates(
+    model: LoopModel, root: Root, loop: Frame, backward: Event, context: str = "accumulate", flag_needs_context: bool = False,
+) -> bool:
+    """Whether anything in the loop is under an accumulation guard or in the framework's accumulation context. A guard
     that also holds ``backward`` picks which iterations run at all, not which micro-batches step (``if resuming and
-    step < resume_step: continue`` before the forward)."""
-    return any(
-        (f.accumulation or f.context == context) and not _holds(f, backward)
-        for e in root.events_in(loop) for f in frames_inside(e, loop)
-    )
-
-
-def _holds(frame: Frame, event: Event | None) -> bool:
-    """Whether ``frame`` is one of the frames around ``event``."""
-    return event is not None and any(f is frame for f in event.frames)
-
-
-def _accumulates_in_context(model: LoopModel, root: Root, loop: Frame, context: str, backward: Event) -> bool:
-    """``_accumulates`` for a framework's backward, except that a test of the context's sync flag (``if
-    accelerator.sync_gradients:``) guards nothing in a module that never enters the context: the flag is set only on
-    entering it (accelerate's ``GradientState`` starts it True), so it is the same on every batch."""
-    enters = model.file.once(("enters", context), lambda: any(
-        type(n) is cst.Call and callee_name(n) == context for n in model.file.walk(model.file.module)
-    ))
+    step < resume_step: continue`` before the forward). With ``flag_needs_context`` (a framework's backward), a test of
+    the context's sync flag (``if accelerator.sync_gradients:``) guards nothing in a module that never enters the
+    context: the flag is set only on entering it (accelerate's ``GradientState`` starts it True), so it is the same on
+    every batch."""
     for event in root.events_in(loop):
         for frame in frames_inside(event, loop):
             if frame.context == context:
                 return True
             if not frame.accumulation or _holds(frame, backward):
                 continue  # a guard around the backward too picks iterations, not micro-batches
-            test = frame.node.test if type(frame.node) is cst.If else None
-            if not enters and type(test) is cst.Attribute and test.attr.value in frameworks.SYNC_STEP_FLAGS:
+            if flag_needs_context and _tests_sync_flag(frame) and not _enters(model, context):
                 continue
             return True
     return False
+
+
+def _tests_sync_flag(frame: Frame) -> bool:
+    """Whether the frame is an ``if`` on a framework's sync flag (``if accelerator.sync_gradients:``)."""
+    test = frame.node.test if type(frame.node) is cst.If else None
+    return type(test) is cst.Attribute and test.attr.value in frameworks.SYNC_STEP_FLAGS
+
+
+def _enters(model: LoopModel, context: str) -> bool:
+    """Whether the module calls ``context`` anywhere (read once per file)."""
+    return model.file.once(("enters", context), lambda: any(
+        type(n) is cst.Call and callee_name(n) == context for n in model.file.walk(model.file.module)
+    ))
+
+
+def _holds(frame: Frame, event: Event | None) -> bool:
+    """Whether ``frame`` is one of the frames around ``event``."""
+    return event is not None and any(f is frame for f in event.frames)
 
 
 def _framework_divides_outside_its_context(model: LoopModel, root: Root, backward: Event, loop: Frame) -> Iterator[Report]:
@@ -1153,7 +1157,7 @@ def _framework_divides_outside_its_context(model: LoopModel, root: Root, backwar
     # the context entered once around the whole loop (``with accelerator.accumulate(model): for mb in ...:``)
     outer = next((backward.frames[:at] for at, f in enumerate(backward.frames) if f is loop), ())
     around = next((f for f in outer if f.context == count.held_back_only_in), None)
-    if _accumulates_in_context(model, root, loop, count.held_back_only_in, backward):
+    if _accumulates(model, root, loop, backward, count.held_back_only_in, flag_needs_context=True):
         return
     setting = framework_settings(model).accumulation_of(count.settings)
     if setting.without_count:
@@ -1613,14 +1617,16 @@ class ShiftedAccumulationWindow(Rule):
                     shape = (f"every window ends {off} micro-batch{plural} early (the first holds "
                              f"{model.code(count)} - {off})")
                 counted = index if start == 1 else f"({index} + {1 - start})" if start < 1 else f"({index} - {start - 1})"
+                if type(loop.node) is cst.While:  # driven by hand, it may stop right after a step: no pass's end to miss
+                    effect = "so the first step sums fewer micro-batches than the others"
+                else:
+                    effect = ("so the last micro-batches of a pass wait for the next pass's first step (or, after the last "
+                              "pass, are never stepped)")
                 yield Report(
                     guard.node.test,
                     f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, with "
-                    f"`{index}` counted from {start}{_kept_by_hand(model, counter)}{_fresh_run(counter)}: {shape}, so the "
-                    f"last micro-batches "
-                    f"of a pass wait for the next "
-                    f"pass's first step (or, after the last pass, are never stepped); test "
-                    f"`{counted} % {model.code(count)} == 0`",
+                    f"`{index}` counted from {start}{_kept_by_hand(model, counter)}{_fresh_run(counter)}: {shape}, "
+                    f"{effect}; test `{counted} % {model.code(count)} == 0`",
                     event=step,
                 )
 
