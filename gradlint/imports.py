@@ -61,5 +61,20 @@ class ImportMap:
         if base is not None:
             return {f"{base}.{rest}" if rest else base}
         if not rest and self._star_modules:
-            return {f"{module}.{head}" for module in self._star_modules}
+            return {f"{module}.{head}" for module in self._star_modules if head in _STAR_EXPORTS.get(module, (head,))}
         return set()
+
+
+# What ``from M import *`` binds, for the library modules whose classes decide an object's kind: a name they do not
+# export comes from another star import (``EarlyStopping`` beside ``from torch.optim import *`` is the project's own).
+_STAR_EXPORTS: dict[str, frozenset[str]] = {
+    "torch.optim": frozenset({  # torch.optim.__all__ (2.13), with the optimizers of earlier releases
+        "ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS", "Muon", "NAdam", "Optimizer",
+        "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam", "lr_scheduler", "swa_utils",
+    }),
+    "torch.optim.lr_scheduler": frozenset({  # torch.optim.lr_scheduler.__all__ (2.13)
+        "ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR",
+        "ExponentialLR", "LRScheduler", "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR", "OneCycleLR",
+        "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR",
+    }),
+}
