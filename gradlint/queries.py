@@ -786,6 +786,7 @@ def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
             continue
         test = frame.node.test
         names = [dotted_name(n) or "" for n in walk(test) if type(n) in (cst.Name, cst.Attribute)]
+        names += _string_keys(test)  # a flag kept in a dict: ``if stats["skip_example"]:``
         if any(_DISCARD_WORDS.intersection(last_name(n).lower().split("_")) for n in names if n):
             return True
         for node in walk(test):
@@ -799,6 +800,15 @@ def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
             ):
                 return True  # a value of this batch, not a setting compared with a literal
     return False
+
+
+def _string_keys(test: cst.BaseExpression) -> list[str]:
+    """The string keys ``test`` indexes with (``stats["skip_example"]`` → ``skip_example``)."""
+    return [
+        element.slice.value.raw_value for node in walk(test) if type(node) is cst.Subscript
+        for element in node.slice
+        if type(element.slice) is cst.Index and type(element.slice.value) is cst.SimpleString
+    ]
 
 
 def exclusive(a: Event, b: Event) -> bool:

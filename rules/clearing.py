@@ -28,6 +28,7 @@ from gradlint.queries import (
     accumulation_place,
     clears,
     clears_between_backward_and_step,
+    discards_update,
     masks_by_value,
     names_in,
     ends_with_break,
@@ -1342,7 +1343,9 @@ class ZeroGradBetweenBackwardAndStep(Rule):
       threshold);
     - the clear throws the update away on purpose: it sits under an ``if``
       the step does not share whose test is a flag saying so (``if
-      ignore_grad:``, ``if skip_step:``) or a check of this batch's loss or
+      ignore_grad:``, ``if skip_step:``, an entry of a dict, ``if
+      stats["skip_example"]:``:
+      ``fixtures/realworld/ok_gl002_gl003_window_dropped_on_flag_in_dict__atlas.py``) or a check of this batch's loss or
       gradient norm (a loss spike, a non-finite value), not of a setting
       (``fixtures/realworld/ok_gl002_update_discarded_on_purpose__glide-finetune.py``);
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
@@ -1401,7 +1404,9 @@ class ZeroGradInAccumulation(Rule):
       that never step), or in an ``except`` handler, or in the other branch of
       an ``if`` that is no accumulation guard (``if math.isnan(grad_norm):
       optimizer.zero_grad(); n = 0`` / ``else:`` ... the step:
-      ``fixtures/realworld/gl003_nan_window_dropped__s3prl.py``);
+      ``fixtures/realworld/gl003_nan_window_dropped__s3prl.py``), or under an
+      ``if`` the step does not share that drops the update on purpose, as
+      GL002 reads it (``if stats["skip_example"]: model.zero_grad()``);
     - the clear walks a list that is filled only right after each step (``for
       opt in stepped: opt.zero_grad()``), or belongs to a probe: a helper that
       backpropagates, reads the gradients and clears them, stepping nothing
@@ -1593,6 +1598,8 @@ class ZeroGradInAccumulation(Rule):
                         continue  # ``for opt in stepped: opt.zero_grad()`` with ``stepped.append(opt)`` after each step
                     if _recovers_instead_of_stepping(zero, step):
                         continue  # ``if isnan(norm): zero_grad(); n = 0 else: ...step...``: not every micro-batch
+                    if discards_update(model, zero, step):
+                        continue  # ``if stats["skip_example"]: model.zero_grad()``: only where a check drops the window
                     if _follows_own_step(root, zero, loop):
                         continue  # ``if i == len(loader) - 1: opt.step(); opt.zero_grad()``: it clears what a step used
                     if _under_window_start_flag(model, zero, step, loop):
