@@ -11,6 +11,7 @@ from gradlint import device_constructions, frameworks
 from gradlint.events import EventKind
 from gradlint.findings import Severity
 from gradlint.model import HANDOFF, FrameKind, LoopModel
+from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor
 from gradlint.queries import frames_inside, function_holding, lies_in, same_object, steps_with_loops
 from gradlint.reach import owners_of_construction, parameter_owners, reaching_call
@@ -657,7 +658,13 @@ class UnregisteredParameters(Rule):
     (``torch.device("cpu")``, or a name bound only to it): ``.to`` hands back
     the parameter itself
     (``fixtures/crossfile/parameter_moved_to_loss_device__Real-Time-Voice-Cloning_correct``;
-    checked alone, without the files that build it, the file is reported)
+    checked alone, without the files that build it, the file is reported),
+    or the tensor wrapped may already lie on the device ``.to`` names:
+    moved there before wrapping (``nn.Parameter(torch.randn(n).to(device)).to(device)``),
+    or computed from a tensor the method is handed, whose device only the
+    callers know (``nn.Parameter(torch.mm(m, ...)).to(device)`` with ``m`` from
+    ``torch.svd(aptinit)``:
+    ``fixtures/realworld/ok_gl018_parameter_already_on_its_device__Graph-WaveNet.py``)
     (``fixtures/parameters/ok_gl018_registered_layers.py``,
     ``fixtures/realworld/ok_gl018_float_of_float32_parameter__Time-Series-Library.py``,
     ``fixtures/realworld/ok_gl018_layers_built_by_factory_in_module_list__texar-pytorch.py``,
@@ -859,6 +866,7 @@ def _unregistered_in(model: LoopModel, methods: list[cst.FunctionDef]) -> Iterat
                 if (
                     moved is not None and _read_anywhere(model, target) and not _handed_to_an_optimizer(model, target)
                     and not _moved_to_the_cpu_by_every_construction(model, value, method)
+                    and not _maybe_already_there(model, value, method)
                 ):
                     yield Report(
                         value,
@@ -1251,6 +1259,57 @@ def _moved_to_the_cpu_by_every_construction(model: LoopModel, moved: cst.Call, m
     return bool(class_name) and device_constructions.cpu_only(model.device_args, class_name, (str(at), device.value))
 
 
+def _maybe_already_there(model: LoopModel, moved: cst.Call, method: cst.FunctionDef) -> bool:
+    """Whether the tensor wrapped in ``nn.Parameter(x).to(d)`` may already lie where ``.to`` sends it, so that ``.to``
+    hands back the parameter itself: ``x`` was moved there first (``nn.Parameter(torch.randn(n).to(device)).to(device)``)
+    or is computed from a tensor the method is handed (``m, p, n = torch.svd(aptinit)``; ``nn.Parameter(torch.mm(m,
+    ...)).to(device)``), whose device only its callers know."""
+    if moved.func.attr.value != "to" or not moved.func.value.args:
+        return False
+    data = moved.func.value.args[0].value
+    target = model.code(moved.args[0].value) if len(moved.args) == 1 else None
+    if target is not None and any(
+        type(n) is cst.Call and type(n.func) is cst.Attribute and n.func.attr.value == "to" and len(n.args) == 1
+        and model.code(n.args[0].value) == target
+        for n in walk(data)
+    ):
+        return True
+    handed = {p.name.value for p in method.params.params[1:]} - {target}
+    return bool(handed) and _reaches(model, data, method, handed, depth=3)
+
+
+def _reaches(model: LoopModel, value: cst.BaseExpression, method: cst.FunctionDef, names: set[str], depth: int) -> bool:
+    """Whether ``value`` reads one of ``names``, directly or through the method's assignments of the names it reads
+    (``depth`` assignments deep), outside the arguments of factories that build on the CPU whatever they are handed
+    (``torch.Tensor(dense_dims, 1)``: a size)."""
+    read = _names_outside_cpu_factories(value)
+    if read & names:
+        return True
+    if depth == 0:
+        return False
+    table = model.index.assignments.get(method, {})
+    for name in read:
+        for assigned in table.get(name, ()):
+            source = assigned.value if type(assigned) is Unpacked else assigned
+            if _reaches(model, source, method, names, depth - 1):
+                return True
+    return False
+
+
+def _names_outside_cpu_factories(value: cst.BaseExpression) -> set[str]:
+    """The names ``value`` reads, leaving out what a CPU factory given no device is handed."""
+    found: set[str] = set()
+    stack: list[cst.CSTNode] = [value]
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.Name:
+            found.add(node.value)
+        elif type(node) is cst.Call and callee_name(node) in _CPU_FACTORIES and keyword_arg(node, "device") is None:
+            continue
+        stack.extend(children(node))
+    return found
+
+
 def _float32_factory(model: LoopModel, parameter: cst.Call) -> bool:
     """Whether ``nn.Parameter(torch.ones(n, device=d))`` wraps a float tensor of the default dtype, float32: a factory of
     ``torch`` given no ``dtype``, in a module that never changes the default dtype."""
@@ -1532,7 +1591,11 @@ class ParameterInNoOptimizer(Rule):
     given ``self.parameters()``, or the parameter is named in any optimizer's
     construction or ``add_param_group`` in the module (also through a list
     made first); or the parameter is built with ``requires_grad=False``, or
-    never read (``fixtures/parameters/ok_gl020_parameter_in_optimizer.py``).
+    never read (``fixtures/parameters/ok_gl020_parameter_in_optimizer.py``),
+    or built under an ``if`` on an attribute of ``self`` that nothing in the
+    module assigns (``if self.use_pbe_weight:``): a subclass of another
+    module turns it on, and may build its own optimizer over it
+    (``fixtures/realworld/ok_gl020_parameter_on_a_subclass_setting__UniFashion.py``).
 
     **Bad**::
 
@@ -1574,6 +1637,8 @@ class ParameterInNoOptimizer(Rule):
                 attribute = target.split(".", 1)[1]
                 if attribute in named or not _read_elsewhere(model, bodies, target, node):
                     continue
+                if _built_on_a_subclass_setting(model, node, methods):
+                    continue
                 owners = sorted({o for call in optimizers for o in owners_of_construction(model, call)})
                 held = ", ".join(f"`{o}`" for o in owners) if owners else "other parameters"
                 built = ("lines " if len(optimizers) > 1 else "line ") + ", ".join(str(model.line(call)) for call in optimizers)
@@ -1583,6 +1648,24 @@ class ParameterInNoOptimizer(Rule):
                     f"steps it, so it never leaves its initial value (and its gradient piles up); hand it to one "
                     f"(`list(....parameters()) + [{target}]`) or give it a parameter group",
                 )
+
+
+def _built_on_a_subclass_setting(model: LoopModel, built: cst.CSTNode, methods: dict[str, cst.FunctionDef]) -> bool:
+    """Whether the parameter is built under an ``if`` that reads an attribute of ``self`` which nothing in the module
+    assigns and the class does not define (``if self.use_pbe_weight:``, set only by a subclass of another module): the
+    subclass that turns it on may build its own optimizer, over this parameter too."""
+    parents = model.parents or {}
+    child, current = built, parents.get(built)
+    while current is not None and type(current) is not cst.FunctionDef:
+        if type(current) is cst.If and child is not current.test:
+            for node in walk(current.test):
+                name = dotted_name(node) if type(node) is cst.Attribute else None
+                if name is None or not name.startswith("self.") or name.count(".") != 1:
+                    continue
+                if name.split(".", 1)[1] not in methods and not model.index.assigned_anywhere(name):
+                    return True
+        child, current = current, parents.get(current)
+    return False
 
 
 def _parameters_kept(model: LoopModel, methods: list[cst.FunctionDef]) -> list[tuple[str, cst.CSTNode]]:
