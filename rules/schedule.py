@@ -88,6 +88,10 @@ class SchedulerStepsPerMicroBatch(Rule):
       the epochs (``cfg.num_image // cfg.total_batch_size * cfg.num_epoch``
       with ``total_batch_size = batch_size * world_size``:
       ``fixtures/realworld/ok_gl301_schedule_sized_in_micro_batches_from_image_count__GeneFace.py``;
+      through a name the module assigns such a count, ``max_iters = epochs *
+      iters_per_epoch`` with ``iters_per_epoch = len(train_dataset) //
+      (num_gpus * batch_size)``:
+      ``fixtures/realworld/ok_gl301_schedule_sized_in_iterations_per_epoch__MuGCDA.py``;
       a batch size that holds the accumulation count sizes it in optimizer
       steps: ``fixtures/realworld/gl301_schedule_sized_in_steps_stepped_per_micro_batch__GeneFace.py``):
       or the scheduler is handed a length multiplied by the accumulation
@@ -284,7 +288,7 @@ def _loop_bounds(loop: cst.For | cst.While) -> set[str]:
     return bounds - counters
 
 
-_LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?steps?$")
+_LENGTH_NAME = re.compile(r"(^|_)(decay|total|training|train|max|num)_?(train_|training_)?(steps?|iters?|iterations?)$")
 # The batches of one epoch: ``epoch_len``, ``num_batches``, ``n_batches_per_epoch``
 _EPOCH_LENGTH = re.compile(r"^(epoch_len|((n|num)_)?batches(_per_epoch)?)$")
 # A name that says it holds (or is made from) the accumulation count: ``gradient_accumulation_steps``, ``grad_acc``
@@ -316,11 +320,27 @@ def _batches_times_epochs(value: cst.BaseExpression, tables) -> bool:
     if any(_ACCUMULATION_NAME.search(n) for n in last):
         return False
     batches = (
-        any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value))
+        _batches_of_an_epoch(value, tables)
         or any(_EPOCH_LENGTH.match(n) for n in last)
-        or _samples_over_batch_size(value, tables)
+        or any(  # ``iters_per_epoch = len(train_dataset) // (num_gpus * batch_size)``, then ``epochs * iters_per_epoch``
+            _batches_of_an_epoch(v, tables) and not _names_accumulation(v)
+            for n in names for table in tables for v in table.get(n, ()) if isinstance(v, cst.BaseExpression)
+        )
     )
     return batches and any("epoch" in n and not _EPOCH_LENGTH.match(n) for n in last)
+
+
+def _batches_of_an_epoch(value: cst.BaseExpression, tables) -> bool:
+    """``len(loader)``, or the samples of an epoch over the batch size of one iteration, in ``value``."""
+    return any(type(n) is cst.Call and callee_name(n) == "len" for n in walk(value)) or _samples_over_batch_size(value, tables)
+
+
+def _names_accumulation(value: cst.BaseExpression) -> bool:
+    """Whether a name ``value`` reads says it holds the accumulation count."""
+    return any(
+        _ACCUMULATION_NAME.search((dotted_name(n) or "").rsplit(".", 1)[-1])
+        for n in walk(value) if type(n) in (cst.Name, cst.Attribute)
+    )
 
 
 def _samples_over_batch_size(value: cst.BaseExpression, tables) -> bool:
