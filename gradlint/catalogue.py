@@ -202,7 +202,7 @@ ALL_RULES: tuple[RuleInfo, ...] = (
         severity=Severity.ERROR,
         fix=None,
         enabled_by_default=True,
-        needs=((BACKWARD, _TOKEN_6),),
+        needs=((BACKWARD, _TOKEN_6), ('configure_optimizers',)),
     ),
     RuleInfo(
         code='GL020',

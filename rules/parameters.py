@@ -10,6 +10,7 @@ import libcst as cst
 from gradlint import device_constructions, frameworks
 from gradlint.events import EventKind
 from gradlint.findings import Severity
+from gradlint.frameworks.settings import framework_settings
 from gradlint.model import HANDOFF, FrameKind, LoopModel
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, kind_from_name, kind_of_constructor
@@ -1393,6 +1394,13 @@ class OptimizerNeverStepped(Rule):
     network it was built over
     (``fixtures/parameters/ok_gl019_optimizer_stepped_elsewhere.py``).
 
+    Also flagged: a framework's hook that hands back the optimizers it is to
+    step (Lightning's ``configure_optimizers``) building one and returning
+    nothing: the framework steps none (Lightning runs the fit with a
+    ``_MockOptimizer`` after one warning), unless the module reads the
+    attribute it keeps the optimizer in (it may step it by hand)
+    (``fixtures/realworld/gl019_configure_optimizers_returns_nothing__audio-diffusion.py``).
+
     **Bad**::
 
         class Trainer:
@@ -1420,12 +1428,13 @@ class OptimizerNeverStepped(Rule):
     summary = "an optimizer is built over a network the loop backpropagates through, and nothing ever steps it"
     severity = Severity.ERROR
     fix = None  # where the step belongs is the loop's to say
-    needs = ((BACKWARD, call_of("parameters")),)
+    needs = ((BACKWARD, call_of("parameters")), *((declared.hook,) for declared in frameworks.OPTIMIZERS_RETURNED))
 
     def check(self, model: LoopModel) -> Iterator[Report]:
         index = model.index
         if index is None:
             return
+        yield from _hooks_returning_no_optimizer(model)
         built_once = list(_optimizers_built_once(model))
         by_scope: dict[int, list[cst.Call]] = {}
         for _, built, scope in built_once:
@@ -1451,6 +1460,49 @@ class OptimizerNeverStepped(Rule):
                 f"{'are cleared unused' if _cleared(model, name, scope) else 'pile up'}; step `{name}` after this backward",
                 event=backward,
             )
+
+
+def _hooks_returning_no_optimizer(model: LoopModel) -> Iterator[Report]:
+    """A framework hook that hands back the optimizers to step (Lightning's ``configure_optimizers``) that builds one
+    and returns nothing (``self.optimizer = optim.Adam(...)`` as its last line): the framework steps none."""
+    settings = framework_settings(model)
+    for declared in frameworks.OPTIMIZERS_RETURNED:
+        for owner in settings.classes_of(declared.classes):
+            hook = model.index.class_methods.get(owner.name.value, {}).get(declared.hook)
+            if hook is None:
+                continue
+            own = list(model.file.walk(hook.body))
+            if any(type(n) in (cst.Yield, cst.Raise) or (type(n) is cst.Return and n.value is not None) for n in own):
+                continue  # it hands something back (or refuses to build)
+            built = next((n for n in own if type(n) is cst.Call and _builds_optimizer(model, n)), None)
+            if built is None:
+                continue
+            kept = _kept_in(model, built)
+            if kept is not None and "." in kept and _read_beside(model, kept, built):
+                continue  # ``self.optimizer`` read elsewhere: the module may step it by hand
+            yield Report(
+                built,
+                f"`{declared.hook}` builds this optimizer but returns nothing: {declared.none_returned}, so nothing "
+                f"steps it and the parameters it holds never train; return it"
+                + (f" (`return {kept}`)" if kept is not None else ""),
+            )
+
+
+def _kept_in(model: LoopModel, built: cst.Call) -> str | None:
+    """The name an assignment binds the construction to (``self.optimizer = optim.Adam(...)``), if any."""
+    parent = (model.parents or {}).get(built)
+    if type(parent) is cst.Assign and len(parent.targets) == 1:
+        return dotted_name(parent.targets[0].target)
+    return None
+
+
+def _read_beside(model: LoopModel, name: str, built: cst.Call) -> bool:
+    """Whether the module reads ``name`` anywhere but where ``built`` is assigned to it."""
+    target = (model.parents or {}).get(built).targets[0].target
+    return any(
+        type(n) is cst.Attribute and n is not target and dotted_name(n) == name
+        for n in model.file.every_node(model.module)
+    )
 
 
 def _optimizers_built_once(model: LoopModel) -> Iterator[tuple[str, cst.Call, cst.FunctionDef | None]]:

@@ -45,6 +45,7 @@ from gradlint.frameworks.framework import (
     LossHook,
     SchedulersLeftToModule,
     NoSyncContext,
+    OptimizersReturned,
     ReleaseCall,
     ReleaseStyle,
     ReturnedLoss,
@@ -191,6 +192,7 @@ DIVIDED_COUNT_TOKENS: tuple[str, ...] = tuple(dict.fromkeys(t for b in _BACKWARD
 RETURNED_LOSSES: tuple[ReturnedLoss, ...] = _joined("returned_losses")
 LOSS_HOOKS: tuple[LossHook, ...] = _joined("loss_hooks")
 SCHEDULERS_LEFT: tuple[SchedulersLeftToModule, ...] = _joined("schedulers_left")
+OPTIMIZERS_RETURNED: tuple[OptimizersReturned, ...] = _joined("optimizers_returned")
 OWNS_BACKWARDS_OF: tuple[str, ...] = _joined("owns_backwards_of")
 
 # -- keeping a backward from all-reducing

@@ -333,6 +333,16 @@ class SchedulersLeftToModule:
 
 
 @dataclasses.dataclass(frozen=True)
+class OptimizersReturned:
+    """A method of the framework's module classes whose return value is the optimizers the framework steps: one that
+    builds an optimizer and returns nothing leaves the framework none to step."""
+
+    classes: str  # the :class:`Subclasses` role of the classes that define the hook
+    hook: str  # ``configure_optimizers``
+    none_returned: str  # what the framework does when the hook returns nothing (for messages)
+
+
+@dataclasses.dataclass(frozen=True)
 class LossHook:
     """A method the framework calls for the loss, handed the number of items of the whole accumulated batch.
 
@@ -426,6 +436,7 @@ class Framework:
     returned_losses: tuple[ReturnedLoss, ...] = ()
     loss_hooks: tuple[LossHook, ...] = ()
     schedulers_left: tuple[SchedulersLeftToModule, ...] = ()
+    optimizers_returned: tuple[OptimizersReturned, ...] = ()  # hooks that hand the framework the optimizers it steps
     # The :class:`Subclasses` roles of classes whose methods' backwards are the framework's business (it divides itself).
     owns_backwards_of: tuple[str, ...] = ()
     # -- the rest the event builder and the model builder ask

@@ -42,6 +42,10 @@ back to be stepped by hand), and calls none of the module's
 (``loops/optimization/automatic.py`` calls them; under manual optimization
 ``LightningOptimizer.step`` goes to the strategy's ``optimizer_step``): a
 warm-up written in an overridden ``optimizer_step`` never runs.
+A ``configure_optimizers`` that returns ``None`` leaves the fit without an
+optimizer: ``_init_optimizers_and_lr_schedulers`` (``core/optimizer.py``;
+``TrainerOptimizersMixin.init_optimizers`` before 1.6) warns once that "this
+fit will run with no optimizer" and steps a ``_MockOptimizer`` instead.
 
 Where it was read: pytorch-lightning tag 2.6.1,
 ``src/lightning/pytorch/loops/optimization/automatic.py``
@@ -73,6 +77,7 @@ from gradlint.frameworks.framework import (
     Backward,
     Framework,
     NoSyncContext,
+    OptimizersReturned,
     ReturnedLoss,
     SchedulersLeftToModule,
     Subclasses,
@@ -274,6 +279,12 @@ FRAMEWORK = Framework(
     grad_toggles=frozenset({"toggle_optimizer"}),
     keeps_gradients=frozenset({"toggle_optimizer", "untoggle_optimizer", "toggled_optimizer"}),
     hooks_before_step=frozenset({"on_after_backward", "on_before_optimizer_step"}),
+    optimizers_returned=(
+        OptimizersReturned(
+            "lightning_module", "configure_optimizers",
+            none_returned="Lightning then runs the fit with no optimizer (it steps a `_MockOptimizer` after one warning)",
+        ),
+    ),
     schedulers_left=(
         SchedulersLeftToModule(
             "lightning_module", "configure_optimizers", manual=_manual_optimization, fetch="lr_schedulers",
