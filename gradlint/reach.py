@@ -150,6 +150,17 @@ def _owners_of_unpacked(model: "LoopModel", value: Unpacked, found: set[str], se
         args = [a for a in call.args if a.keyword is None]
         if value.position < len(args):
             _owners_in(model, args[value.position].value, found, seen, depth + 1)
+        return
+    # ``self.opt_vq, self.opt_disc = self.configure_optimizers()``: element ``position`` of what the module's own
+    # function returns (``return opt_vq, opt_disc``), read in that function
+    helper = model.index.resolve_function(call, function_holding(model, call))
+    if helper is None or f"def {id(helper)}" in seen or depth >= 4:
+        return
+    seen.add(f"def {id(helper)}")
+    for returned in model.index.returned(helper):
+        element = _element_at(returned, value.position)
+        if element is not None:
+            _owners_in(model, element, found, seen, depth + 1, helper)
 
 
 def _optimizer_list(returned: cst.BaseExpression) -> cst.BaseExpression:
@@ -251,14 +262,17 @@ def reaching_call(
 
 
 def loss_reaching_call(
-    model: "LoopModel", loss: cst.BaseExpression, owners: frozenset[str], others: frozenset[str] = frozenset()
+    model: "LoopModel", loss: cst.BaseExpression, owners: frozenset[str], others: frozenset[str] = frozenset(),
+    *, judged_by: frozenset[str] = frozenset(),
 ) -> Reach | None:
     """:func:`reaching_call` for a loss expression of the module (one term of a summed loss: ``lossG`` in
-    ``loss = lossD + lossG``), followed back from where it is read."""
+    ``loss = lossD + lossG``), followed back from where it is read. The inputs of calls of the ``judged_by`` networks
+    are not followed: what reaches ``owners`` only there is one of those networks judging their output
+    (``disc_fake = self.discriminator(decoded_images)``)."""
     if model.index is None or not owners:
         return None
     function = function_holding(model, loss)
-    for call in _calls_computing(model, loss, function, helpers=True):
+    for call in _calls_computing(model, loss, function, helpers=True, judged_by=judged_by):
         called = _network(call.func)
         if called is None or _under_no_grad(model, call):
             continue
@@ -282,11 +296,12 @@ def calls_computing_loss(model: "LoopModel", loss: cst.BaseExpression) -> list[c
 
 
 def _calls_computing(
-    model: "LoopModel", loss: cst.BaseExpression, function: cst.FunctionDef | None, *, helpers: bool
+    model: "LoopModel", loss: cst.BaseExpression, function: cst.FunctionDef | None, *, helpers: bool,
+    judged_by: frozenset[str] = frozenset(),
 ) -> list[cst.Call]:
     """The calls whose results the loss is computed from, followed back through the function's assignments: for each
     name, the latest assignment above the line that reads it (all of them when none is above: set in an earlier pass
-    of a loop)."""
+    of a loop); not into the arguments of calls of the ``judged_by`` networks."""
     table = model.index.assignments.get(function, {})
     filled = model.index.appended.get(function, {})
     pending: list[tuple[cst.BaseExpression, int]] = [(loss, model.line(loss))]
@@ -294,7 +309,7 @@ def _calls_computing(
     calls: list[cst.Call] = []
     while pending:
         expression, line = pending.pop()
-        for node in _graph_nodes(expression):
+        for node in _graph_nodes(expression, judged_by):
             kind = type(node)
             if kind is cst.Call:
                 calls.append(node)
@@ -344,8 +359,9 @@ def _returned_element(model: "LoopModel", value: Unpacked, function: cst.Functio
     return calls
 
 
-def _graph_nodes(expression: cst.BaseExpression) -> list[cst.CSTNode]:
-    """The nodes of an expression through which gradients flow: not under ``.detach()``, ``.item()``, a lambda."""
+def _graph_nodes(expression: cst.BaseExpression, judged_by: frozenset[str] = frozenset()) -> list[cst.CSTNode]:
+    """The nodes of an expression through which gradients flow: not under ``.detach()``, ``.item()``, a lambda, nor
+    in the arguments of a call of one of the ``judged_by`` networks."""
     nodes: list[cst.CSTNode] = []
     stack: list[cst.CSTNode] = [expression]
     while stack:
@@ -356,6 +372,9 @@ def _graph_nodes(expression: cst.BaseExpression) -> list[cst.CSTNode]:
         nodes.append(node)
         if kind is cst.Call:
             stack.append(node.func)
+            called = _network(node.func) if judged_by else None
+            if called is not None and any(_calls_network(called, judge) for judge in judged_by):
+                continue
             stack.extend(arg.value for arg in node.args)  # not a keyword's name
         elif kind is cst.Attribute:
             stack.append(node.value)  # not the attribute's own name

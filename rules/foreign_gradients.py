@@ -87,7 +87,17 @@ class StepTakesAnotherLossGradients(Rule):
       (both losses mixed both ways, as BicycleGAN's generator-and-encoder
       loss is meant: ``fixtures/realworld/gl017_generator_and_encoder_loss_shared__PyTorch-GAN.py``);
       a network holding the optimizer's own (``vae`` for ``vae.discr``) is
-      no such evidence, its forward decides what the other loss reaches;
+      no such evidence, its forward decides what the other loss reaches; nor
+      is a critic: when the other loss reaches this network only as the input
+      of the other's own network (``gan_loss`` of ``self.discriminator(decoded_images)``),
+      this network's loss running through the critic is how it learns
+      (``fixtures/realworld/gl017_discriminator_loss_through_undetached_reconstruction__poretransformer.py``;
+      the discriminator trained on ``decoded_images.detach()``:
+      ``fixtures/realworld/ok_gl017_discriminator_trained_on_detached_reconstruction__poretransformer.py``;
+      unless the other loss is what the call of the other's network returns,
+      ``d_loss, logs = loss_module(images, recon, mode="discriminator")``,
+      whose forward may detach what it is handed:
+      ``fixtures/realworld/ok_gl017_loss_module_computes_discriminator_loss__1d-tokenizer.py``);
     - the other loss is stepped by this optimizer too (one loss for two
       optimizers), or the optimizer has no backward of its own before its step;
       a backward between the optimizer's own and its step is another's only
@@ -292,8 +302,31 @@ def _reaching(model: LoopModel, backward, stepped: list[str], owners: frozenset[
     if reach is None:
         return None
     if others and any(reaching_call(model, mine, others, owners) is not None for mine in own):
-        return None
+        if backward.loss is None or loss_reaching_call(model, backward.loss, owners, others, judged_by=others) is not None:
+            return None
+        if _returned_by_a_call_of(model, backward.loss, others):
+            return None  # ``d_loss, logs = loss_module(images, recon, mode="discriminator")``: its forward may detach
+        # the other loss reaches this network only as the input of its own network (``d_loss`` of
+        # ``self.discriminator(decoded_images)``): a critic judging this network's output, whose loss leaks back
+        # through the undetached input; this network's loss running through the critic is how it learns from it
     return reach
+
+
+def _returned_by_a_call_of(model: LoopModel, loss: cst.BaseExpression, networks: frozenset[str]) -> bool:
+    """Whether the loss is bound straight to what a call of one of ``networks`` returns (``discriminator_loss, logs =
+    loss_module(images, reconstructed_images, mode="discriminator")``): that network computes the loss, and whether
+    its forward detaches what it is handed only its code says."""
+    name = dotted_name(loss) if type(loss) in (cst.Name, cst.Attribute) else None
+    function = function_holding(model, loss)
+    values = model.index.assignments.get(function, {}).get(name, []) if name is not None else []
+    for value in values:
+        call = value.value if type(value) is Unpacked else value
+        if type(call) is cst.Call and any(
+            (called := dotted_name(call.func)) is not None and last_name(called) == last_name(network)
+            for network in networks
+        ):
+            return True
+    return False
 
 
 def _stepped_after(model: LoopModel, events: list, backward) -> tuple[list[str], bool]:
