@@ -439,7 +439,7 @@ class ModuleIndex:
             return ObjInfo(info.kind) if info is not None and info.kind in (ObjKind.OPTIMIZER, ObjKind.SCHEDULER, ObjKind.SCALER) else None
         if type(value) is not cst.Call:
             return None
-        for qualified in self.qualified_names(value.func):
+        for qualified in sorted(self.qualified_names(value.func)):  # star imports may offer several: one answer each run
             kind = kind_of_constructor(qualified)
             if kind is ObjKind.OPTIMIZER:
                 return ObjInfo(kind, param_sources=_parameter_sources(value, self.file.walk))
@@ -490,7 +490,7 @@ class ModuleIndex:
         name = callee_name(call)
         # by what the import says the callee is: ``amp.initialize`` of apex is no ``deepspeed.initialize``
         qualified = self.qualified_names(call.func) or {dotted_name(call.func)}
-        returned = next((frameworks.RETURNS_BY_POSITION[q] for q in qualified if q in frameworks.RETURNS_BY_POSITION), None)
+        returned = next((frameworks.RETURNS_BY_POSITION[q] for q in sorted(qualified) if q in frameworks.RETURNS_BY_POSITION), None)
         if returned is not None:
             kind = returned.get(value.position)
             return ObjInfo(kind) if kind is not None else None

@@ -37,3 +37,24 @@ def test_local_and_relative_names_do_not_resolve():
     assert qualify("from .optim import AdamW", "AdamW") == set()
     assert qualify("import torch", "AdamW") == set()
     assert qualify("import torch", "model.step") == set()
+
+
+def test_a_star_import_of_torch_optim_binds_only_what_it_exports():
+    source = "from torch.optim import *\nfrom torch.optim.lr_scheduler import *\nfrom project.utils import *"
+    # matchmaker's ``EarlyStopping`` comes from the project's own star import, not from torch's modules
+    assert qualify(source, "EarlyStopping") == {"project.utils.EarlyStopping"}
+    assert qualify(source, "AdamW") == {"torch.optim.AdamW", "project.utils.AdamW"}
+    assert qualify(source, "StepLR") == {"torch.optim.lr_scheduler.StepLR", "project.utils.StepLR"}
+
+
+def test_a_star_imported_name_torch_does_not_export_builds_no_tracked_object():
+    from gradlint.module_index import ModuleIndex
+    from gradlint.objects import ObjKind
+    from gradlint.parsed_file import ParsedFile
+
+    source = (
+        "from torch.optim import *\nfrom torch.optim.lr_scheduler import *\nfrom project.utils import *\n"
+        "stopper = EarlyStopping(patience=3)\nopt = AdamW(params)\n"
+    )
+    index = ModuleIndex(ParsedFile(cst.parse_module(source)))
+    assert {name: info.kind for name, info in index.objects.items()} == {"opt": ObjKind.OPTIMIZER}
