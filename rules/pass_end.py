@@ -98,7 +98,10 @@ class LastWindowOfPassNotStepped(Rule):
       ``fixtures/accumulation/gl021_nan_skip_clear_before_backward.py``):
       the micro-batches left at a pass's end meet that
       clear first, and whether it is right is GL003's question
-      (``fixtures/realworld/gl003_clear_under_flag_handed_to_step_helper__SDXL-Training-Improvements.py``);
+      (``fixtures/realworld/gl003_clear_under_flag_handed_to_step_helper__SDXL-Training-Improvements.py``),
+      or clears it on every iteration under no test (``if do_step:
+      optimizer.step()`` then ``optimizer.zero_grad()``: nothing accumulates,
+      ``fixtures/accumulation/boolean_flag_zero_outside_guard.py``);
     - the guard's window is shifted (GL014 reports it, the same micro-batches
       included), or the count exceeds 1 only where a framework's engine steps
       at its own boundary;
