@@ -340,8 +340,7 @@ def _set_each_pass(model: LoopModel, set_at: cst.CSTNode, loop: Frame, passes: F
 def _called_in_module(model: LoopModel) -> frozenset[str]:
     """The last names of everything the module calls (read once)."""
     return model.file.once(_called_in_module, lambda: frozenset(
-        name.rsplit(".", 1)[-1] for n in model.file.every_node(model.file.module)
-        if type(n) is cst.Call and (name := callee_name(n)) is not None
+        name for n in model.file.every_node(model.file.module) if type(n) is cst.Call and (name := callee_name(n)) is not None
     ))
 
 

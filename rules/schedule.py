@@ -357,12 +357,7 @@ def _samples_over_batch_size(value: cst.BaseExpression, tables) -> bool:
         made_of = [
             v for table in tables for n in divisor for v in table.get(n, ()) if isinstance(v, cst.BaseExpression)
         ]
-        if any(
-            _ACCUMULATION_NAME.search((dotted_name(m) or "").rsplit(".", 1)[-1])
-            for v in made_of for m in walk(v) if type(m) in (cst.Name, cst.Attribute)
-        ):
-            return False
-        return True
+        return not any(_names_accumulation(v) for v in made_of)
     return False
 
 
