@@ -105,6 +105,37 @@ def remainder_test(test: cst.BaseExpression) -> RemainderTest | None:
     return RemainderTest(counter, offset, remainder.right) if counter is not None else None
 
 
+def remainder_or_pass_end_test(test: cst.BaseExpression) -> RemainderTest | None:
+    """The remainder test of a guard that also steps at the pass's end: ``i % k == 0 or i >= n_batches - 1`` (every
+    other term of the ``or`` compares the same counter, ``==``, ``>=`` or ``>``, with a bound that is not a number, or is
+    a framework's end-of-epoch flag). Such a term only adds steps late in a pass: the windows are the remainder's."""
+    if type(test) is not cst.BooleanOperation or type(test.operator) is not cst.Or:
+        return None
+    terms = boolean_terms(test, cst.Or)
+    tests = [found for t in terms if (found := remainder_test(t)) is not None]
+    if len(tests) != 1:
+        return None
+    others = [t for t in terms if remainder_test(t) is None]
+    return tests[0] if others and all(_pass_end_term(t, tests[0].counter) for t in others) else None
+
+
+def _pass_end_term(term: cst.BaseExpression, counter: str) -> bool:
+    """``i >= n - 1``, ``i == len(loader) - 1``, ``i + 1 == total`` on ``counter``, or an end-of-epoch flag."""
+    from gradlint import frameworks  # the registry imports the model, which this module's importers need first
+
+    if type(term) is cst.Attribute and term.attr.value in frameworks.EPOCH_END_FLAGS:
+        return True
+    if type(term) is not cst.Comparison or len(term.comparisons) != 1:
+        return False
+    operator, bound = type(term.comparisons[0].operator), term.comparisons[0].comparator
+    if operator not in (cst.Equal, cst.GreaterThanEqual, cst.GreaterThan):
+        return False
+    name, _ = counter_and_offset(term.left)
+    return name == counter and number(bound) is None and not any(
+        type(n) is cst.Name and n.value == counter for n in walk(bound)
+    )
+
+
 def _presence_test(term: cst.BaseExpression) -> bool:
     """``x is not None`` / ``x is None`` on a name or attribute."""
     return (

@@ -775,6 +775,11 @@ class EventBuilder:
                 return
             if recv_kind is ObjKind.OPTIMIZER:
                 target = _element_of_loop(recv, scope.frames) or recv_name
+                handed = next((n for a in call.args if self._kind(n := dotted_name(a.value)) is ObjKind.SCALER), None)
+                if handed is not None:
+                    # ``self.optim.step(scaler=self.grad_scaler)``: a project's optimizer wrapper steps through the scaler
+                    emit(EventKind.STEP, target=target, target_kind=ObjKind.OPTIMIZER, via_scaler=handed)
+                    return
                 if _handed_a_rate_or_gradients(call):
                     # ``emb_optimizer.step(lr)``: torch's ``step`` takes a closure alone; this optimizer is another
                     # library's, and what its step does with the gradients is its own

@@ -107,6 +107,14 @@ class Event:
         """Whether ``frame`` surrounds this event."""
         return any(f is frame for f in self.frames)
 
+    @property
+    def recovers(self) -> bool:
+        """Whether the event runs in an ``except`` handler that recovers from a failed batch: one inside the
+        outermost loop around it, or any when no loop is (a handler around the whole loop, ``except: net = Net();
+        train(net)``, runs the loop's own bookkeeping)."""
+        loops = [at for at, f in enumerate(self.frames) if f.kind is FrameKind.LOOP]
+        return any(f.branch == "except" for f in self.frames[loops[0] if loops else 0:])
+
     def with_context(self, context: str) -> bool:
         """Whether a ``with`` block of this context (``no_sync``, ``accumulate``) surrounds the event."""
         return any(f.kind is FrameKind.WITH and f.context == context for f in self.frames)

@@ -30,13 +30,14 @@ from gradlint.syntax import (
     positional_args,
     receiver,
     scales_down,
+    writes_grad_in_place,
     walk,
 )
 
 
 # The node types ``ModuleIndex._note`` looks at; the scan skips the call for all others.
 _NOTED = frozenset(
-    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg, cst.Call, cst.ListComp, cst.GeneratorExp}
+    {cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign, cst.WithItem, cst.Return, cst.Attribute, cst.Name, cst.Arg, cst.Call, cst.ListComp, cst.GeneratorExp, cst.For}
 )
 
 
@@ -237,10 +238,13 @@ class ModuleIndex:
         elif kind is cst.ListComp or kind is cst.GeneratorExp:
             if _reads_every_grad(node):
                 self.grads_used_as_buffers = True
+        elif kind is cst.For:
+            if _loop_reads_every_grad(node):
+                self.grads_used_as_buffers = True
         elif kind is cst.Call:
             # ``loss.mul_(mb_size / batch_size)`` / ``loss.div_(n)``: the loss normalised in place
             func = node.func
-            if type(func) is cst.Attribute and func.attr.value in ("add_", "copy_") and is_grad(func.value):
+            if writes_grad_in_place(node):
                 self.grads_used_as_buffers = True
             if type(func) is cst.Attribute and func.attr.value in ("mul_", "div_") and type(func.value) is cst.Name and node.args:
                 if func.attr.value == "div_" or scales_down(node.args[0].value) or _is_fraction(node.args[0].value):
@@ -457,6 +461,8 @@ class ModuleIndex:
         if name in frameworks.RETURNS_GIVEN_ALONE and len(positional_args(value)) == 1:  # ``model = accelerator.prepare(model)``
             return self._classify_value(positional_args(value)[0].value)
         if re.search(r"optimi[sz]er", name, re.IGNORECASE) and not name.endswith("_step"):
+            if re.search(r"(Sched(uler)?|_sched(uler)?)$", name):
+                return ObjInfo(ObjKind.SCHEDULER)  # ``OptimizerScheduler(...)``: the last word says what it is
             return ObjInfo(ObjKind.OPTIMIZER)
         if re.search(r"GradScaler|NativeScaler", name):
             return ObjInfo(ObjKind.SCALER)
@@ -551,6 +557,52 @@ def _reads_every_grad(node: cst.ListComp | cst.GeneratorExp) -> bool:
         if type(sub) is cst.Attribute and sub.attr.value == "grad" and type(sub.value) is cst.Name and sub.value.value in bound:
             return not any(type(n) in (cst.IfExp, cst.Comparison) for n in walk(node.elt))
     return False
+
+
+# What a loop that clears the gradients calls on them: no use of their values.
+_CLEARING_METHODS = frozenset({"zero_", "detach_", "requires_grad_", "fill_", "mul_"})
+
+
+def _loop_reads_every_grad(loop: cst.For) -> bool:
+    """``for name, p in model.named_parameters(): H = (p.grad / n).reshape(p.grad.nelement(), 1)`` with no test of the
+    gradient in the body: computing with a None gradient would raise, so the code counts on every buffer."""
+    if type(loop.iter) is not cst.Call or callee_name(loop.iter) not in ("parameters", "named_parameters"):
+        return False
+    bound = {n.value for n in walk(loop.target) if type(n) is cst.Name}
+    computed = False
+    for sub in walk(loop.body):
+        if type(sub) in (cst.Assign, cst.AugAssign) and _updates_parameter(sub, bound):
+            return False  # ``p -= lr * p.grad``: an update on the gradients, which a None gradient would skip or break alike
+        kind = type(sub)
+        if kind is cst.Try:
+            return False  # a handler may catch what a missing gradient raises
+        if kind in (cst.If, cst.IfExp, cst.Assert) and any(_grad_of(n, bound) for n in walk(sub.test)):
+            return False  # ``if p.grad is not None:``: the missing gradients are skipped
+        if kind is cst.BinaryOperation and any(_grad_of(side, bound) for side in (sub.left, sub.right)):
+            computed = True
+        elif kind is cst.Call and type(sub.func) is cst.Attribute and _grad_of(sub.func.value, bound) and (
+            sub.func.attr.value not in _CLEARING_METHODS
+        ):
+            computed = True
+    return computed
+
+
+def _updates_parameter(statement: cst.Assign | cst.AugAssign, bound: set[str]) -> bool:
+    """``p -= lr * p.grad`` or ``p.data = p.data - lr * p.grad``: the loop's parameter updated from its gradient."""
+    targets = [t.target for t in statement.targets] if type(statement) is cst.Assign else [statement.target]
+    for target in targets:
+        if type(target) is cst.Attribute and target.attr.value == "data":
+            target = target.value
+        if type(target) is cst.Name and target.value in bound:
+            return True
+    return False
+
+
+def _grad_of(node: cst.BaseExpression, bound: set[str]) -> bool:
+    """``p.grad`` (or ``p.grad.data``) of a name in ``bound``."""
+    if type(node) is cst.Attribute and node.attr.value == "data":
+        node = node.value
+    return type(node) is cst.Attribute and node.attr.value == "grad" and type(node.value) is cst.Name and node.value.value in bound
 
 
 def _is_fraction(node: cst.BaseExpression) -> bool:

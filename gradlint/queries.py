@@ -19,7 +19,7 @@ from gradlint.events import EventKind
 from gradlint.model import HANDOFF, Event, Frame, FrameKind, LoopModel, Root
 from gradlint.syntax import (
     boolean_terms, callee_name, dotted_name, element_name, is_grad, keyword_arg, lies_under, method_name, number,
-    positional_args, walk,
+    positional_args, walk, writes_grad_in_place,
 )
 from gradlint.objects import ObjKind, last_name
 
@@ -96,7 +96,7 @@ def clears(model: LoopModel, zero: Event, optimizer: str | None) -> bool:
     """
     if zero.kind is not EventKind.ZERO:
         return False
-    if any(f.branch == "except" for f in zero.frames):
+    if zero.recovers:
         return False  # a clear in an ``except`` handler recovers from a failed batch: it is not the loop's clear
     if zero.target_kind is ObjKind.TENSOR:
         return optimizer is None or not param_sources(model, optimizer)
@@ -751,9 +751,38 @@ def clears_between_backward_and_step(
                     and not masks_by_value(zero)
                     and not discards_update(model, zero, event)
                     and not _skips_and_leaves(zero, event)
+                    and not _gradients_written_after_clear(model, zero, event)
                 ):
                     yield owner, zero, event
             stepped[id(owner)].add(event.target)
+
+
+_GRAD_CLEARS = frozenset({"zeros_like", "zeros", "torch.zeros_like", "torch.zeros"})
+
+
+def _gradients_written_after_clear(model: LoopModel, zero: Event, step: Event) -> bool:
+    """Whether gradients are written by hand after the clear and before the step, in the function that clears (``p.grad
+    = torch.autograd.grad(loss, p)[0]``, ``p.grad.data.add_(ref - p.data)``): the clear makes room for a gradient
+    computed another way (Reptile's meta-gradient, a quantum circuit's estimate), which the step then applies."""
+    function = function_holding(model, zero.node)
+    after = model.line(zero.node)
+    until = model.line(step.node) if function_holding(model, step.node) is function else None
+    if function is None and until is None:
+        return False  # a module-level clear: only what runs between it and a module-level step counts
+    for node in model.file.every_node(function if function is not None else model.file.module):
+        kind = type(node)
+        written = None
+        if kind is cst.Assign and not (type(node.value) is cst.Name and node.value.value == "None") and not (
+            type(node.value) is cst.Call and callee_name(node.value) in _GRAD_CLEARS
+        ):
+            written = next((t.target for t in node.targets if is_grad(t.target)), None)
+        elif kind is cst.AugAssign and type(node.operator) is cst.AddAssign and is_grad(node.target):
+            written = node.target
+        elif kind is cst.Call and writes_grad_in_place(node):
+            written = node
+        if written is not None and model.line(written) > after and (until is None or model.line(written) < until):
+            return True
+    return False
 
 
 def _skips_and_leaves(zero: Event, step: Event) -> bool:
@@ -792,6 +821,8 @@ def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
         for node in walk(test):
             if type(node) is cst.Call and callee_name(node) in _CHECKS_FINITE:
                 return True
+            if _is_nan_check(node):
+                return True
             if type(node) is cst.Comparison and any(
                 type(c.operator) in (cst.GreaterThan, cst.GreaterThanEqual, cst.LessThan, cst.LessThanEqual)
                 for c in node.comparisons
@@ -800,6 +831,15 @@ def discards_update(model: LoopModel, zero: Event, step: Event) -> bool:
             ):
                 return True  # a value of this batch, not a setting compared with a literal
     return False
+
+
+def _is_nan_check(node: cst.CSTNode) -> bool:
+    """``loss != loss``: only a NaN differs from itself."""
+    return (
+        type(node) is cst.Comparison and len(node.comparisons) == 1
+        and type(node.comparisons[0].operator) is cst.NotEqual
+        and type(node.left) in (cst.Name, cst.Attribute) and node.left.deep_equals(node.comparisons[0].comparator)
+    )
 
 
 def _string_keys(test: cst.BaseExpression) -> list[str]:

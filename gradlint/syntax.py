@@ -127,6 +127,21 @@ def is_grad(node: cst.CSTNode | None) -> bool:
     return type(node) is cst.Attribute and node.attr.value == "grad"
 
 
+_GRAD_WRITES = frozenset({"add_", "sub_", "copy_", "set_"})
+
+
+def writes_grad_in_place(call: cst.Call) -> bool:
+    """``p.grad.add_(g)``, ``p.grad.data.copy_(g)``, ``ref.grad.data.sub_(proto.data).add_(ref.data)``: a gradient
+    written into its buffer."""
+    func = call.func
+    if type(func) is not cst.Attribute or func.attr.value not in _GRAD_WRITES:
+        return False
+    written = func.value
+    while type(written) is cst.Call and type(written.func) is cst.Attribute and written.func.attr.value in _GRAD_WRITES:
+        written = written.func.value
+    return is_grad(written)
+
+
 def frees_gradients(nodes: Iterable[cst.CSTNode]) -> bool:
     """Whether code among ``nodes`` clears the gradients it holds: an ``x.zero_grad()`` call or a ``p.grad = None``
     store (a gradient-release hook, or an optimizer class's own ``step()``, that frees what it applied)."""

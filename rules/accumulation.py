@@ -38,9 +38,11 @@ from gradlint.queries import (
     split_by_setting,
     steps_with_loops,
 )
-from gradlint.counters import CounterStart, counter_start, flag_remainder_test, remainder_test, window_offset
+from gradlint.counters import (
+    CounterStart, counter_start, flag_remainder_test, remainder_or_pass_end_test, remainder_test, window_offset,
+)
 from gradlint.rule import BACKWARD, STEP, Report, Rule
-from gradlint.syntax import callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
+from gradlint.syntax import boolean_terms, callee_name, class_methods, dotted_name, keyword_arg, number, positional_args, receiver, walk
 
 
 class ClipPerMicroBatch(Rule):
@@ -310,7 +312,7 @@ def _emptied_by(model: LoopModel, events: list[Event], position: int, optimizer:
         if event.kind in (EventKind.BACKWARD, EventKind.STEP, HANDOFF):
             return None
         if event.kind is EventKind.ZERO and clears(model, event, optimizer):
-            if any(f.accumulation or f.branch == "except" for f in event.frames) or leaves_before(event, events[position]):
+            if event.recovers or any(f.accumulation for f in event.frames) or leaves_before(event, events[position]):
                 return None  # a clear that does not run on every iteration, or leaves before the clip
             return event
     return None
@@ -1134,9 +1136,9 @@ def _tests_sync_flag(frame: Frame) -> bool:
 
 
 def _enters(model: LoopModel, context: str) -> bool:
-    """Whether the module calls ``context`` anywhere (read once per file)."""
+    """Whether the module calls ``context`` anywhere, inside its functions too (read once per file)."""
     return model.file.once(("enters", context), lambda: any(
-        type(n) is cst.Call and callee_name(n) == context for n in model.file.walk(model.file.module)
+        type(n) is cst.Call and callee_name(n) == context for n in model.file.every_node(model.file.module)
     ))
 
 
@@ -1391,7 +1393,7 @@ def _steps_every_micro_batch(other: Event, step: Event, loop: Frame, acc) -> boo
         return False
     if exclusive(other, step) or split_by_setting(other, step) or other.with_context("accumulate"):
         return False
-    return not any(f.branch == "except" for f in other.frames)
+    return not other.recovers
 
 
 class ClipOnlyUnderAccumulationGuard(Rule):
@@ -1534,9 +1536,12 @@ class ShiftedAccumulationWindow(Rule):
     - the step runs before the backward of its iteration (``if i % accum ==
       0: optimizer.step(); optimizer.zero_grad()`` at the top of the loop
       steps the window that has just ended);
-    - the guard holds more than the remainder (``... or i == len(loader) -
-      1``, ``... and i > 0``; a test that an object is there,
-      ``self.optimizer is not None and ...``, is no more), or the index starts at a value that is not a
+    - the guard holds more than the remainder (``... and i > 0``; a test
+      that an object is there, ``self.optimizer is not None and ...``, is
+      no more, nor is an ``or`` with a test of the pass's end, ``... or i
+      >= n_batches - 1``, which only steps what is left:
+      ``fixtures/realworld/gl014_shifted_guard_with_pass_end_clause__cellmap-segmentation-challenge.py``),
+      or the index starts at a value that is not a
       literal (``start=start_step``; ``start=start_step + 1`` is read with
       ``start_step`` at its literal default, ``def train_epoch(...,
       start_step=0)``: a fresh run), or the loop body assigns the index, or
@@ -1590,12 +1595,16 @@ class ShiftedAccumulationWindow(Rule):
                 shift = _window_shift(model, guard.node, loop, step.call_chain)
                 if shift is None or frameworks.count_above_one_only_under_own_engine(model, shift[3]):
                     continue
-                index, counter, offset, count = shift
+                index, counter, offset, count, ends_pass = shift
                 if _counter_tested_again(step, loop, guard, index):
                     continue  # ``if not (accum > 1 and step == 0):`` inside the guard: the windows are not the guard's
                 start = counter.start
                 off = start + offset - 1  # > 0: each window ends that many micro-batches early; < 0: late
                 plural = "es" if abs(off) > 1 else ""
+                tested = (
+                    model.code(next(t for t in boolean_terms(guard.node.test, cst.Or) if remainder_test(t) is not None))
+                    if ends_pass else model.code(guard.node.test)
+                )
                 if counter.reset_at is not None:
                     if off < 0:
                         continue  # set back to its start at each window's end: how long a window is depends on k
@@ -1619,12 +1628,15 @@ class ShiftedAccumulationWindow(Rule):
                 counted = index if start == 1 else f"({index} + {1 - start})" if start < 1 else f"({index} - {start - 1})"
                 if type(loop.node) is cst.While:  # driven by hand, it may stop right after a step: no pass's end to miss
                     effect = "so the first step sums fewer micro-batches than the others"
+                elif ends_pass:
+                    effect = ("so the first step of a pass sums fewer micro-batches than the others (the guard's test of the "
+                              "pass's end only steps what is left)")
                 else:
                     effect = ("so the last micro-batches of a pass wait for the next pass's first step (or, after the last "
                               "pass, are never stepped)")
                 yield Report(
                     guard.node.test,
-                    f"`{step.target}` steps at line {model.line(step.node)} where `{model.code(guard.node.test)}`, with "
+                    f"`{step.target}` steps at line {model.line(step.node)} where `{tested}`, with "
                     f"`{index}` counted from {start}{_kept_by_hand(model, counter)}{_fresh_run(counter)}: {shape}, "
                     f"{effect}; test `{counted} % {model.code(count)} == 0`",
                     event=step,
@@ -1659,15 +1671,17 @@ def _kept_by_hand(model: LoopModel, counter: CounterStart) -> str:
 def _window_shift(
     model: LoopModel, guard: cst.If, loop: Frame, via: tuple[cst.Call, ...] = ()
 ) -> tuple[str, CounterStart, int, cst.BaseExpression] | None:
-    """(counter, its start, the offset added to it, the count) for a guard ``(i + c) % k == 0`` on a micro-batch
-    counter (``loop``'s own index, or one kept by hand) that is zero off the window's end: ``start + c`` is the number
-    of micro-batches seen when the remainder is taken, which must be 1 past each window's last; None for any other
-    test."""
+    """(counter, its start, the offset added to it, the count, whether the guard also steps at the pass's end) for a
+    guard ``(i + c) % k == 0`` on a micro-batch counter (``loop``'s own index, or one kept by hand) that is zero off
+    the window's end: ``start + c`` is the number of micro-batches seen when the remainder is taken, which must be 1
+    past each window's last; None for any other test. An ``or`` with a test of the pass's end (``... or i >=
+    n_batches - 1``) keeps the remainder's windows, and steps what is left at the end."""
     test = remainder_test(guard.test) or flag_remainder_test(model, guard.test, function_holding(model, guard))
+    ends_pass = test is None and (test := remainder_or_pass_end_test(guard.test)) is not None
     counter = counter_start(model, loop, guard, test.counter, via) if test is not None else None
     if counter is None or not window_offset(counter.start, test):
         return None
-    return test.counter, counter, test.offset, test.count
+    return test.counter, counter, test.offset, test.count, ends_pass
 
 
 class LossGivenAsItsOwnGradient(Rule):

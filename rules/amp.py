@@ -241,7 +241,9 @@ class StepBypassesScaler(Rule):
       different ``if``s (the backward under ``if args.fp16:`` and ``if
       args.amp == "pytorch":`` in a helper, the step in the ``else`` of ``if
       args.fp16 and args.amp == "pytorch":``);
-    - the optimizer is also stepped through the scaler, or steps a closure;
+    - the optimizer is also stepped through the scaler, or steps a closure,
+      or its ``step`` is handed the scaler (``self.optim.step(scaler=self.grad_scaler)``:
+      a project's optimizer wrapper calls ``scaler.step(self.optimizer)`` itself);
     - the scaled backward feeds a given gradient
       (``features.backward(scaler.scale(f_grad))``): it reaches only that
       graph, and which optimizers own it is unknown;

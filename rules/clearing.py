@@ -676,7 +676,7 @@ def _uncleared_in_step_method(model: LoopModel, root: Root) -> Iterator[Report]:
         return
     if any(e.loops for e in root.events):
         return  # a loop of its own, or read as one iteration of its callers' loop: the loop checks judge it
-    zeros = [e for e in root.events if e.kind is EventKind.ZERO and not any(f.branch == "except" for f in e.frames)]
+    zeros = [e for e in root.events if e.kind is EventKind.ZERO and not e.recovers]
     cleared_networks = [_own_network(model, z.target, z.target_kind) for z in zeros]
     if not zeros or None in cleared_networks:
         return  # nothing cleared here (the caller clears), or a clear whose reach is not known
@@ -1031,7 +1031,7 @@ def _backward_before_loop(model: LoopModel, root) -> Iterator[Report]:
         start = root.order(iteration[0])
         before = [e for e in root.events[:start] if not e.loops]
         backward = next((e for e in reversed(before) if e.kind is EventKind.BACKWARD), None)
-        if backward is None or backward.framework is not None or any(f.branch == "except" for f in backward.frames):
+        if backward is None or backward.framework is not None or backward.recovers:
             continue
         after = before[before.index(backward) + 1:]
         if any(_clears_or_steps(model, e, step.target) for e in after):
@@ -1346,8 +1346,16 @@ class ZeroGradBetweenBackwardAndStep(Rule):
       ignore_grad:``, ``if skip_step:``, an entry of a dict, ``if
       stats["skip_example"]:``:
       ``fixtures/realworld/ok_gl002_gl003_window_dropped_on_flag_in_dict__atlas.py``) or a check of this batch's loss or
-      gradient norm (a loss spike, a non-finite value), not of a setting
-      (``fixtures/realworld/ok_gl002_update_discarded_on_purpose__glide-finetune.py``);
+      gradient norm (a loss spike, a non-finite value, ``if loss != loss:``),
+      not of a setting
+      (``fixtures/realworld/ok_gl002_update_discarded_on_purpose__glide-finetune.py``,
+      ``ok_gl002_cleared_when_the_loss_is_nan__NMTGMinor.py``);
+    - the function that clears writes a gradient by hand before the step
+      (``p.grad = torch.autograd.grad(loss, p)[0]``, Reptile's
+      ``ref.grad.data.sub_(proto.data).add_(ref.data)``): the clear makes
+      room for it
+      (``fixtures/realworld/ok_gl002_gradient_assigned_after_clear__medical-imaging.py``,
+      ``ok_gl002_reptile_meta_gradient_written_after_clear__NMTGMinor.py``);
     - in CUDA-graph code, ``graph.replay()`` is the backward that the step uses.
 
     **Bad**::
@@ -3515,8 +3523,12 @@ class GradsKeptAllocated(Rule):
 
     - the module uses ``.grad`` as a buffer that must exist: pre-allocated
       (``p.grad = torch.zeros_like(p)``), added or copied into
-      (``p.grad += g``, ``p.grad.copy_(g)``), or read for every parameter with
-      no None check (``flatten([p.grad for p in params])``);
+      (``p.grad += g``, ``p.grad.copy_(g)``, ``p.grad.data.sub_(a).add_(b)``),
+      or read for every parameter with no None check (``flatten([p.grad for p
+      in params])``, a loop over ``named_parameters()`` computing with
+      ``param.grad / n``: a Kalman filter's measurement matrix,
+      ``fixtures/realworld/ok_gl005_kalman_filter_reads_every_gradient__PWMLFF.py``;
+      not a hand-written update, ``p -= lr * p.grad``);
     - the zeroing is inside a class's own ``zero_grad``: freeing or zeroing is
       its caller's choice;
     - the zeroing is a mask, not a clear: written in a method of an optimizer

@@ -64,6 +64,11 @@ class StepTakesAnotherLossGradients(Rule):
     reaches its network is reported. A number alone names nothing: ``loss1 +
     loss2`` beside ``optimizer1`` and ``optimizer2`` is one objective
     (``fixtures/realworld/ok_gl017_numbered_loss_terms_summed__DeepLense.py``).
+    Losses backpropagated one after the other with no step or clear between
+    (``scaler.scale(site_loss).backward(retain_graph=True);
+    scaler.scale(outcome_loss).backward()`` before both steps) pile up into
+    the same gradients and are read as one sum
+    (``fixtures/realworld/gl017_two_losses_backpropagated_before_both_steps__slideflow.py``).
 
     **Fix.** Clear the optimizer right before its own backward (or step it
     before the other loss's backward), or switch the other network's
@@ -190,8 +195,8 @@ class StepTakesAnotherLossGradients(Rule):
                         message = _leak_message(model, events, clear, foreign, stepper, own, step, reach, after_own)
                         yield Report(step.node, message, event=step, against=(clear, foreign))
                     else:
-                        backward, term, stepper, reach = summed
-                        message = _summed_message(model, backward, term, stepper, step, reach)
+                        backward, term, stepper, reach, piled = summed
+                        message = _summed_message(model, backward, term, stepper, step, reach, piled)
                         yield Report(step.node, message, event=step, against=(backward,))
 
 
@@ -244,7 +249,7 @@ def _since_clear(model: LoopModel, events: list, step, wraps: bool = True) -> tu
             index += len(events)
             wrapped = True
         event = events[index]
-        if event.kind is EventKind.ZERO and clears(model, event, optimizer) and not any(f.branch == "except" for f in event.frames):
+        if event.kind is EventKind.ZERO and clears(model, event, optimizer) and not event.recovers:
             clear = event
             break
         if event.kind in (EventKind.STEP, HANDOFF) and (event.target is None or same_object(event.target, optimizer)) and not (
@@ -361,34 +366,40 @@ def _stepped_after(model: LoopModel, events: list, backward) -> tuple[list[str],
 
 
 def _summed_leak(model: LoopModel, events: list, step, window: list):
-    """``(backward, term, the optimizer it is named for, reach)`` when the latest backward before ``step`` (since its
-    optimizer's clear) backpropagates one sum of losses whose every term is named for exactly one of the optimizers
-    stepped after it (``loss = lossDreal + lossDfake + lossG`` before ``optimizerG.step(); optimizerD.step()``), some
-    for this one, and a term named for another optimizer reaches this optimizer's network, which that optimizer is
-    not built over too."""
+    """``(backward, term, the optimizer it is named for, reach, piled)`` when the losses backpropagated since ``step``'s
+    optimizer's clear, with no step between them, add up to one sum whose every term is named for exactly one of the
+    optimizers stepped after them, some for this one, and a term named for another optimizer reaches this optimizer's
+    network, which that optimizer is not built over too. The sum is one loss (``loss = lossDreal + lossDfake + lossG``
+    before ``optimizerG.step(); optimizerD.step()``) or several backpropagated one after the other (``piled``:
+    ``site_loss.backward(); outcome_loss.backward()`` before both steps)."""
     if not window:
         return None
-    backward = window[0]
     optimizer = step.target
-    stepped, _ = _stepped_after(model, events, backward)
+    stepped, _ = _stepped_after(model, events, window[0])
     distinct = {last_name(s): s for s in stepped}
     if len(distinct) < 2 or last_name(optimizer) not in distinct:
         return None
-    terms = _summed_terms(model, backward)
-    if terms is None:
-        return None
-    paired: list[tuple[str, cst.BaseExpression, str]] = []  # (term's name, term, the optimizer it is named for)
-    for name, term in terms:
+    piled = _piled(model, events, window, set(distinct))
+    terms: list[tuple[str, cst.BaseExpression, object]] = []  # (term's name, term, its backward)
+    for backward in piled:
+        summed = _summed_terms(model, backward)
+        if summed is None and len(piled) > 1 and backward.loss is not None and type(backward.loss) in (cst.Name, cst.Attribute):
+            summed = [(dotted_name(backward.loss), backward.loss)]
+        if summed is None:
+            return None
+        terms.extend((name, term, backward) for name, term in summed)
+    paired: list[tuple[str, cst.BaseExpression, object, str]] = []  # (term's name, term, backward, its optimizer)
+    for name, term, backward in terms:
         named_for = [s for s in distinct.values() if _named_for(name, s)]
         if len(named_for) != 1:
             return None  # the pairing of this term to an optimizer is not shown
-        paired.append((name, term, named_for[0]))
-    if len({last_name(s) for _, _, s in paired}) < 2 or not any(same_object(s, optimizer) for _, _, s in paired):
+        paired.append((name, term, backward, named_for[0]))
+    if len({last_name(s) for *_, s in paired}) < 2 or not any(same_object(s, optimizer) for *_, s in paired):
         return None
     owners = parameter_owners(model, optimizer)
     if not owners:
         return None
-    for name, term, stepper in paired:
+    for name, term, backward, stepper in paired:
         if same_object(stepper, optimizer):
             continue
         others = parameter_owners(model, stepper)
@@ -396,8 +407,20 @@ def _summed_leak(model: LoopModel, events: list, step, window: list):
             continue  # one network under both optimizers: its own optimizer trains it with this loss too
         reach = loss_reaching_call(model, term, owners, others)
         if reach is not None:
-            return backward, name, stepper, reach
+            return backward, name, stepper, reach, len(piled) > 1
     return None
+
+
+def _piled(model: LoopModel, events: list, window: list, stepped: set[str]) -> list:
+    """The backwards at the head of ``window`` (latest first) that pile up for the same steps: each taken by exactly
+    the optimizers in ``stepped``, none marked by a clear as the loss of some of them only."""
+    piled = []
+    for backward in window:
+        after, marked = _stepped_after(model, events, backward)
+        if marked or {last_name(s) for s in after} != stepped:
+            break
+        piled.append(backward)
+    return piled
 
 
 def _summed_terms(model: LoopModel, backward) -> list[tuple[str, cst.BaseExpression]] | None:
@@ -476,14 +499,17 @@ def _network_reached(model: LoopModel, reach) -> tuple[str, str]:
     return network, how
 
 
-def _summed_message(model: LoopModel, backward, term: str, stepper: str, step, reach) -> str:
+def _summed_message(model: LoopModel, backward, term: str, stepper: str, step, reach, piled: bool) -> str:
     optimizer = step.target
     network, how = _network_reached(model, reach)
+    summed = (
+        f"its backward at line {model.line(backward.node)} runs beside `{optimizer}`'s own with no step or clear between"
+        if piled else f"the two losses are summed into the one backward at line {model.line(backward.node)}"
+    )
     return (
         f"this step of `{optimizer}` also applies the gradients of `{term}`, the loss of `{stepper}`, on {network} "
-        f"({how}): the two losses are summed into the one backward at line {model.line(backward.node)}; backpropagate "
-        f"each optimizer's loss on its own and clear between them, detach what `{term}` reads of {network}, or switch "
-        f"{network}'s `requires_grad` off for it"
+        f"({how}): {summed}; backpropagate each optimizer's loss on its own and clear between them, detach what "
+        f"`{term}` reads of {network}, or switch {network}'s `requires_grad` off for it"
     )
 
 
