@@ -81,6 +81,10 @@ class AccumulationWithoutNoSync(Rule):
 
     **Stays quiet when**
 
+    - the loop forwards only through the module the wrapper wraps
+      (``self.model.module.train_step(batch)``): the wrapper's forward never
+      runs and no backward all-reduces (GL309 reports that:
+      ``fixtures/realworld/gl309_forward_through_module_under_accumulation__VL-T5.py``);
     - every wrap of the model lies where an earlier ``if ...: raise`` of its
       function has refused the settings it needs (``if args.local_rank != -1
       or args.n_gpu > 1: raise`` above ``if args.local_rank != -1: model =
@@ -625,7 +629,7 @@ def _model_of(
     mentioned = {dotted_name(n) for n in model.file.walk(region.node) if type(n) in (cst.Name, cst.Attribute)}
     mentioned |= _bound_to(model, mentioned, home)
     wrappers = sorted(
-        (name for name, by in seen.items() if by.wrapper_object),
+        (name for name, by in seen.items() if by.wrapper_object and not _only_through_module(name, called)),
         # then a model the loop names itself before one only its helpers reach
         key=lambda name: (last_name(name) not in called_last, last_name(name) not in trained_last, name not in mentioned),
     )
@@ -635,6 +639,15 @@ def _model_of(
         if not by.wrapper_object and last_name(name) in called_last:
             return name, by
     return None
+
+
+def _only_through_module(wrapper: str, called: set[str]) -> bool:
+    """Whether the loop calls the module the wrapper wraps (``self.model.module.train_step(batch)``) and never the
+    wrapper itself (``self.model(batch)``; ``self.model.train_step(batch)`` is no call of the wrapper, which has no such
+    method, but of the unwrapped model on a run without it): the wrapper's forward never runs, so its backward
+    all-reduces nothing (GL309 reports the bypass)."""
+    through = any(c.startswith(f"{wrapper}.module.") for c in called)
+    return through and not any(c in (wrapper, f"{wrapper}.forward") for c in called)
 
 
 def _bound_to(model: LoopModel, names: set[str], function: cst.FunctionDef | None) -> set[str]:
