@@ -103,9 +103,11 @@ class MissingZeroGrad(Rule):
 
     Also flagged: a loop whose only clears run on its first iteration
     (``if i == 0:`` of its ``enumerate`` index), only in one phase of the
-    loop (``if it < switch_point:``, the loop's own index ordered against a
-    bound, while the step runs on every iteration:
-    ``fixtures/realworld/gl001_clear_only_in_first_phase__GenerativeEscherMeshes.py``;
+    loop (``if it < switch_point:``, the loop's own index, or a counter its
+    body increments on every iteration, ordered against a bound, while the
+    step runs on every iteration:
+    ``fixtures/realworld/gl001_clear_only_in_first_phase__GenerativeEscherMeshes.py``,
+    ``gl001_generator_cleared_only_after_discriminator_warmup__UnivNet-pytorch.py``;
     an optimizer rebuilt under an ``if`` does not start clean on every
     iteration, and a scheduler built over it, ``StepLR(optimizer, ...)``,
     clears nothing), only when a scheduler is
@@ -910,19 +912,29 @@ def _first_iteration_test(model: LoopModel, test: cst.BaseExpression, loop: Fram
 
 
 def _index_bound_test(test: cst.BaseExpression, loop: Frame) -> cst.Comparison | None:
-    """The whole test when it orders the loop's own index against a bound that is no literal (``if it <
-    args.texture_from:``, ``if epoch >= warmup:``): true on one run of iterations only, a phase of the loop. None
-    for any other test."""
-    index = loop_index(loop.node) if type(loop.node) is cst.For else None
-    if index is None or type(test) is not cst.Comparison or len(test.comparisons) != 1:
+    """The whole test when it orders the loop's own index, or a counter its body increments on every iteration
+    (``steps += 1``), against a bound that is no literal (``if it < args.texture_from:``, ``if steps >
+    h.disc_start_step:``): true on one run of iterations only, a phase of the loop. None for any other test."""
+    if type(test) is not cst.Comparison or len(test.comparisons) != 1:
         return None
     operator = type(test.comparisons[0].operator)
     if operator not in (cst.LessThan, cst.LessThanEqual, cst.GreaterThan, cst.GreaterThanEqual):
         return None
     if number(test.left) is not None or number(test.comparisons[0].comparator) is not None:
         return None  # ``if i > 0:`` skips the first iteration (judged on its own), a literal bound is no phase switch
+    index = loop_index(loop.node) if type(loop.node) is cst.For else None
+    counters = ({index[0]} if index is not None else set()) | _counted_by(loop.node)
     sides = (dotted_name(test.left), dotted_name(test.comparisons[0].comparator))
-    return test if index[0] in sides and sides.count(index[0]) == 1 else None
+    return test if any(c in sides and sides.count(c) == 1 for c in counters) else None
+
+
+def _counted_by(loop: cst.For | cst.While) -> set[str]:
+    """The names the loop's body counts its iterations with: ``steps += 1`` in the body itself, under no branch."""
+    return {
+        name for line in loop.body.body if type(line) is cst.SimpleStatementLine for small in line.body
+        if type(small) is cst.AugAssign and type(small.operator) is cst.AddAssign and number(small.value) == 1
+        and (name := dotted_name(small.target)) is not None
+    }
 
 
 def _periodic(test: cst.BaseExpression) -> bool:
