@@ -33,7 +33,9 @@ import libcst as cst
 from gradlint import frameworks
 from gradlint.module_index import Unpacked
 from gradlint.queries import function_holding
-from gradlint.syntax import bool_literal, callee_name, children, comprehension_clauses, dotted_name, parameter_names, receiver, walk
+from gradlint.syntax import (
+    bool_literal, callee_name, children, comprehension_clauses, dotted_name, parameter_names, positional_args, receiver, walk,
+)
 
 if TYPE_CHECKING:
     from gradlint.model import Event, LoopModel
@@ -276,6 +278,7 @@ def loss_reaching_call(
         called = _network(call.func)
         if called is None or _under_no_grad(model, call):
             continue
+        called = _aliased_network(model, called, function_holding(model, call))
         if any(other.startswith(called + ".") for other in others):
             continue
         for owner in sorted(owners):
@@ -284,6 +287,21 @@ def loss_reaching_call(
             if owner.startswith(called + "."):
                 return Reach(call, owner, called)
     return None
+
+
+def _aliased_network(model: "LoopModel", called: str, function: cst.FunctionDef | None) -> str:
+    """The network a local name stands for when the function binds it only to one (``G, D = self.generator,
+    self.discriminator`` or ``D = self.discriminator``, then ``D(fake)``); else the name itself."""
+    if "." in called:
+        return called
+    aliases = set()
+    for value in model.index.assignments.get(function, {}).get(called, []):
+        if type(value) is Unpacked and type(value.value) in (cst.Tuple, cst.List) and value.position < len(value.value.elements):
+            value = value.value.elements[value.position].value
+        if type(value) is Unpacked or type(value) not in (cst.Name, cst.Attribute):
+            return called
+        aliases.add(dotted_name(value))
+    return aliases.pop() if len(aliases) == 1 and None not in aliases else called
 
 
 def calls_computing_loss(model: "LoopModel", loss: cst.BaseExpression) -> list[cst.Call]:
@@ -336,12 +354,31 @@ def _calls_computing(
 
 
 def _latest_above(model: "LoopModel", values: list, line: int) -> list:
+    """The assignments of a name that reach ``line``: the latest above it, with those in the other branches of the
+    ``if`` that holds it (``if active: loss_G = stft + adv else: loss_G = stft``: either may run); all of them when
+    none is above (set in an earlier pass of a loop)."""
     lines = [model.line(v.value if type(v) is Unpacked else v) for v in values]
     above = [n for n in lines if n < line]
     if not above:
         return list(values)
     latest = max(above)
-    return [v for v, n in zip(values, lines) if n == latest]
+    chosen = [v for v, n in zip(values, lines) if n == latest]
+    branches = _enclosing_if(model, chosen[0].value if type(chosen[0]) is Unpacked else chosen[0])
+    if branches is None:
+        return chosen
+    start, end = model.line(branches), model.line(branches) + model.code(branches).count("\n")
+    return [v for v, n in zip(values, lines) if n == latest or (start <= n <= end and n < line)]
+
+
+def _enclosing_if(model: "LoopModel", node: cst.CSTNode) -> cst.If | None:
+    """The nearest ``if`` (with an ``else``) around an assignment, within its function."""
+    parents = model.parents or {}
+    current = parents.get(node)
+    while current is not None and type(current) not in (cst.FunctionDef, cst.For, cst.While):
+        if type(current) is cst.If and current.orelse is not None:
+            return current
+        current = parents.get(current)
+    return None
 
 
 def _returned_element(model: "LoopModel", value: Unpacked, function: cst.FunctionDef | None) -> list[cst.Call] | None:
@@ -413,6 +450,8 @@ def requires_grad_switched_off(model: "LoopModel", owners: frozenset[str]) -> bo
         if kind is cst.Call:
             name = callee_name(node) or ""
             if name in frameworks.GRAD_TOGGLES:
+                if _toggle_keeps(model, node, owners):
+                    continue  # ``self.toggle_optimizer(opt_d)``: only the parameters of other optimizers go off
                 return True
             if name == "requires_grad_":
                 if node.args and bool_literal(node.args[0].value) is True or not node.args:
@@ -432,6 +471,15 @@ def requires_grad_switched_off(model: "LoopModel", owners: frozenset[str]) -> bo
             if _may_be_owner(model, target.value, node, owners):
                 return True
     return False
+
+
+def _toggle_keeps(model: "LoopModel", call: cst.Call, owners: frozenset[str]) -> bool:
+    """Whether a framework's toggle (Lightning's ``toggle_optimizer(opt)``, which switches ``requires_grad`` off for
+    every parameter the optimizer it is handed does not hold) is handed an optimizer over ``owners``: it leaves them
+    on."""
+    args = positional_args(call)
+    handed = dotted_name(args[0].value) if args else None
+    return handed is not None and bool(parameter_owners(model, handed) & owners)
 
 
 def _turns_on(call: cst.Call) -> bool:

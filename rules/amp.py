@@ -1210,8 +1210,12 @@ def _left_message(model: LoopModel, setter: Event, check: Frame) -> str:
         "the next `unscale_` raises `unscale_() has already been called on this optimizer since the last update()`"
         if setter.kind is EventKind.UNSCALE else "the next `step` raises `step() has already been called since the last update()`"
     )
+    exit_ = next(
+        (n for n in model.file.walk(check.node.body) if type(n) in (cst.Continue, cst.Break, cst.Return)), None,
+    ) if type(check.node) is cst.If else None
+    leaves = f" (`{model.code(exit_)}` at line {model.line(exit_)})" if exit_ is not None else ""
     return (
-        f"this check leaves the iteration after `{model.code(setter.node)}` at line {model.line(setter.node)} without "
+        f"this check leaves the iteration{leaves} after `{model.code(setter.node)}` at line {model.line(setter.node)} without "
         f"`{scaler}.update()`: {raises}, and the loss scale never backs off; call `{scaler}.update()` before leaving, "
         f"or let `{scaler}.step` skip the non-finite step itself"
     )

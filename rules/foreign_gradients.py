@@ -16,7 +16,9 @@ from gradlint.findings import Severity
 from gradlint.model import HANDOFF, LoopModel
 from gradlint.module_index import Unpacked
 from gradlint.objects import ObjKind, last_name
-from gradlint.queries import clears, exclusive, function_holding, opposite_sides_of_settings, same_object
+from gradlint.queries import (
+    clears, exclusive, function_holding, handoff_may_clear, handoff_may_step, opposite_sides_of_settings, same_object,
+)
 from gradlint.reach import loss_reaching_call, parameter_owners, reaching_call, requires_grad_switched_off
 from gradlint.rule import BACKWARD, STEP, Report, Rule, call_of
 from gradlint.syntax import dotted_name
@@ -83,11 +85,17 @@ class StepTakesAnotherLossGradients(Rule):
       network, or a network holding it (``self.vae(img)`` for an optimizer
       over ``vae.discr``), outside ``.detach()`` and ``torch.no_grad()``;
       the network's call is followed back through the assignments of the
-      function and into the returns of the module's own helpers only;
+      function (every branch of the ``if`` that last binds a name, and a
+      local name bound only to the network, ``G, D = self.generator,
+      self.discriminator``) and into the returns of the module's own helpers
+      only;
     - the module may switch ``requires_grad`` off for that network (any
       switch that does not visibly name another network:
       ``fixtures/parameters/ok_discriminator_requires_grad_off.py``; Lightning's
-      ``toggle_optimizer``: ``fixtures/parameters/ok_lightning_toggle_optimizer.py``);
+      ``toggle_optimizer``: ``fixtures/parameters/ok_lightning_toggle_optimizer.py``,
+      unless it is handed the optimizer over that very network, which it
+      leaves on:
+      ``fixtures/realworld/gl017_lightning_generator_loss_through_aliased_discriminator__cordvox.py``);
     - the optimizer's own loss runs through the other loss's network too
       (both losses mixed both ways, as BicycleGAN's generator-and-encoder
       loss is meant: ``fixtures/realworld/gl017_generator_and_encoder_loss_shared__PyTorch-GAN.py``);
@@ -252,6 +260,8 @@ def _since_clear(model: LoopModel, events: list, step, wraps: bool = True) -> tu
         if event.kind is EventKind.ZERO and clears(model, event, optimizer) and not event.recovers:
             clear = event
             break
+        if event.kind is HANDOFF and not (handoff_may_clear(event, model.keeps_handed) or handoff_may_step(event.node)):
+            continue  # ``self.toggle_optimizer(opt_d)``: handed to code that neither steps nor clears it
         if event.kind in (EventKind.STEP, HANDOFF) and (event.target is None or same_object(event.target, optimizer)) and not (
             exclusive(event, step) or opposite_sides_of_settings(model, event, step)
         ):
