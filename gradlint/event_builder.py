@@ -1218,7 +1218,11 @@ class EventBuilder:
         self, event: Event, bindings: dict[str, cst.BaseExpression], scope: _Scope, call: cst.Call, helper: cst.FunctionDef,
     ) -> Event:
         changes: dict = {"frames": scope.frames + event.frames, "call_chain": scope.chain + (call,) + event.call_chain}
-        if event.target is not None:
+        element = _cleared_element(event, bindings)
+        if element is not None:  # ``reset_grad([self.Encoder])``: ``for net in net_list: net.zero_grad()`` clears it alone
+            changes["target"] = element
+            changes["target_kind"] = self._kind(element) if self._kind(element) is ObjKind.OPTIMIZER else ObjKind.MODEL
+        elif event.target is not None:
             head, _, rest = event.target.partition(".")
             if head in bindings:
                 bound = dotted_name(bindings[head])
@@ -1292,6 +1296,26 @@ def _reads_name(nodes: list[cst.CSTNode], name: str) -> bool:
         tracked_name(n) == name for n in nodes
         if type(n) in (cst.Name, cst.Attribute, cst.Subscript) and id(n) not in attributes
     )
+
+
+def _cleared_element(event: Event, bindings: dict[str, cst.BaseExpression]) -> str | None:
+    """The one object a helper's ``for net in net_list: net.zero_grad()`` clears when the call hands ``net_list`` a
+    one-element list (``self.reset_grad([self.Encoder])``); None otherwise."""
+    if event.kind is not EventKind.ZERO or event.target is not None or type(event.node) is not cst.Call:
+        return None
+    loop = next((f.node for f in reversed(event.frames) if f.kind is FrameKind.LOOP), None)
+    if type(loop) is not cst.For or type(loop.iter) is not cst.Name or type(loop.target) is not cst.Name:
+        return None
+    if type(event.node.func) is not cst.Attribute or not event.node.func.value.deep_equals(loop.target):
+        return None
+    return _only_element(bindings.get(loop.iter.value))
+
+
+def _only_element(value: cst.BaseExpression | None) -> str | None:
+    """The name in a one-element list or tuple handed to a helper (``[self.Encoder]``), else None."""
+    if type(value) not in (cst.List, cst.Tuple) or len(value.elements) != 1 or type(value.elements[0]) is not cst.Element:
+        return None
+    return dotted_name(value.elements[0].value)
 
 
 def _element_of_loop(node: cst.BaseExpression | None, frames: tuple[Frame, ...]) -> str | None:

@@ -390,11 +390,24 @@ class ModuleIndex:
         for _ in range(2):
             for name, value, function in pending:
                 info = self._classify_value(value)
+                if info is not None and info.kind is ObjKind.OPTIMIZER and not info.param_sources and type(value) is cst.Call:
+                    info = ObjInfo(info.kind, param_sources=self._sources_through_locals(value, function))
                 if info is None and type(value) is cst.Call:
                     info = self._classify_built_by_helper(value, function)
                 if info is not None and (name not in self.objects or self.objects[name].kind is ObjKind.UNKNOWN):
                     self.objects[name] = info
         self._classify_filled_lists()
+
+    def _sources_through_locals(self, call: cst.Call, function: cst.FunctionDef | None) -> frozenset[str]:
+        """The models an optimizer is built over through a local its function binds once (``params =
+        list(self.Encoder.parameters()) + list(self.Decoder.parameters())``, then ``Adam(params)``)."""
+        table = self.assignments.get(function, {})
+        sources: set[str] = set()
+        for arg in call.args:
+            values = table.get(arg.value.value, []) if type(arg.value) is cst.Name else []
+            if len(values) == 1 and isinstance(values[0], cst.BaseExpression):
+                sources |= _models_whose_parameters(values[0], self.file.walk)
+        return frozenset(sources)
 
     def _classify_filled_lists(self) -> None:
         """``self.q_optimizers = []`` then ``self.q_optimizers.append(Adam(net.parameters()))`` in a loop: a list the
@@ -612,11 +625,15 @@ def _is_fraction(node: cst.BaseExpression) -> bool:
 
 def _parameter_sources(call: cst.Call, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> frozenset[str]:
     """The models whose ``.parameters()`` an optimizer constructor was given."""
+    return frozenset().union(*(_models_whose_parameters(arg, walk) for arg in call.args))
+
+
+def _models_whose_parameters(node: cst.CSTNode, walk: Callable[[cst.CSTNode], Iterator[cst.CSTNode]] = walk) -> set[str]:
+    """The models whose ``.parameters()`` (or ``.named_parameters()``) an expression reads, by their last names."""
     sources = set()
-    for arg in call.args:
-        for node in walk(arg):
-            if type(node) is cst.Call and callee_name(node) in ("parameters", "named_parameters"):
-                owner = dotted_name(receiver(node))
-                if owner:
-                    sources.add(last_name(owner))
-    return frozenset(sources)
+    for sub in walk(node):
+        if type(sub) is cst.Call and callee_name(sub) in ("parameters", "named_parameters"):
+            owner = dotted_name(receiver(sub))
+            if owner:
+                sources.add(last_name(owner))
+    return sources

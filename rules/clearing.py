@@ -100,6 +100,12 @@ class MissingZeroGrad(Rule):
     ``fixtures/realworld/gl001_leftover_step_after_amp_branches__TTS.py``). And a backward before the training loop (a
     check, gradients printed at start) whose gradients the loop's first step
     applies: the loop clears only after stepping and nothing clears between.
+    A clear of another network counts for nothing: a helper handed a
+    one-element list (``self.reset_grad([self.Encoder])``, whose ``for net
+    in net_list: net.zero_grad()`` clears the encoder alone) before the
+    discriminator's step, with the encoder held by another optimizer (built
+    over a local, ``params = list(self.Encoder.parameters()) + ...``):
+    ``fixtures/realworld/gl001_helper_clears_the_wrong_network__voice_conversion.py``.
 
     Also flagged: a loop whose only clears run on its first iteration
     (``if i == 0:`` of its ``enumerate`` index), only in one phase of the
@@ -316,8 +322,10 @@ class MissingZeroGrad(Rule):
                     model, root, step, loop,
                 ):
                     continue  # one step per run of the loop: the clear before the loop serves it
-                if rebuilt_in(model, loop, step.target, step) and not param_sources(model, step.target or ""):
-                    continue  # a fresh optimizer over fresh tensors each iteration: nothing carries over
+                if rebuilt_in(model, loop, step.target, step) and all(
+                    rebuilt_in(model, loop, source, step) for source in param_sources(model, step.target or "")
+                ):
+                    continue  # a fresh optimizer over fresh tensors (or networks built anew) each iteration: nothing carries over
                 reported.add(key)
                 misplaced = next((z for z in off_path if _misplaced_clear(model, z, step, loop) is not None), None)
                 if misplaced is not None:
