@@ -613,9 +613,10 @@ def _updates_parameter(statement: cst.Assign | cst.AugAssign, bound: set[str]) -
 
 def _grad_of(node: cst.BaseExpression, bound: set[str]) -> bool:
     """``p.grad`` (or ``p.grad.data``) of a name in ``bound``."""
-    if type(node) is cst.Attribute and node.attr.value == "data":
-        node = node.value
-    return type(node) is cst.Attribute and node.attr.value == "grad" and type(node.value) is cst.Name and node.value.value in bound
+    if not is_grad(node):
+        return False
+    grad = node.value if node.attr.value == "data" else node
+    return type(grad.value) is cst.Name and grad.value.value in bound
 
 
 def _is_fraction(node: cst.BaseExpression) -> bool:

@@ -295,10 +295,8 @@ def _aliased_network(model: "LoopModel", called: str, function: cst.FunctionDef 
     if "." in called:
         return called
     aliases = set()
-    for value in model.index.assignments.get(function, {}).get(called, []):
-        if type(value) is Unpacked and type(value.value) in (cst.Tuple, cst.List) and value.position < len(value.value.elements):
-            value = value.value.elements[value.position].value
-        if type(value) is Unpacked or type(value) not in (cst.Name, cst.Attribute):
+    for value in model.index.assignments.get(function, {}).get(called, []):  # ``G, D = a, b`` is indexed element by element
+        if type(value) not in (cst.Name, cst.Attribute):
             return called
         aliases.add(dotted_name(value))
     return aliases.pop() if len(aliases) == 1 and None not in aliases else called
@@ -366,7 +364,7 @@ def _latest_above(model: "LoopModel", values: list, line: int) -> list:
     branches = _enclosing_if(model, chosen[0].value if type(chosen[0]) is Unpacked else chosen[0])
     if branches is None:
         return chosen
-    start, end = model.line(branches), model.line(branches) + model.code(branches).count("\n")
+    start, _, end, _ = model.position(branches)
     return [v for v, n in zip(values, lines) if n == latest or (start <= n <= end and n < line)]
 
 
